@@ -1,0 +1,21 @@
+/* The stepscope._native module: collects the method tables of each C part. */
+#include "stepscope_native.h"
+
+static struct PyModuleDef native_module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "stepscope._native",
+    .m_doc = "C core of stepscope (clock, trace writer); pure-Python twins exist for every part.",
+    .m_size = -1,
+};
+
+PyMODINIT_FUNC PyInit__native(void) {
+    PyObject *module = PyModule_Create(&native_module);
+    if (module == NULL) {
+        return NULL;
+    }
+    if (ss_clock_init(module) < 0 || ss_chrome_init(module) < 0) {
+        Py_DECREF(module);
+        return NULL;
+    }
+    return module;
+}

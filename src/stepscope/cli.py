@@ -1,0 +1,44 @@
+"""The ``stepscope`` command line: one subcommand per job, each defined in its own module."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+# subcommand -> module defining ``add_arguments(parser)`` and ``run(args) -> int``
+SUBCOMMANDS: dict[str, str] = {}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser with every registered subcommand."""
+    parser = argparse.ArgumentParser(
+        prog="stepscope", description="Step-aware performance observability."
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, module_name in SUBCOMMANDS.items():
+        module = importlib.import_module(module_name)
+        doc = (module.__doc__ or "").strip().splitlines()
+        p = sub.add_parser(name, help=doc[0] if doc else None, description=module.__doc__)
+        module.add_arguments(p)
+        p.set_defaults(_module=module)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "_module", None) is None:
+        parser.print_help()
+        return 2
+    try:
+        return int(args._module.run(args))
+    except (ValueError, OSError) as exc:
+        print(f"stepscope {args.command}: error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

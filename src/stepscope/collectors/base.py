@@ -1,0 +1,56 @@
+"""The one interface every collector implements; the profiler's state machine drives it."""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from stepscope.trace.model import TraceBuilder
+
+log = logging.getLogger("stepscope")
+
+
+@dataclass
+class WindowContext:
+    """What a collector knows about the recording window it serves."""
+
+    window: int
+    """0-based index of the window within this profile."""
+    pid: int = field(default_factory=os.getpid)
+    start_ns: int = 0
+    """Monotonic ns when RECORD began (0 until then)."""
+    end_ns: int = 0
+    """Monotonic ns when the window stopped (0 until then)."""
+    metadata: dict[str, Any] = field(default_factory=dict)
+    """Entries collectors add to the window's trace metadata (drop counts, settings)."""
+    summary: list[str] = field(default_factory=list)
+    """Short lines for the window's closing summary (e.g. what was dropped)."""
+
+
+class Collector:
+    """Base class of collectors: each records one kind of data inside RECORD windows.
+
+    Lifecycle per window: ``prepare`` (WARMUP, or just before start), ``start`` (RECORD begins),
+    ``stop`` (window ends), ``collect`` (append the window's events to the trace).  ``close`` is
+    called once when the profiler exits.  Nothing may be installed before ``start`` or left
+    installed after ``stop``.
+    """
+
+    name = "collector"
+
+    def prepare(self, ctx: WindowContext) -> None:
+        """Get ready to record (allocate, warm caches) without recording yet."""
+
+    def start(self, ctx: WindowContext) -> None:
+        """Begin recording."""
+
+    def stop(self, ctx: WindowContext) -> None:
+        """Stop recording; keep what was recorded until ``collect``."""
+
+    def collect(self, builder: TraceBuilder, ctx: WindowContext) -> None:
+        """Append the recorded events of this window to ``builder``."""
+
+    def close(self) -> None:
+        """Release everything (the profiler is done)."""

@@ -1,0 +1,13 @@
+"""The interchange model and its file formats."""
+
+from stepscope.trace.chrome import ChromeTraceError, read_chrome_trace, write_chrome_trace
+from stepscope.trace.model import Span, Trace, TraceBuilder
+
+__all__ = [
+    "ChromeTraceError",
+    "Span",
+    "Trace",
+    "TraceBuilder",
+    "read_chrome_trace",
+    "write_chrome_trace",
+]

@@ -1,0 +1,652 @@
+"""Chrome trace files in the Kineto dialect: a streaming, atomic writer and a reader.
+
+The writer emits what torch.profiler emits (``schemaVersion``, ``deviceProperties``,
+``distributedInfo``, user metadata, ``displayTimeUnit``, ``baseTimeNanoseconds``,
+``traceEvents``, ``traceName``), with ``ts``/``dur`` in microseconds with three decimals relative
+to ``baseTimeNanoseconds``.  Events are formatted in chunks (C when the extension is built), so
+memory stays bounded; ``.gz`` paths are compressed in the same pass on a second thread; the file
+appears under its name only once complete.
+
+The reader loads files written by stepscope and by torch.profiler (Kineto) into a ``Trace``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import queue
+import tempfile
+import threading
+import zlib
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from stepscope._ext import native
+from stepscope.trace.model import LABEL_BASE, SCHEMA_VERSION, Trace, TraceBuilder
+
+__all__ = [
+    "ChromeTraceError",
+    "WriteStats",
+    "format_spans_python",
+    "json_bytes",
+    "read_chrome_trace",
+    "write_chrome_trace",
+]
+
+CHUNK_EVENTS = 32768
+RESERVED_KEYS = frozenset(
+    {
+        "schemaVersion",
+        "deviceProperties",
+        "distributedInfo",
+        "displayTimeUnit",
+        "baseTimeNanoseconds",
+        "traceEvents",
+        "traceName",
+        "stackFrames",
+        "samples",
+    }
+)
+
+
+class ChromeTraceError(ValueError):
+    """A Chrome trace file could not be read: says which file, where, and what was wrong."""
+
+
+@dataclass(frozen=True)
+class WriteStats:
+    """What a write produced."""
+
+    path: str
+    events: int
+    bytes_written: int
+
+
+# -- JSON text helpers -----------------------------------------------------------------------
+
+
+def _utf8(text: str) -> bytes:
+    """Encode to UTF-8, replacing unpaired surrogates (invalid UTF-8) with U+FFFD."""
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        cleaned = text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+        return cleaned.encode("utf-8")
+
+
+def _finite(value: Any) -> Any:
+    """Copy of a JSON-like value with NaN/inf replaced by strings and unknown types stringified."""
+    if isinstance(value, float):
+        if math.isfinite(value):
+            return value
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, Mapping):
+        return {str(k): _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, (set, frozenset)):
+        return sorted(value, key=repr)
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return str(value)
+
+
+def json_bytes(value: Any, *, pretty_separators: bool = False) -> bytes:
+    """Serialize any value as valid, UTF-8 JSON (NaN/inf as strings, odd types as strings)."""
+    seps = (", ", ": ") if pretty_separators else (",", ":")
+    try:
+        text = json.dumps(
+            value, ensure_ascii=False, allow_nan=False, separators=seps, default=_json_default
+        )
+    except ValueError:
+        text = json.dumps(
+            _finite(value), ensure_ascii=False, allow_nan=False, separators=seps,
+            default=_json_default,
+        )
+    return _utf8(text)
+
+
+def _micros(ns: int) -> str:
+    """Integer ns as microseconds with exactly three decimals."""
+    if ns < 0:
+        q, r = divmod(-ns, 1000)
+        return f"-{q}.{r:03d}"
+    q, r = divmod(ns, 1000)
+    return f"{q}.{r:03d}"
+
+
+# -- writer ----------------------------------------------------------------------------------
+
+
+def format_spans_python(
+    cols: tuple[Any, ...],
+    lo: int,
+    hi: int,
+    strings: list[bytes],
+    args_json: Mapping[int, bytes],
+    shift: int,
+) -> bytes:
+    """Format spans ``lo..hi`` as ``X`` events, each followed by ``,\\n`` (pure-Python twin)."""
+    names, cats, pids, tids, starts, durs, argrefs = cols
+    out: list[bytes] = []
+    append = out.append
+
+    def label(v: int) -> bytes:
+        return strings[v - LABEL_BASE] if v >= LABEL_BASE else str(v).encode()
+
+    for i in range(lo, hi):
+        cat = cats[i]
+        ref = argrefs[i]
+        append(b'{"ph":"X",')
+        if cat:
+            append(b'"cat":' + strings[cat] + b",")
+        append(
+            b'"name":%b,"pid":%b,"tid":%b,"ts":%b,"dur":%b'
+            % (
+                strings[names[i]],
+                label(pids[i]),
+                label(tids[i]),
+                _micros(starts[i] + shift).encode(),
+                _micros(durs[i]).encode(),
+            )
+        )
+        if ref >= 0:
+            append(b',"args":' + args_json[ref])
+        append(b"},\n")
+    return b"".join(out)
+
+
+class _Sink:
+    """Byte sink writing to a file, optionally gzip-compressing on a background thread."""
+
+    def __init__(self, fh: IO[bytes], gzip_level: int | None) -> None:
+        self._fh = fh
+        self.bytes_in = 0
+        self._compressor = None
+        self._queue: queue.Queue[bytes | None] | None = None
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        if gzip_level is not None:
+            self._compressor = zlib.compressobj(gzip_level, zlib.DEFLATED, 31)
+            self._queue = queue.Queue(maxsize=4)
+            self._thread = threading.Thread(
+                target=self._compress_loop, name="stepscope-gzip", daemon=True
+            )
+            self._thread.start()
+
+    def _compress_loop(self) -> None:
+        assert self._queue is not None and self._compressor is not None
+        try:
+            while True:
+                data = self._queue.get()
+                if data is None:
+                    self._fh.write(self._compressor.flush())
+                    return
+                self._fh.write(self._compressor.compress(data))
+        except BaseException as exc:  # surfaced to the writer thread in close()/write()
+            self._error = exc
+            while self._queue.get() is not None:
+                pass
+
+    def write(self, data: bytes) -> None:
+        self.bytes_in += len(data)
+        if self._queue is None:
+            self._fh.write(data)
+            return
+        if self._error is not None:
+            raise self._error
+        self._queue.put(data)
+
+    def close(self) -> None:
+        if self._queue is not None and self._thread is not None:
+            self._queue.put(None)
+            self._thread.join()
+            if self._error is not None:
+                raise self._error
+
+
+def _file_base(trace: Trace) -> int:
+    """The written ``baseTimeNanoseconds``: the whole second at or before the earliest event."""
+    earliest: int | None = None
+    for table, col in (
+        ("spans", "start_ns"),
+        ("instants", "ts_ns"),
+        ("counters", "ts_ns"),
+        ("flows", "ts_ns"),
+        ("samples", "ts_ns"),
+    ):
+        values = trace.tables[table][col]
+        if len(values):
+            low = min(values)
+            earliest = low if earliest is None else min(earliest, low)
+    absolute = trace.base_time_ns + (earliest or 0)
+    return (absolute // 1_000_000_000) * 1_000_000_000
+
+
+def _header(trace: Trace, base: int) -> bytes:
+    parts = [
+        b'{\n"schemaVersion":%d' % trace.schema_version,
+        b',\n"deviceProperties":' + json_bytes(list(trace.device_properties)),
+    ]
+    if trace.distributed_info is not None:
+        # Default separators on purpose: HTA finds the rank by the text '"rank": N'.
+        parts.append(
+            b',\n"distributedInfo":'
+            + json_bytes(dict(trace.distributed_info), pretty_separators=True)
+        )
+    for key, value in trace.metadata.items():
+        if key in RESERVED_KEYS:
+            raise ValueError(
+                f"trace metadata key {key!r} is reserved by the Chrome trace format; rename it"
+            )
+        parts.append(b",\n" + json_bytes(str(key)) + b":" + json_bytes(value))
+    parts.append(b',\n"displayTimeUnit":' + json_bytes(trace.display_time_unit))
+    parts.append(b',\n"baseTimeNanoseconds":%d' % base)
+    parts.append(b',\n"traceEvents":[\n')
+    return b"".join(parts)
+
+
+def _event_chunks(trace: Trace, shift: int, strings: list[bytes]) -> Iterator[bytes]:
+    """Every trace event as JSON text, each followed by ``,\\n``, in bounded chunks."""
+
+    def label(v: int) -> bytes:
+        return strings[v - LABEL_BASE] if v >= LABEL_BASE else str(v).encode()
+
+    def args_of(refs: Iterable[int]) -> dict[int, bytes]:
+        return {r: json_bytes(trace.args[r]) for r in refs if r >= 0}
+
+    meta = trace.meta
+    for name, pid, tid, ref in zip(meta["name"], meta["pid"], meta["tid"], meta["args"],
+                                   strict=True):
+        args = b',"args":' + json_bytes(trace.args[ref]) if ref >= 0 else b""
+        yield b'{"ph":"M","name":%b,"pid":%b,"tid":%b%b},\n' % (
+            strings[name], label(pid), label(tid), args
+        )
+
+    spans = trace.spans
+    cols = tuple(spans[c] for c in ("name", "cat", "pid", "tid", "start_ns", "dur_ns", "args"))
+    mod = native()
+    formatter: Callable[..., bytes] = (
+        mod.format_spans if mod is not None else format_spans_python  # type: ignore[assignment]
+    )
+    for lo in range(0, len(spans), CHUNK_EVENTS):
+        hi = min(lo + CHUNK_EVENTS, len(spans))
+        yield formatter(cols, lo, hi, strings, args_of(cols[6][lo:hi]), shift)
+
+    inst = trace.instants
+    out: list[bytes] = []
+    for name, cat, pid, tid, ts, scope, ref in zip(
+        *(inst[c] for c in ("name", "cat", "pid", "tid", "ts_ns", "scope", "args")), strict=True
+    ):
+        cat_part = b'"cat":' + strings[cat] + b"," if cat else b""
+        args = b',"args":' + json_bytes(trace.args[ref]) if ref >= 0 else b""
+        out.append(
+            b'{"ph":"i",%b"s":"%c","name":%b,"pid":%b,"tid":%b,"ts":%b%b},\n'
+            % (cat_part, scope, strings[name], label(pid), label(tid),
+               _micros(ts + shift).encode(), args)
+        )
+        if len(out) >= CHUNK_EVENTS:
+            yield b"".join(out)
+            out.clear()
+
+    for event in trace.iter_counter_events():
+        out.append(
+            b'{"ph":"C","name":%b,"pid":%b,"tid":%b,"ts":%b,"args":%b},\n'
+            % (json_bytes(event.name), json_bytes(event.pid), json_bytes(event.tid),
+               _micros(event.ts_ns + shift).encode(), json_bytes(event.values))
+        )
+        if len(out) >= CHUNK_EVENTS:
+            yield b"".join(out)
+            out.clear()
+
+    flows = trace.flows
+    for name, cat, pid, tid, ts, fid, phase, binding in zip(
+        *(flows[c] for c in ("name", "cat", "pid", "tid", "ts_ns", "flow_id", "phase", "binding")),
+        strict=True,
+    ):
+        bp = b',"bp":"e"' if binding else b""
+        cat_part = b',"cat":' + strings[cat] if cat else b""
+        out.append(
+            b'{"ph":"%c","id":%d,"pid":%b,"tid":%b,"ts":%b%b,"name":%b%b},\n'
+            % (phase, fid, label(pid), label(tid), _micros(ts + shift).encode(), cat_part,
+               strings[name], bp)
+        )
+        if len(out) >= CHUNK_EVENTS:
+            yield b"".join(out)
+            out.clear()
+    if out:
+        yield b"".join(out)
+
+
+def _samples_sections(trace: Trace, shift: int) -> bytes:
+    """Top-level ``stackFrames`` and ``samples`` (Trace Event Format) when there are samples."""
+    samples = trace.samples
+    if not len(samples):
+        return b""
+    stacks, frames = trace.tables["stacks"], trace.tables["frames"]
+    frame_entries = []
+    for sid, (parent, fid) in enumerate(zip(stacks["parent"], stacks["frame"], strict=True)):
+        entry: dict[str, Any] = {
+            "name": trace.strings[frames["name"][fid]],
+            "category": trace.strings[frames["file"][fid]],
+            "line": frames["line"][fid],
+        }
+        if parent >= 0:
+            entry["parent"] = str(parent)
+        frame_entries.append(json_bytes(str(sid)) + b":" + json_bytes(entry))
+    rows = []
+    for pid, tid, ts, stack, weight, idle in zip(
+        *(samples[c] for c in ("pid", "tid", "ts_ns", "stack", "weight", "idle")), strict=True
+    ):
+        row: dict[str, Any] = {
+            "pid": trace.label(pid),
+            "tid": trace.label(tid),
+            "ts": float(_micros(ts + shift)),
+            "name": "idle" if idle else "sample",
+            "weight": weight,
+        }
+        if stack >= 0:
+            row["sf"] = str(stack)
+        rows.append(json_bytes(row))
+    return (
+        b',\n"stackFrames":{' + b",\n".join(frame_entries) + b"}"
+        + b',\n"samples":[\n' + b",\n".join(rows) + b"\n]"
+    )
+
+
+def write_chrome_trace(
+    trace: Trace,
+    path: str | os.PathLike[str],
+    *,
+    gzip_level: int = 1,
+    fsync: bool = False,
+) -> WriteStats:
+    """Write ``trace`` to ``path`` (gzip if it ends in ``.gz``), atomically; returns sizes."""
+    target = Path(path)
+    parent = target.parent
+    if not parent.is_dir():
+        raise FileNotFoundError(
+            f"cannot write trace {str(target)!r}: directory {str(parent)!r} does not exist"
+        )
+    use_gzip = target.name.endswith(".gz")
+    if use_gzip and not 0 <= gzip_level <= 9:
+        raise ValueError(f"gzip_level must be between 0 and 9, got {gzip_level}")
+    base = _file_base(trace)
+    shift = trace.base_time_ns - base
+    strings = [json_bytes(s) for s in trace.strings]
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=parent)
+    events = 0
+    try:
+        with os.fdopen(fd, "wb", buffering=1 << 20) as fh:
+            sink = _Sink(fh, gzip_level if use_gzip else None)
+            try:
+                sink.write(_header(trace, base))
+                pending = b""
+                for chunk in _event_chunks(trace, shift, strings):
+                    if pending:
+                        sink.write(pending)
+                    pending = chunk
+                    events += chunk.count(b"},\n")
+                if pending:
+                    sink.write(pending[:-2] + b"\n")  # no comma after the last event
+                sink.write(b"]")
+                sink.write(_samples_sections(trace, shift))
+                name = trace.trace_name if trace.trace_name is not None else str(target)
+                sink.write(b',\n"traceName":' + json_bytes(name) + b"\n}\n")
+            finally:
+                sink.close()
+            if fsync:
+                fh.flush()
+                os.fsync(fh.fileno())
+        os.replace(tmp_name, target)
+    except BaseException:
+        try:
+            os.unlink(tmp_name)
+        except FileNotFoundError:
+            pass
+        raise
+    return WriteStats(str(target), events, sink.bytes_in)
+
+
+# -- reader ----------------------------------------------------------------------------------
+
+
+def _load_bytes(path: Path) -> bytes:
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise ChromeTraceError(f"{path}: no such trace file") from None
+    except IsADirectoryError:
+        raise ChromeTraceError(f"{path}: is a directory, not a trace file") from None
+    if raw[:2] != b"\x1f\x8b":
+        return raw
+    decomp = zlib.decompressobj(47)
+    try:
+        data = decomp.decompress(raw)
+    except zlib.error as exc:
+        raise ChromeTraceError(f"{path}: corrupt gzip data ({exc})") from None
+    if not decomp.eof:
+        raise ChromeTraceError(
+            f"{path}: gzip stream is truncated (file ends at byte {len(raw)} before the end "
+            f"of the compressed data; {len(data)} bytes decompressed); the file is incomplete"
+        )
+    return data
+
+
+def _ns(value: Any, what: str, index: int, path: Path) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ChromeTraceError(
+            f"{path}: traceEvents[{index}]: {what} must be a number of microseconds, "
+            f"got {value!r}"
+        )
+    return round(value * 1000)
+
+
+def _label(value: Any, what: str, index: int, path: Path) -> int | str:
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise ChromeTraceError(
+            f"{path}: traceEvents[{index}]: {what} must be an integer or a string, got {value!r}"
+        )
+    return value
+
+
+def _str(value: Any, what: str, index: int, path: Path) -> str:
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise ChromeTraceError(
+            f"{path}: traceEvents[{index}]: {what} must be a string, got {value!r}"
+        )
+    return value
+
+
+def _args(value: Any, index: int, path: Path) -> Mapping[str, Any] | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ChromeTraceError(f"{path}: traceEvents[{index}]: args must be an object")
+    return value
+
+
+def read_chrome_trace(path: str | os.PathLike[str]) -> Trace:
+    """Load a ``.json`` or ``.json.gz`` Chrome trace (stepscope's or torch.profiler's)."""
+    p = Path(path)
+    data = _load_bytes(p)
+    try:
+        doc = json.loads(data)
+    except json.JSONDecodeError as exc:
+        hint = " (the file looks truncated)" if exc.pos >= len(data) - 1 else ""
+        raise ChromeTraceError(
+            f"{p}: invalid JSON at line {exc.lineno} column {exc.colno} (byte {exc.pos}): "
+            f"{exc.msg}{hint}"
+        ) from None
+    except UnicodeDecodeError as exc:
+        raise ChromeTraceError(f"{p}: not UTF-8 text at byte {exc.start}: {exc.reason}") from None
+    if isinstance(doc, list):
+        doc = {"traceEvents": doc}
+    if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
+        raise ChromeTraceError(
+            f"{p}: not a Chrome trace: expected an object with a 'traceEvents' list "
+            "or a list of events"
+        )
+    base = doc.get("baseTimeNanoseconds", 0)
+    if isinstance(base, bool) or not isinstance(base, int):
+        raise ChromeTraceError(f"{p}: baseTimeNanoseconds must be an integer, got {base!r}")
+    b = TraceBuilder(base_time_ns=base)
+    b.trace_name = doc.get("traceName") if isinstance(doc.get("traceName"), str) else None
+    b.display_time_unit = str(doc.get("displayTimeUnit", "ms"))
+    props = doc.get("deviceProperties", [])
+    b.device_properties = list(props) if isinstance(props, list) else []
+    dist = doc.get("distributedInfo")
+    b.distributed_info = dist if isinstance(dist, dict) else None
+    for key, value in doc.items():
+        if key not in RESERVED_KEYS:
+            b.metadata[key] = value
+    skipped = _read_events(doc["traceEvents"], b, p)
+    _read_samples(doc, b, p)
+    if skipped:
+        b.metadata["stepscope_skipped_events"] = skipped
+    return b.build()
+
+
+def _read_events(events: list[Any], b: TraceBuilder, p: Path) -> dict[str, int]:
+    skipped: dict[str, int] = {}
+    open_begins: dict[tuple[int | str, int | str], list[tuple[str, str, int, Any]]] = {}
+    for i, ev in enumerate(events):
+        if not isinstance(ev, dict):
+            raise ChromeTraceError(f"{p}: traceEvents[{i}] is not an object: {ev!r:.80}")
+        ph = ev.get("ph")
+        if ph == "X":
+            b.span(
+                _str(ev.get("name"), "name", i, p),
+                _str(ev.get("cat"), "cat", i, p),
+                _label(ev.get("pid", 0), "pid", i, p),
+                _label(ev.get("tid", 0), "tid", i, p),
+                _ns(ev.get("ts"), "ts", i, p),
+                _ns(ev.get("dur", 0), "dur", i, p),
+                _args(ev.get("args"), i, p),
+            )
+        elif ph in ("i", "I", "n"):
+            scope = ev.get("s", "t")
+            b.instant(
+                _str(ev.get("name"), "name", i, p),
+                _str(ev.get("cat"), "cat", i, p),
+                _label(ev.get("pid", 0), "pid", i, p),
+                _label(ev.get("tid", 0), "tid", i, p),
+                _ns(ev.get("ts"), "ts", i, p),
+                scope if scope in ("t", "p", "g") else "t",
+                _args(ev.get("args"), i, p),
+            )
+        elif ph == "C":
+            values = _args(ev.get("args"), i, p) or {}
+            numeric = {
+                k: float(v) for k, v in values.items()
+                if isinstance(v, (int, float)) and not isinstance(v, bool)
+            }
+            if numeric:
+                b.counter(
+                    _str(ev.get("name"), "name", i, p),
+                    _label(ev.get("pid", 0), "pid", i, p),
+                    _ns(ev.get("ts"), "ts", i, p),
+                    numeric,
+                    tid=_label(ev.get("tid", 0), "tid", i, p),
+                )
+            else:
+                skipped["C(no numeric values)"] = skipped.get("C(no numeric values)", 0) + 1
+        elif ph in ("s", "t", "f"):
+            fid = ev.get("id", 0)
+            if isinstance(fid, str):
+                fid = int(fid, 0) if fid.strip().lstrip("-").isalnum() else hash(fid) & (2**62)
+            b.flow(
+                _str(ev.get("name"), "name", i, p),
+                _str(ev.get("cat"), "cat", i, p),
+                _label(ev.get("pid", 0), "pid", i, p),
+                _label(ev.get("tid", 0), "tid", i, p),
+                _ns(ev.get("ts"), "ts", i, p),
+                int(fid),
+                ph,
+                "e" if ev.get("bp") == "e" else "",
+            )
+        elif ph == "M":
+            b.meta_event(
+                _str(ev.get("name"), "name", i, p),
+                _label(ev.get("pid", 0), "pid", i, p),
+                _label(ev.get("tid", 0), "tid", i, p),
+                _args(ev.get("args"), i, p) or {},
+            )
+        elif ph in ("B", "E"):
+            key = (_label(ev.get("pid", 0), "pid", i, p), _label(ev.get("tid", 0), "tid", i, p))
+            ts = _ns(ev.get("ts"), "ts", i, p)
+            stack = open_begins.setdefault(key, [])
+            if ph == "B":
+                name = _str(ev.get("name"), "name", i, p)
+                stack.append((name, _str(ev.get("cat"), "cat", i, p), ts, ev.get("args")))
+            elif stack:
+                name, cat, start, args = stack.pop()
+                b.span(name, cat, key[0], key[1], start, ts - start, _args(args, i, p))
+            else:
+                skipped["E(unmatched)"] = skipped.get("E(unmatched)", 0) + 1
+        else:
+            label = str(ph)
+            skipped[label] = skipped.get(label, 0) + 1
+    unmatched = sum(len(s) for s in open_begins.values())
+    if unmatched:
+        skipped["B(unmatched)"] = unmatched
+    return skipped
+
+
+def _read_samples(doc: dict[str, Any], b: TraceBuilder, p: Path) -> None:
+    frames = doc.get("stackFrames")
+    samples = doc.get("samples")
+    if not isinstance(samples, list) or not samples:
+        return
+    if not isinstance(frames, dict):
+        frames = {}
+    resolved: dict[str, int] = {}
+
+    def stack_id(sf: str, depth: int = 0) -> int:
+        if sf in resolved:
+            return resolved[sf]
+        chain: list[dict[str, Any]] = []
+        cur: str | None = sf
+        seen = set()
+        while cur is not None and cur in frames and cur not in seen:
+            seen.add(cur)
+            entry = frames[cur]
+            chain.append(entry)
+            parent = entry.get("parent")
+            cur = str(parent) if parent is not None else None
+        if not chain:
+            raise ChromeTraceError(f"{p}: sample refers to unknown stack frame {sf!r}")
+        chain.reverse()
+        ids = [
+            b.frame(str(e.get("name", "")), str(e.get("category", "")), int(e.get("line", 0)))
+            for e in chain
+        ]
+        sid = b.stack(ids)
+        resolved[sf] = sid
+        return sid
+
+    for i, s in enumerate(samples):
+        if not isinstance(s, dict):
+            raise ChromeTraceError(f"{p}: samples[{i}] is not an object")
+        sf = s.get("sf")
+        sid = stack_id(str(sf)) if sf is not None else -1
+        b.sample(
+            _label(s.get("pid", 0), "pid", i, p),
+            _label(s.get("tid", 0), "tid", i, p),
+            _ns(s.get("ts", 0), "ts", i, p),
+            sid,
+            int(s.get("weight", 1)),
+            s.get("name") == "idle",
+        )
+
