@@ -1,0 +1,23 @@
+"""The one step counter shared by the profiler, metrics and events.
+
+The active profiler advances it on every ``step()``; metrics and events read it to tag what they
+record.  With no profiler active, ``current_step()`` is ``None`` unless a program sets it itself
+with ``set_step`` (for loops that are not profiled).
+"""
+
+from __future__ import annotations
+
+_step: int | None = None
+
+
+def current_step() -> int | None:
+    """The current step number, or ``None`` when no loop has declared one."""
+    return _step
+
+
+def set_step(step: int | None) -> None:
+    """Declare the current step (the profiler calls this; programs may too)."""
+    global _step
+    if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
+        raise ValueError(f"step must be a non-negative int or None, got {step!r}")
+    _step = step
