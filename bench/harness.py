@@ -58,7 +58,9 @@ class Report:
     targets: list[Target] = field(default_factory=list)
     lines: list[str] = field(default_factory=list)
 
-    def add(self, case: str, subject: str, unit: str, samples: list[float], note: str = "") -> Result:
+    def add(
+        self, case: str, subject: str, unit: str, samples: list[float], note: str = ""
+    ) -> Result:
         """Record samples measured elsewhere."""
         result = Result(self.bench, case, subject, unit, list(samples), note)
         self.results.append(result)

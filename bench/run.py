@@ -21,7 +21,13 @@ sys.path.insert(0, str(HERE))
 from harness import Report  # noqa: E402
 
 PACKAGES = [
-    "stepscope", "torch", "viztracer", "pyinstrument", "yappi", "py-spy", "prometheus_client",
+    "stepscope",
+    "torch",
+    "viztracer",
+    "pyinstrument",
+    "yappi",
+    "py-spy",
+    "prometheus_client",
     "opentelemetry-sdk",
 ]
 

@@ -14,8 +14,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from stepscope._ext import native
-from stepscope.trace import ChromeTraceError, Trace, TraceBuilder, read_chrome_trace
-from stepscope.trace import write_chrome_trace
+from stepscope.trace import (
+    ChromeTraceError,
+    Trace,
+    TraceBuilder,
+    read_chrome_trace,
+    write_chrome_trace,
+)
 from stepscope.trace.chrome import format_spans_python, json_bytes
 
 
@@ -99,20 +104,29 @@ def test_gzip_output_matches_plain_output(tmp_path: Path) -> None:
 def test_c_span_formatter_matches_the_python_twin() -> None:
     b = TraceBuilder(base_time_ns=0)
     b.span('q"uote\\', "", 1, "Spans", -5, 0, {"k": "v"})
+    odd_args: list[dict[str, Any]] = [
+        {"External id": 1, "Input Dims": [[8, 64], [], [3]], "Concrete Inputs": ["", "0."]},
+        {"f": 1.5, "tiny": 1e-7, "big": 1e300, "neg": -0.0, "t": True, "n": None, "u": "é中😀"},
+        {"ctl": '\x00\x1f\n\t"\\', "tuple": (1, 2), "nested": {"a": {"b": [None]}}},
+        {"nan": math.nan, "sur": "\udc80", "huge": 2**80, "set": {1}},
+        {1: "int key"},  # type: ignore[dict-item]
+    ]
     for i in range(300):
-        b.span(f"f{i % 7}", "cat" if i % 2 else "", i, -i, i * 1001, i * 7)
+        args = odd_args[i % len(odd_args)] if i % 3 == 0 else None
+        b.span(f"f{i % 7}", "cat" if i % 2 else "", i, -i, i * 1001, i * 7, args)
     trace = b.build()
     strings = [json_bytes(s) for s in trace.strings]
-    cols = tuple(trace.spans[c] for c in ("name", "cat", "pid", "tid", "start_ns", "dur_ns", "args"))
-    args_json = {0: json_bytes(trace.args[0])}
+    cols = tuple(
+        trace.spans[c] for c in ("name", "cat", "pid", "tid", "start_ns", "dur_ns", "args")
+    )
     mod = native()
     assert mod is not None
     for lo, hi in [(0, len(trace.spans)), (3, 40), (10, 10)]:
-        assert mod.format_spans(cols, lo, hi, strings, args_json, 17) == format_spans_python(
-            cols, lo, hi, strings, args_json, 17
-        )
+        assert mod.format_spans(
+            cols, lo, hi, strings, trace.args, json_bytes, 17
+        ) == format_spans_python(cols, lo, hi, strings, trace.args, json_bytes, 17)
     with pytest.raises(IndexError):
-        mod.format_spans(cols, 0, 10_000, strings, args_json, 0)
+        mod.format_spans(cols, 0, 10_000, strings, trace.args, json_bytes, 0)
 
 
 hostile_text = st.text(
@@ -133,7 +147,12 @@ json_values = st.recursive(
 labels = st.integers(min_value=-(2**40), max_value=2**40) | hostile_text
 times = st.integers(min_value=0, max_value=2**50)
 span_rows = st.tuples(
-    hostile_text, hostile_text, labels, labels, times, st.integers(0, 2**40),
+    hostile_text,
+    hostile_text,
+    labels,
+    labels,
+    times,
+    st.integers(0, 2**40),
     st.none() | st.dictionaries(hostile_text, json_values, max_size=3),
 )
 
@@ -143,7 +162,9 @@ def clean(value: Any) -> Any:
     return json.loads(json_bytes(value))
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(
     spans=st.lists(span_rows, max_size=12),
     instants=st.lists(st.tuples(hostile_text, labels, times, st.sampled_from("tpg")), max_size=4),
@@ -170,8 +191,15 @@ def test_round_trip_keeps_every_event(
         return t.base_time_ns + ns
 
     want = [
-        (clean(s.name), clean(s.cat), clean(s.pid), clean(s.tid), absolute(trace, s.start_ns),
-         s.dur_ns, clean(s.args))
+        (
+            clean(s.name),
+            clean(s.cat),
+            clean(s.pid),
+            clean(s.tid),
+            absolute(trace, s.start_ns),
+            s.dur_ns,
+            clean(s.args),
+        )
         for s in trace.iter_spans()
     ]
     got = [
@@ -179,10 +207,10 @@ def test_round_trip_keeps_every_event(
         for s in back.iter_spans()
     ]
     assert got == want
-    assert [(clean(i.name), clean(i.pid), absolute(trace, i.ts_ns), i.scope)
-            for i in trace.iter_instants()] == [
-        (i.name, i.pid, absolute(back, i.ts_ns), i.scope) for i in back.iter_instants()
-    ]
+    assert [
+        (clean(i.name), clean(i.pid), absolute(trace, i.ts_ns), i.scope)
+        for i in trace.iter_instants()
+    ] == [(i.name, i.pid, absolute(back, i.ts_ns), i.scope) for i in back.iter_instants()]
     assert back.metadata[clean("hostile \udc80 key\n")] == {"v": "\x00"}
     assert back.event_count() == trace.event_count()
 
@@ -267,16 +295,21 @@ def test_invalid_traces_get_clear_errors(tmp_path: Path, content: str, message: 
 
 def test_begin_end_pairs_and_array_form_are_read(tmp_path: Path) -> None:
     path = tmp_path / "be.json"
-    path.write_text(json.dumps([
-        {"ph": "B", "name": "outer", "pid": 1, "tid": 1, "ts": 1},
-        {"ph": "B", "name": "inner", "pid": 1, "tid": 1, "ts": 2},
-        {"ph": "E", "pid": 1, "tid": 1, "ts": 3},
-        {"ph": "E", "pid": 1, "tid": 1, "ts": 5},
-        {"ph": "b", "name": "async", "pid": 1, "tid": 1, "ts": 5, "id": 1},
-    ]))
+    path.write_text(
+        json.dumps(
+            [
+                {"ph": "B", "name": "outer", "pid": 1, "tid": 1, "ts": 1},
+                {"ph": "B", "name": "inner", "pid": 1, "tid": 1, "ts": 2},
+                {"ph": "E", "pid": 1, "tid": 1, "ts": 3},
+                {"ph": "E", "pid": 1, "tid": 1, "ts": 5},
+                {"ph": "b", "name": "async", "pid": 1, "tid": 1, "ts": 5, "id": 1},
+            ]
+        )
+    )
     trace = read_chrome_trace(path)
     assert [(s.name, s.start_ns, s.dur_ns) for s in trace.iter_spans()] == [
-        ("inner", 2000, 1000), ("outer", 1000, 4000)
+        ("inner", 2000, 1000),
+        ("outer", 1000, 4000),
     ]
     assert trace.metadata["stepscope_skipped_events"] == {"b": 1}
 
@@ -289,7 +322,9 @@ def torch_trace_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     with profile(
-        activities=[ProfilerActivity.CPU], record_shapes=True, with_stack=True,
+        activities=[ProfilerActivity.CPU],
+        record_shapes=True,
+        with_stack=True,
         profile_memory=True,
     ) as prof:
         for _ in range(3):

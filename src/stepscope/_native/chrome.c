@@ -1,10 +1,11 @@
 /* Fast formatting of span columns as Chrome-trace "X" events (twin: chrome.format_spans_python).
  *
- * Strings arrive pre-escaped (JSON literals with their quotes) from the trace's string table, and
- * args pre-rendered, so this only stitches bytes and prints integers; output is byte-identical to
- * the Python twin. */
+ * Strings arrive pre-escaped (JSON literals with their quotes) from the trace's string table; args
+ * are rendered here when they hold plain JSON values, else by the Python fallback.  The output is
+ * byte-identical to the Python twin. */
 #include "stepscope_native.h"
 
+#include <math.h>
 #include <string.h>
 
 #define LABEL_BASE ((int64_t)1 << 62)
@@ -115,6 +116,128 @@ static int put_label(Buffer *b, PyObject *strings, int64_t v) {
     return put_i64(b, v);
 }
 
+
+/* Compact JSON for the plain values args usually hold (exact dict/list/tuple/str/int/float/bool/
+ * None).  Returns 1 when rendered, 0 when the value needs the Python path (other types, NaN,
+ * unpaired surrogates, huge ints), -1 on error.  Output equals json_bytes() for those values. */
+static int put_json(Buffer *b, PyObject *v, int depth);
+
+static int put_json_string(Buffer *b, PyObject *s) {
+    Py_ssize_t n;
+    const char *utf8 = PyUnicode_AsUTF8AndSize(s, &n);
+    if (utf8 == NULL) {
+        PyErr_Clear(); /* unpaired surrogates: the Python path replaces them */
+        return 0;
+    }
+    if (buf_reserve(b, (size_t)n * 6 + 2) < 0) {
+        return -1;
+    }
+    static const char hex[] = "0123456789abcdef";
+    b->data[b->len++] = '"';
+    for (Py_ssize_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)utf8[i];
+        if (c == '"' || c == '\\') {
+            b->data[b->len++] = '\\';
+            b->data[b->len++] = (char)c;
+        } else if (c < 0x20) {
+            b->data[b->len++] = '\\';
+            switch (c) {
+                case '\n': b->data[b->len++] = 'n'; break;
+                case '\r': b->data[b->len++] = 'r'; break;
+                case '\t': b->data[b->len++] = 't'; break;
+                case '\b': b->data[b->len++] = 'b'; break;
+                case '\f': b->data[b->len++] = 'f'; break;
+                default:
+                    b->data[b->len++] = 'u';
+                    b->data[b->len++] = '0';
+                    b->data[b->len++] = '0';
+                    b->data[b->len++] = hex[c >> 4];
+                    b->data[b->len++] = hex[c & 15];
+            }
+        } else {
+            b->data[b->len++] = (char)c;
+        }
+    }
+    b->data[b->len++] = '"';
+    return 1;
+}
+
+static int put_json_items(Buffer *b, PyObject *seq, int depth) {
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    if (buf_put(b, "[", 1) < 0) return -1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (i && buf_put(b, ",", 1) < 0) return -1;
+        int r = put_json(b, items[i], depth + 1);
+        if (r <= 0) return r;
+    }
+    return buf_put(b, "]", 1) < 0 ? -1 : 1;
+}
+
+static int put_json(Buffer *b, PyObject *v, int depth) {
+    if (depth > 32) {
+        return 0;
+    }
+    if (v == Py_None) return PUT_LITERAL(b, "null") < 0 ? -1 : 1;
+    if (v == Py_True) return PUT_LITERAL(b, "true") < 0 ? -1 : 1;
+    if (v == Py_False) return PUT_LITERAL(b, "false") < 0 ? -1 : 1;
+    if (PyUnicode_CheckExact(v)) return put_json_string(b, v);
+    if (PyLong_CheckExact(v)) {
+        int overflow = 0;
+        long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+        if (overflow) return 0;
+        if (x == -1 && PyErr_Occurred()) return -1;
+        return put_i64(b, x) < 0 ? -1 : 1;
+    }
+    if (PyFloat_CheckExact(v)) {
+        double x = PyFloat_AS_DOUBLE(v);
+        if (!isfinite(x)) return 0;
+        char *text = PyOS_double_to_string(x, 'r', 0, Py_DTSF_ADD_DOT_0, NULL);
+        if (text == NULL) return -1;
+        int r = buf_put(b, text, strlen(text));
+        PyMem_Free(text);
+        return r < 0 ? -1 : 1;
+    }
+    if (PyList_CheckExact(v) || PyTuple_CheckExact(v)) {
+        return put_json_items(b, v, depth);
+    }
+    if (PyDict_CheckExact(v)) {
+        Py_ssize_t pos = 0;
+        PyObject *key, *value;
+        int first = 1;
+        if (buf_put(b, "{", 1) < 0) return -1;
+        while (PyDict_Next(v, &pos, &key, &value)) {
+            if (!PyUnicode_CheckExact(key)) return 0;
+            if (!first && buf_put(b, ",", 1) < 0) return -1;
+            first = 0;
+            int r = put_json_string(b, key);
+            if (r <= 0) return r;
+            if (buf_put(b, ":", 1) < 0) return -1;
+            r = put_json(b, value, depth + 1);
+            if (r <= 0) return r;
+        }
+        return buf_put(b, "}", 1) < 0 ? -1 : 1;
+    }
+    return 0;
+}
+
+/* Args of one event: the C renderer, or the Python fallback for what it does not handle. */
+static int put_args(Buffer *b, PyObject *args_obj, PyObject *fallback) {
+    size_t mark = b->len;
+    int r = put_json(b, args_obj, 0);
+    if (r != 0) {
+        return r < 0 ? -1 : 0;
+    }
+    b->len = mark;
+    PyObject *rendered = PyObject_CallOneArg(fallback, args_obj);
+    if (rendered == NULL) {
+        return -1;
+    }
+    int ok = put_bytes_obj(b, rendered);
+    Py_DECREF(rendered);
+    return ok;
+}
+
 typedef struct {
     Py_buffer view;
     int ok;
@@ -134,11 +257,11 @@ static int get_column(PyObject *obj, Column *col, Py_ssize_t itemsize, const cha
 }
 
 static PyObject *format_spans(PyObject *self, PyObject *args) {
-    PyObject *cols, *strings, *args_json;
+    PyObject *cols, *strings, *all_args, *fallback;
     Py_ssize_t lo, hi;
     long long shift;
-    if (!PyArg_ParseTuple(args, "O!nnO!O!L", &PyTuple_Type, &cols, &lo, &hi, &PyList_Type,
-                          &strings, &PyDict_Type, &args_json, &shift)) {
+    if (!PyArg_ParseTuple(args, "O!nnO!O!OL", &PyTuple_Type, &cols, &lo, &hi, &PyList_Type,
+                          &strings, &PyTuple_Type, &all_args, &fallback, &shift)) {
         return NULL;
     }
     if (PyTuple_GET_SIZE(cols) != 7) {
@@ -188,17 +311,12 @@ static PyObject *format_spans(PyObject *self, PyObject *args) {
             PUT_LITERAL(&out, ",\"dur\":") < 0 || put_micros(&out, dur[i]) < 0)
             goto done;
         if (ref[i] >= 0) {
-            PyObject *key = PyLong_FromLong(ref[i]);
-            if (key == NULL) goto done;
-            PyObject *rendered = PyDict_GetItemWithError(args_json, key);
-            Py_DECREF(key);
-            if (rendered == NULL) {
-                if (!PyErr_Occurred()) {
-                    PyErr_Format(PyExc_KeyError, "args %d not rendered", ref[i]);
-                }
+            if (ref[i] >= PyTuple_GET_SIZE(all_args)) {
+                PyErr_Format(PyExc_IndexError, "args ref %d outside the args table", ref[i]);
                 goto done;
             }
-            if (PUT_LITERAL(&out, ",\"args\":") < 0 || put_bytes_obj(&out, rendered) < 0)
+            if (PUT_LITERAL(&out, ",\"args\":") < 0 ||
+                put_args(&out, PyTuple_GET_ITEM(all_args, ref[i]), fallback) < 0)
                 goto done;
         }
         if (PUT_LITERAL(&out, "},\n") < 0) goto done;
@@ -216,7 +334,7 @@ done:
 
 static PyMethodDef chrome_methods[] = {
     {"format_spans", format_spans, METH_VARARGS,
-     "format_spans(cols, lo, hi, strings, args_json, shift) -> bytes of X events."},
+     "format_spans(cols, lo, hi, strings, args, fallback, shift) -> bytes of X events."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -12,6 +12,7 @@ The reader loads files written by stepscope and by torch.profiler (Kineto) into 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -19,13 +20,13 @@ import queue
 import tempfile
 import threading
 import zlib
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
 from stepscope._ext import native
-from stepscope.trace.model import LABEL_BASE, SCHEMA_VERSION, Trace, TraceBuilder
+from stepscope.trace.model import LABEL_BASE, Trace, TraceBuilder
 
 __all__ = [
     "ChromeTraceError",
@@ -98,8 +99,27 @@ def _json_default(value: Any) -> Any:
     return str(value)
 
 
+def _compact_encoder() -> Callable[[Any], str] | None:
+    """The C JSON encoder with compact separators, built once (None if ``_json`` is missing)."""
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:
+        return None
+    encode = make(
+        {}, _json_default, json.encoder.encode_basestring, None, ":", ",", False, False, False
+    )
+    return lambda value: "".join(encode(value, 0))
+
+
+_encode_compact = _compact_encoder()
+
+
 def json_bytes(value: Any, *, pretty_separators: bool = False) -> bytes:
     """Serialize any value as valid, UTF-8 JSON (NaN/inf as strings, odd types as strings)."""
+    if _encode_compact is not None and not pretty_separators:
+        try:
+            return _encode_compact(value).encode("utf-8")
+        except (ValueError, UnicodeEncodeError):
+            pass  # NaN/inf or unpaired surrogates: take the careful path below
     seps = (", ", ": ") if pretty_separators else (",", ":")
     try:
         text = json.dumps(
@@ -107,7 +127,10 @@ def json_bytes(value: Any, *, pretty_separators: bool = False) -> bytes:
         )
     except ValueError:
         text = json.dumps(
-            _finite(value), ensure_ascii=False, allow_nan=False, separators=seps,
+            _finite(value),
+            ensure_ascii=False,
+            allow_nan=False,
+            separators=seps,
             default=_json_default,
         )
     return _utf8(text)
@@ -130,7 +153,8 @@ def format_spans_python(
     lo: int,
     hi: int,
     strings: list[bytes],
-    args_json: Mapping[int, bytes],
+    args: tuple[Mapping[str, Any], ...],
+    fallback: Callable[[Any], bytes],
     shift: int,
 ) -> bytes:
     """Format spans ``lo..hi`` as ``X`` events, each followed by ``,\\n`` (pure-Python twin)."""
@@ -158,7 +182,7 @@ def format_spans_python(
             )
         )
         if ref >= 0:
-            append(b',"args":' + args_json[ref])
+            append(b',"args":' + fallback(args[ref]))
         append(b"},\n")
     return b"".join(out)
 
@@ -259,15 +283,16 @@ def _event_chunks(trace: Trace, shift: int, strings: list[bytes]) -> Iterator[by
     def label(v: int) -> bytes:
         return strings[v - LABEL_BASE] if v >= LABEL_BASE else str(v).encode()
 
-    def args_of(refs: Iterable[int]) -> dict[int, bytes]:
-        return {r: json_bytes(trace.args[r]) for r in refs if r >= 0}
-
     meta = trace.meta
-    for name, pid, tid, ref in zip(meta["name"], meta["pid"], meta["tid"], meta["args"],
-                                   strict=True):
+    for name, pid, tid, ref in zip(
+        meta["name"], meta["pid"], meta["tid"], meta["args"], strict=True
+    ):
         args = b',"args":' + json_bytes(trace.args[ref]) if ref >= 0 else b""
         yield b'{"ph":"M","name":%b,"pid":%b,"tid":%b%b},\n' % (
-            strings[name], label(pid), label(tid), args
+            strings[name],
+            label(pid),
+            label(tid),
+            args,
         )
 
     spans = trace.spans
@@ -278,7 +303,7 @@ def _event_chunks(trace: Trace, shift: int, strings: list[bytes]) -> Iterator[by
     )
     for lo in range(0, len(spans), CHUNK_EVENTS):
         hi = min(lo + CHUNK_EVENTS, len(spans))
-        yield formatter(cols, lo, hi, strings, args_of(cols[6][lo:hi]), shift)
+        yield formatter(cols, lo, hi, strings, trace.args, json_bytes, shift)
 
     inst = trace.instants
     out: list[bytes] = []
@@ -289,8 +314,15 @@ def _event_chunks(trace: Trace, shift: int, strings: list[bytes]) -> Iterator[by
         args = b',"args":' + json_bytes(trace.args[ref]) if ref >= 0 else b""
         out.append(
             b'{"ph":"i",%b"s":"%c","name":%b,"pid":%b,"tid":%b,"ts":%b%b},\n'
-            % (cat_part, scope, strings[name], label(pid), label(tid),
-               _micros(ts + shift).encode(), args)
+            % (
+                cat_part,
+                scope,
+                strings[name],
+                label(pid),
+                label(tid),
+                _micros(ts + shift).encode(),
+                args,
+            )
         )
         if len(out) >= CHUNK_EVENTS:
             yield b"".join(out)
@@ -299,8 +331,13 @@ def _event_chunks(trace: Trace, shift: int, strings: list[bytes]) -> Iterator[by
     for event in trace.iter_counter_events():
         out.append(
             b'{"ph":"C","name":%b,"pid":%b,"tid":%b,"ts":%b,"args":%b},\n'
-            % (json_bytes(event.name), json_bytes(event.pid), json_bytes(event.tid),
-               _micros(event.ts_ns + shift).encode(), json_bytes(event.values))
+            % (
+                json_bytes(event.name),
+                json_bytes(event.pid),
+                json_bytes(event.tid),
+                _micros(event.ts_ns + shift).encode(),
+                json_bytes(event.values),
+            )
         )
         if len(out) >= CHUNK_EVENTS:
             yield b"".join(out)
@@ -315,8 +352,16 @@ def _event_chunks(trace: Trace, shift: int, strings: list[bytes]) -> Iterator[by
         cat_part = b',"cat":' + strings[cat] if cat else b""
         out.append(
             b'{"ph":"%c","id":%d,"pid":%b,"tid":%b,"ts":%b%b,"name":%b%b},\n'
-            % (phase, fid, label(pid), label(tid), _micros(ts + shift).encode(), cat_part,
-               strings[name], bp)
+            % (
+                phase,
+                fid,
+                label(pid),
+                label(tid),
+                _micros(ts + shift).encode(),
+                cat_part,
+                strings[name],
+                bp,
+            )
         )
         if len(out) >= CHUNK_EVENTS:
             yield b"".join(out)
@@ -356,8 +401,12 @@ def _samples_sections(trace: Trace, shift: int) -> bytes:
             row["sf"] = str(stack)
         rows.append(json_bytes(row))
     return (
-        b',\n"stackFrames":{' + b",\n".join(frame_entries) + b"}"
-        + b',\n"samples":[\n' + b",\n".join(rows) + b"\n]"
+        b',\n"stackFrames":{'
+        + b",\n".join(frame_entries)
+        + b"}"
+        + b',\n"samples":[\n'
+        + b",\n".join(rows)
+        + b"\n]"
     )
 
 
@@ -407,10 +456,8 @@ def write_chrome_trace(
                 os.fsync(fh.fileno())
         os.replace(tmp_name, target)
     except BaseException:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp_name)
-        except FileNotFoundError:
-            pass
         raise
     return WriteStats(str(target), events, sink.bytes_in)
 
@@ -443,8 +490,7 @@ def _load_bytes(path: Path) -> bytes:
 def _ns(value: Any, what: str, index: int, path: Path) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ChromeTraceError(
-            f"{path}: traceEvents[{index}]: {what} must be a number of microseconds, "
-            f"got {value!r}"
+            f"{path}: traceEvents[{index}]: {what} must be a number of microseconds, got {value!r}"
         )
     return round(value * 1000)
 
@@ -549,7 +595,8 @@ def _read_events(events: list[Any], b: TraceBuilder, p: Path) -> dict[str, int]:
         elif ph == "C":
             values = _args(ev.get("args"), i, p) or {}
             numeric = {
-                k: float(v) for k, v in values.items()
+                k: float(v)
+                for k, v in values.items()
                 if isinstance(v, (int, float)) and not isinstance(v, bool)
             }
             if numeric:
@@ -649,4 +696,3 @@ def _read_samples(doc: dict[str, Any], b: TraceBuilder, p: Path) -> None:
             int(s.get("weight", 1)),
             s.get("name") == "idle",
         )
-

@@ -454,7 +454,9 @@ class TraceBuilder:
     ) -> None:
         """Append many spans at once from already-interned ids (for collectors with bulk data)."""
         n = len(name_ids)
-        parts = (cat_ids, pids, tids, starts, durs) + ((args_refs,) if args_refs is not None else ())
+        parts = (cat_ids, pids, tids, starts, durs) + (
+            (args_refs,) if args_refs is not None else ()
+        )
         if any(len(p) != n for p in parts):
             raise ValueError("extend_spans: all columns must have the same length")
         cols = self._cols["spans"]
@@ -659,8 +661,8 @@ class TraceBuilder:
         c["stack"].extend(stack_map[v] if v >= 0 else -1 for v in s["stack"])
         c["weight"].extend(s["weight"])
         c["idle"].extend(s["idle"])
-        for key, value in trace.metadata.items():
-            self.metadata.setdefault(key, value)
+        for meta_key, meta_value in trace.metadata.items():
+            self.metadata.setdefault(meta_key, meta_value)
         if not self.device_properties:
             self.device_properties = list(trace.device_properties)
         if self.distributed_info is None:
@@ -684,10 +686,7 @@ class TraceBuilder:
         return Trace(
             strings=tuple(self._strings),
             tables=MappingProxyType(
-                {
-                    table: Table(TABLE_LAYOUTS[table], cols)
-                    for table, cols in self._cols.items()
-                }
+                {table: Table(TABLE_LAYOUTS[table], cols) for table, cols in self._cols.items()}
             ),
             args=tuple(self._args),
             base_time_ns=self.base_time_ns,
