@@ -27,7 +27,7 @@ class OptionalBuildExt(build_ext):
         if os.environ.get("STEPSCOPE_REQUIRE_NATIVE") == "1":
             raise exc
         sys.stderr.write(
-            f"stepscope: C extension not built ({exc}); the pure-Python implementation will be used\n"
+            f"stepscope: C extension not built ({exc}); using the pure-Python twins\n"
         )
 
 

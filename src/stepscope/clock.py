@@ -79,7 +79,7 @@ def to_unix_ns(mono_ns: int) -> int:
 
 
 def refine() -> int:
-    """Lengthen the TSC calibration baseline; returns the current offset from CLOCK_MONOTONIC (ns)."""
+    """Lengthen the TSC calibration baseline; returns the offset from CLOCK_MONOTONIC (ns)."""
     mod = native()
     if SOURCE != "tsc" or mod is None:
         return 0
