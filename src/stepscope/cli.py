@@ -8,7 +8,9 @@ import sys
 from collections.abc import Sequence
 
 # subcommand -> module defining ``add_arguments(parser)`` and ``run(args) -> int``
-SUBCOMMANDS: dict[str, str] = {}
+SUBCOMMANDS: dict[str, str] = {
+    "kernels": "stepscope.kernels_cli",
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
