@@ -13,7 +13,8 @@ PyMODINIT_FUNC PyInit__native(void) {
     if (module == NULL) {
         return NULL;
     }
-    if (ss_clock_init(module) < 0 || ss_chrome_init(module) < 0 || ss_annotations_init(module) < 0) {
+    if (ss_clock_init(module) < 0 || ss_chrome_init(module) < 0 || ss_annotations_init(module) < 0 ||
+        ss_tracer_init(module) < 0) {
         Py_DECREF(module);
         return NULL;
     }

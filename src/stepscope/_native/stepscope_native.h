@@ -15,5 +15,6 @@ int64_t ss_now_ns(void);
 int ss_clock_init(PyObject *module);
 int ss_chrome_init(PyObject *module);
 int ss_annotations_init(PyObject *module);
+int ss_tracer_init(PyObject *module);
 
 #endif
