@@ -4,4 +4,29 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__"]
+from stepscope.collectors.annotations import record_function, traced  # noqa: E402
+from stepscope.profiler import (  # noqa: E402
+    KeyAverages,
+    ProfilerAction,
+    ProfilerActivity,
+    profile,
+    schedule,
+    tensorboard_trace_handler,
+    trace_handler,
+)
+from stepscope.steps import current_step, set_step  # noqa: E402
+
+__all__ = [
+    "KeyAverages",
+    "ProfilerAction",
+    "ProfilerActivity",
+    "__version__",
+    "current_step",
+    "profile",
+    "record_function",
+    "schedule",
+    "set_step",
+    "tensorboard_trace_handler",
+    "trace_handler",
+    "traced",
+]

@@ -12,12 +12,10 @@ The reader loads files written by stepscope and by torch.profiler (Kineto) into 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
 import queue
-import tempfile
 import threading
 import zlib
 from collections.abc import Callable, Iterator, Mapping
@@ -26,6 +24,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from stepscope._ext import native
+from stepscope.atomic import atomic_output, ensure_parent
 from stepscope.trace.model import LABEL_BASE, Trace, TraceBuilder
 
 __all__ = [
@@ -418,47 +417,32 @@ def write_chrome_trace(
     fsync: bool = False,
 ) -> WriteStats:
     """Write ``trace`` to ``path`` (gzip if it ends in ``.gz``), atomically; returns sizes."""
-    target = Path(path)
-    parent = target.parent
-    if not parent.is_dir():
-        raise FileNotFoundError(
-            f"cannot write trace {str(target)!r}: directory {str(parent)!r} does not exist"
-        )
+    target = ensure_parent(path, "trace")
     use_gzip = target.name.endswith(".gz")
     if use_gzip and not 0 <= gzip_level <= 9:
         raise ValueError(f"gzip_level must be between 0 and 9, got {gzip_level}")
     base = _file_base(trace)
     shift = trace.base_time_ns - base
     strings = [json_bytes(s) for s in trace.strings]
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=parent)
     events = 0
-    try:
-        with os.fdopen(fd, "wb", buffering=1 << 20) as fh:
-            sink = _Sink(fh, gzip_level if use_gzip else None)
-            try:
-                sink.write(_header(trace, base))
-                pending = b""
-                for chunk in _event_chunks(trace, shift, strings):
-                    if pending:
-                        sink.write(pending)
-                    pending = chunk
-                    events += chunk.count(b"},\n")
+    with atomic_output(target, what="trace", fsync=fsync) as fh:
+        sink = _Sink(fh, gzip_level if use_gzip else None)
+        try:
+            sink.write(_header(trace, base))
+            pending = b""
+            for chunk in _event_chunks(trace, shift, strings):
                 if pending:
-                    sink.write(pending[:-2] + b"\n")  # no comma after the last event
-                sink.write(b"]")
-                sink.write(_samples_sections(trace, shift))
-                name = trace.trace_name if trace.trace_name is not None else str(target)
-                sink.write(b',\n"traceName":' + json_bytes(name) + b"\n}\n")
-            finally:
-                sink.close()
-            if fsync:
-                fh.flush()
-                os.fsync(fh.fileno())
-        os.replace(tmp_name, target)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp_name)
-        raise
+                    sink.write(pending)
+                pending = chunk
+                events += chunk.count(b"},\n")
+            if pending:
+                sink.write(pending[:-2] + b"\n")  # no comma after the last event
+            sink.write(b"]")
+            sink.write(_samples_sections(trace, shift))
+            name = trace.trace_name if trace.trace_name is not None else str(target)
+            sink.write(b',\n"traceName":' + json_bytes(name) + b"\n}\n")
+        finally:
+            sink.close()
     return WriteStats(str(target), events, sink.bytes_in)
 
 

@@ -677,6 +677,11 @@ class TraceBuilder:
 
         return remap_label
 
+    def span_tracks(self) -> set[tuple[int, int]]:
+        """The (pid, tid) column values of the spans appended so far."""
+        cols = self._cols["spans"]
+        return set(zip(cols["pid"], cols["tid"], strict=True))
+
     def span_count(self) -> int:
         """Spans appended so far."""
         return len(self._cols["spans"]["name"])

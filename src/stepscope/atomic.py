@@ -1,0 +1,42 @@
+"""Atomic file output: write to a temporary file beside the target, rename when complete."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO
+
+__all__ = ["atomic_output", "ensure_parent"]
+
+
+def ensure_parent(path: str | os.PathLike[str], what: str = "file") -> Path:
+    """The path as a ``Path``, after checking its directory exists (clear error otherwise)."""
+    target = Path(path)
+    if not target.parent.is_dir():
+        raise FileNotFoundError(
+            f"cannot write {what} {str(target)!r}: directory {str(target.parent)!r} does not exist"
+        )
+    return target
+
+
+@contextlib.contextmanager
+def atomic_output(
+    path: str | os.PathLike[str], *, what: str = "file", fsync: bool = False
+) -> Iterator[IO[bytes]]:
+    """Yield a binary file; on success it replaces ``path``, on error it is removed."""
+    target = ensure_parent(path, what)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb", buffering=1 << 20) as fh:
+            yield fh
+            if fsync:
+                fh.flush()
+                os.fsync(fh.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise

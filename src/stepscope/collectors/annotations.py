@@ -1,0 +1,257 @@
+"""User annotations: ``record_function`` / ``traced`` spans, and the collector that gathers them.
+
+Outside a recording window a ``record_function`` block only checks one flag.  Inside a window,
+each completed block becomes a tuple ``(name, args, start_ns, end_ns, thread_id)`` appended to
+the window's list; the collector turns those into ``user_annotation`` spans.  The C type
+(``stepscope._native.RecordFunction``) and the pure-Python twin below behave the same.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import threading
+from collections.abc import Callable, Mapping
+from types import TracebackType
+from typing import Any, Protocol, TypeVar, cast
+
+from stepscope import clock
+from stepscope._ext import native
+from stepscope.collectors.base import Collector, WindowContext
+from stepscope.trace.model import TraceBuilder
+
+__all__ = [
+    "AnnotationCollector",
+    "PyRecordFunction",
+    "record_function",
+    "traced",
+]
+
+F = TypeVar("F", bound=Callable[..., Any])
+OPEN_FLAG = "stepscope.open_at_window_end"
+SpanTuple = tuple[str, Any, int, int, int]
+
+
+class _Backend(Protocol):
+    def start(self, sink: list[SpanTuple], max_spans: int) -> None: ...
+    def stop(self) -> tuple[int, int]: ...
+    def recording(self) -> bool: ...
+
+
+class _PythonBackend:
+    """Window state for the pure-Python twin."""
+
+    def __init__(self) -> None:
+        self.active = False
+        self.generation = 0
+        self.sink: list[SpanTuple] | None = None
+        self.max_spans = 0
+        self.dropped = 0
+        self.open: dict[int, PyRecordFunction] = {}
+
+    def start(self, sink: list[SpanTuple], max_spans: int) -> None:
+        if self.active:
+            raise RuntimeError("annotations are already recording a window")
+        self.sink, self.max_spans, self.dropped = sink, max_spans, 0
+        self.generation += 1
+        self.active = True
+
+    def append(self, span: SpanTuple) -> None:
+        sink = self.sink
+        if sink is None:
+            return
+        if self.max_spans and len(sink) >= self.max_spans:
+            self.dropped += 1
+        else:
+            sink.append(span)
+
+    def stop(self) -> tuple[int, int]:
+        if not self.active:
+            return 0, 0
+        end = clock.now_ns()
+        closed = 0
+        for rf in list(self.open.values()):
+            if rf._generation == self.generation:
+                args = dict(rf.args) if isinstance(rf.args, Mapping) else {}
+                args[OPEN_FLAG] = True
+                self.append((rf.name, args, rf._start, end, rf._tid))
+                closed += 1
+            rf._open = False
+        self.open.clear()
+        self.active = False
+        self.sink = None
+        return closed, self.dropped
+
+    def recording(self) -> bool:
+        return self.active
+
+
+_python_backend = _PythonBackend()
+
+
+class PyRecordFunction:
+    """Pure-Python twin of the C ``record_function``."""
+
+    __slots__ = ("_generation", "_open", "_start", "_tid", "args", "name")
+
+    def __init__(self, name: str, args: Any = None) -> None:
+        if not isinstance(name, str):
+            raise TypeError(f"record_function name must be a str, got {type(name).__name__}")
+        self.name = name
+        self.args = args
+        self._open = False
+        self._start = 0
+        self._generation = 0
+        self._tid = 0
+
+    def __enter__(self) -> PyRecordFunction:
+        backend = _python_backend
+        if backend.active and not self._open:
+            self._start = clock.now_ns()
+            self._generation = backend.generation
+            self._tid = threading.get_native_id()
+            self._open = True
+            backend.open[id(self)] = self
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        if self._open:
+            end = clock.now_ns()
+            self._open = False
+            backend = _python_backend
+            backend.open.pop(id(self), None)
+            if backend.active and self._generation == backend.generation:
+                backend.append((self.name, self.args, self._start, end, self._tid))
+        return False
+
+    def __call__(self, fn: F) -> F:
+        return _decorate(self.name, self.args, fn)
+
+
+class _NativeBackend:
+    """Window state held by the C extension."""
+
+    def __init__(self, mod: Any) -> None:
+        self._mod = mod
+
+    def start(self, sink: list[SpanTuple], max_spans: int) -> None:
+        self._mod._annotations_start(sink, max_spans)
+
+    def stop(self) -> tuple[int, int]:
+        closed, dropped = self._mod._annotations_stop()
+        return int(closed), int(dropped)
+
+    def recording(self) -> bool:
+        return bool(self._mod._annotations_recording())
+
+
+def _decorate(name: str, args: Any, fn: F) -> F:
+    """Wrap ``fn`` so each call (or iteration, for generators) is one span."""
+    if not callable(fn):
+        raise TypeError(f"record_function can only decorate a callable, got {fn!r}")
+    make = record_function
+    if inspect.iscoroutinefunction(fn):
+
+        @functools.wraps(fn)
+        async def async_wrapper(*a: Any, **kw: Any) -> Any:
+            with make(name, args):
+                return await fn(*a, **kw)
+
+        return cast(F, async_wrapper)
+    if inspect.isgeneratorfunction(fn):
+
+        @functools.wraps(fn)
+        def gen_wrapper(*a: Any, **kw: Any) -> Any:
+            with make(name, args):
+                return (yield from fn(*a, **kw))
+
+        return cast(F, gen_wrapper)
+
+    @functools.wraps(fn)
+    def wrapper(*a: Any, **kw: Any) -> Any:
+        with make(name, args):
+            return fn(*a, **kw)
+
+    return cast(F, wrapper)
+
+
+_native_mod = native()
+if _native_mod is not None:
+    _native_mod._annotations_set_decorator(_decorate)
+    record_function: Any = _native_mod.RecordFunction
+    default_backend: _Backend = _NativeBackend(_native_mod)
+else:
+    record_function = PyRecordFunction
+    default_backend = _python_backend
+python_backend: _Backend = _python_backend
+
+
+def traced(fn: F | None = None, *, name: str | None = None) -> Any:
+    """Decorator: each call of the function is a span named after its qualified name."""
+
+    def apply(f: F) -> F:
+        label = name or f"{f.__module__}.{f.__qualname__}"
+        return _decorate(label, None, f)
+
+    if fn is None:
+        return apply
+    return apply(fn)
+
+
+def _span_args(args: Any) -> Mapping[str, Any] | None:
+    if args is None:
+        return None
+    if isinstance(args, Mapping):
+        return {str(k): v for k, v in args.items()}
+    return {"args": args if isinstance(args, str) else repr(args)}
+
+
+class AnnotationCollector(Collector):
+    """Collects ``record_function`` spans (category ``user_annotation``) from every thread."""
+
+    name = "annotations"
+
+    def __init__(self, max_spans: int = 2_000_000, backend: _Backend | None = None) -> None:
+        if isinstance(max_spans, bool) or not isinstance(max_spans, int) or max_spans < 0:
+            raise ValueError(f"max_spans must be a non-negative int (0 = no limit), got {max_spans}")
+        self.max_spans = max_spans
+        self.backend = backend or default_backend
+        self._sink: list[SpanTuple] = []
+        self._recording = False
+
+    def start(self, ctx: WindowContext) -> None:
+        """Begin recording annotation spans."""
+        self._sink = []
+        self.backend.start(self._sink, self.max_spans)
+        self._recording = True
+
+    def stop(self, ctx: WindowContext) -> None:
+        """Stop recording; spans still open are closed at the window end (flagged in args)."""
+        if not self._recording:
+            return
+        self._recording = False
+        closed, dropped = self.backend.stop()
+        if closed:
+            ctx.metadata["stepscope_annotations_open_at_end"] = closed
+        if dropped:
+            ctx.metadata["stepscope_annotations_dropped"] = dropped
+            ctx.summary.append(f"{dropped} annotation spans dropped (max_spans={self.max_spans})")
+
+    def collect(self, builder: TraceBuilder, ctx: WindowContext) -> None:
+        """Append the window's spans to the trace."""
+        pid = ctx.pid
+        span = builder.span
+        for name, args, start, end, tid in self._sink:
+            span(name, "user_annotation", pid, tid, start, end - start, _span_args(args))
+        self._sink = []
+
+    def close(self) -> None:
+        """Stop recording if a window is still open."""
+        if self._recording:
+            self._recording = False
+            self.backend.stop()

@@ -1,0 +1,17 @@
+"""The step-scheduled profiler (torch.profiler's interface, for any loop)."""
+
+from stepscope.profiler.activity import ProfilerActivity
+from stepscope.profiler.handlers import tensorboard_trace_handler, trace_handler
+from stepscope.profiler.profile import profile
+from stepscope.profiler.schedule import ProfilerAction, schedule
+from stepscope.profiler.summary import KeyAverages
+
+__all__ = [
+    "KeyAverages",
+    "ProfilerAction",
+    "ProfilerActivity",
+    "profile",
+    "schedule",
+    "tensorboard_trace_handler",
+    "trace_handler",
+]

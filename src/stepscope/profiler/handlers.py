@@ -1,0 +1,56 @@
+"""Trace handlers for ``on_trace_ready``: write each window to a directory of trace files."""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from stepscope import clock
+from stepscope.distributed import rank_and_world_size
+
+__all__ = ["default_worker_name", "tensorboard_trace_handler", "trace_handler"]
+
+
+def default_worker_name() -> str:
+    """``{hostname}_{pid}``, plus ``_rank{r}`` when a distributed rank is known."""
+    name = f"{socket.gethostname()}_{os.getpid()}"
+    rank, _ = rank_and_world_size()
+    return f"{name}_rank{rank}" if rank is not None else name
+
+
+def _make_dir(dir_name: Path) -> None:
+    try:
+        dir_name.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OSError(
+            f"trace_handler: cannot create the trace directory {str(dir_name)!r}: {exc.strerror}"
+        ) from exc
+    if not dir_name.is_dir():
+        raise NotADirectoryError(f"trace_handler: {str(dir_name)!r} exists and is not a directory")
+
+
+def trace_handler(
+    dir_name: str | os.PathLike[str], worker_name: str | None = None, use_gzip: bool = False
+) -> Callable[[Any], str]:
+    """``on_trace_ready`` that writes ``{worker}.{unix_ns}.pt.trace.json[.gz]`` into ``dir_name``."""
+    directory = Path(dir_name)
+    _make_dir(directory)
+    if worker_name is not None and (not worker_name or "/" in worker_name):
+        raise ValueError(f"worker_name must be a non-empty file name part, got {worker_name!r}")
+
+    def handler(prof: Any) -> str:
+        _make_dir(directory)
+        worker = worker_name or default_worker_name()
+        stamp = clock.to_unix_ns(clock.now_ns())
+        name = f"{worker}.{stamp}.pt.trace.json" + (".gz" if use_gzip else "")
+        path = directory / name
+        prof.export_chrome_trace(path)
+        return str(path)
+
+    return handler
+
+
+tensorboard_trace_handler = trace_handler

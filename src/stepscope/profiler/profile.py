@@ -1,0 +1,474 @@
+"""``stepscope.profile``: torch.profiler's step-scheduled state machine, driving collectors.
+
+Each step asks the schedule for an action; the transition between the previous and the new
+action runs torch's action list (prepare on WARMUP, start on RECORD, stop and ``on_trace_ready``
+after RECORD_AND_SAVE).  Every recording window yields one ``Trace``.  Beyond torch,
+``flush_on_exit=True`` also hands a window to ``on_trace_ready`` when the loop ends during warmup.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import os
+import socket
+import threading
+import warnings
+from collections.abc import Callable, Iterable
+from types import TracebackType
+from typing import Any
+
+from stepscope import __version__, clock, steps
+from stepscope.collectors.annotations import AnnotationCollector, default_backend, record_function
+from stepscope.collectors.base import Collector, WindowContext
+from stepscope.distributed import distributed_info
+from stepscope.profiler.activity import ProfilerActivity, coerce_activities
+from stepscope.profiler.schedule import ProfilerAction, Schedule, default_schedule
+from stepscope.profiler.summary import KeyAverages, key_averages
+from stepscope.trace.chrome import WriteStats, write_chrome_trace
+from stepscope.trace.model import Span, Trace, TraceBuilder
+from stepscope.trace.stacks import collapsed_from_spans, write_collapsed
+
+__all__ = ["profile"]
+
+log = logging.getLogger("stepscope")
+
+STEP_SPAN_PREFIX = "ProfilerStep#"
+DEVICE_ACTIVITIES = frozenset(
+    {
+        ProfilerActivity.CUDA,
+        ProfilerActivity.XPU,
+        ProfilerActivity.MTIA,
+        ProfilerActivity.HPU,
+        ProfilerActivity.PrivateUse1,
+    }
+)
+RECORDING = (ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE)
+
+
+def _not_yet(option: str, where: str) -> NotImplementedError:
+    return NotImplementedError(
+        f"{option} is not available in this version of stepscope ({where}); "
+        "remove it or leave it at its default"
+    )
+
+
+def _optional_collector(module: str, cls: str, option: str, **kwargs: Any) -> Collector:
+    """Instantiate a collector that ships with a later part of stepscope, or explain its absence."""
+    try:
+        mod = importlib.import_module(module)
+    except ImportError as exc:
+        raise _not_yet(option, f"needs {module}: {exc}") from None
+    collector: Collector = getattr(mod, cls)(**kwargs)
+    return collector
+
+
+class profile:  # noqa: N801 - mirrors torch.profiler.profile
+    """Step-scheduled profiler; use as a context manager or with ``start()/step()/stop()``."""
+
+    def __init__(
+        self,
+        *,
+        activities: Iterable[object] | None = None,
+        schedule: Schedule | None = None,
+        on_trace_ready: Callable[[profile], Any] | None = None,
+        record_shapes: bool = False,
+        profile_memory: bool = False,
+        with_stack: bool = False,
+        with_flops: bool = False,
+        with_modules: bool = False,
+        experimental_config: Any = None,
+        execution_trace_observer: Any = None,
+        acc_events: bool = False,
+        use_cuda: bool | None = None,
+        flush_on_exit: bool = True,
+        collectors: Iterable[Collector] = (),
+        max_annotation_spans: int = 2_000_000,
+        strict: bool = False,
+    ) -> None:
+        self.activities = coerce_activities(activities)
+        if use_cuda:
+            warnings.warn(
+                "use_cuda is deprecated, use activities=[ProfilerActivity.CUDA]",
+                FutureWarning,
+                stacklevel=2,
+            )
+            self.activities.add(ProfilerActivity.CUDA)
+        if schedule is not None and not callable(schedule):
+            raise TypeError(f"schedule must be callable (step -> ProfilerAction), got {schedule!r}")
+        if on_trace_ready is not None and not callable(on_trace_ready):
+            raise TypeError(f"on_trace_ready must be callable, got {on_trace_ready!r}")
+        self.schedule: Schedule = schedule or default_schedule
+        self.on_trace_ready = on_trace_ready
+        self.record_shapes = record_shapes
+        self.profile_memory = profile_memory
+        self.with_stack = with_stack
+        self.with_flops = with_flops
+        self.with_modules = with_modules
+        self.experimental_config = experimental_config
+        self.execution_trace_observer = execution_trace_observer
+        self.acc_events = acc_events
+        self.flush_on_exit = flush_on_exit
+        self.strict = strict
+        self.collectors: list[Collector] = [AnnotationCollector(max_spans=max_annotation_spans)]
+        self.collectors += self._requested_collectors()
+        for extra in collectors:
+            if not isinstance(extra, Collector):
+                raise TypeError(f"collectors must be Collector instances, got {extra!r}")
+            self.collectors.append(extra)
+        self.step_num = 0
+        self.current_action = self.schedule(0)
+        self.preset_metadata: dict[str, Any] = {}
+        self._window_metadata: dict[str, Any] = {}
+        self._ctx: WindowContext | None = None
+        self._window_index = 0
+        self._window_first_step = 0
+        self._step_span: Any = None
+        self._traces: list[Trace] = []
+        self._broken: set[int] = set()
+        self._warned: set[tuple[str, str]] = set()
+        self.trace_files: list[str] = []
+        """Paths written by ``export_chrome_trace`` (e.g. through ``trace_handler``)."""
+        self._action_map: dict[tuple[ProfilerAction, ProfilerAction | None], list[Callable[[], Any]]]
+        self._action_map = self._build_action_map()
+
+    # -- configuration -------------------------------------------------------------------------
+    def _requested_collectors(self) -> list[Collector]:
+        devices = self.activities & DEVICE_ACTIVITIES
+        if devices:
+            names = ", ".join(sorted(a.name for a in devices))
+            raise _not_yet(f"activities {names}", "device collection comes with the torch collector")
+        for flag in ("record_shapes", "profile_memory", "with_flops", "with_modules"):
+            if getattr(self, flag):
+                raise _not_yet(f"{flag}=True", "recorded through torch's profiler")
+        if self.experimental_config is not None:
+            raise _not_yet("experimental_config", "passed to torch's profiler")
+        if self.execution_trace_observer is not None:
+            raise _not_yet("execution_trace_observer", "the execution trace observer")
+        found: list[Collector] = []
+        if self.with_stack or ProfilerActivity.PYTHON in self.activities:
+            found.append(
+                _optional_collector(
+                    "stepscope.collectors.python", "PythonTracerCollector", "with_stack=True"
+                )
+            )
+        if ProfilerActivity.SAMPLING in self.activities:
+            found.append(
+                _optional_collector(
+                    "stepscope.collectors.sampler", "SamplerCollector", "ProfilerActivity.SAMPLING"
+                )
+            )
+        return found
+
+    def _build_action_map(
+        self,
+    ) -> dict[tuple[ProfilerAction, ProfilerAction | None], list[Callable[[], Any]]]:
+        A = ProfilerAction
+
+        def warn(message: str) -> Callable[[], None]:
+            return lambda: warnings.warn(message, stacklevel=4)
+
+        exit_warmup: list[Callable[[], Any]] = [self.start_trace, self.stop_trace]
+        if self.flush_on_exit:
+            exit_warmup = [self._mark_ended_in_warmup, *exit_warmup, self._trace_ready]
+        return {
+            (A.NONE, A.NONE): [],
+            (A.NONE, A.WARMUP): [self.prepare_trace],
+            (A.NONE, A.RECORD): [self.prepare_trace, self.start_trace],
+            (A.NONE, A.RECORD_AND_SAVE): [self.prepare_trace, self.start_trace],
+            (A.WARMUP, A.NONE): [
+                warn("Incorrect schedule: WARMUP followed by NONE"),
+                self.start_trace,
+                self.stop_trace,
+            ],
+            (A.WARMUP, A.WARMUP): [],
+            (A.WARMUP, A.RECORD): [self.start_trace],
+            (A.WARMUP, A.RECORD_AND_SAVE): [self.start_trace],
+            (A.RECORD, A.NONE): [
+                warn("Incorrect schedule: RECORD followed by NONE"),
+                self.stop_trace,
+            ],
+            (A.RECORD, A.WARMUP): [
+                warn("Incorrect schedule: RECORD followed by WARMUP"),
+                self.stop_trace,
+            ],
+            (A.RECORD, A.RECORD): [],
+            (A.RECORD, A.RECORD_AND_SAVE): [],
+            (A.RECORD_AND_SAVE, A.NONE): [self.stop_trace, self._trace_ready],
+            (A.RECORD_AND_SAVE, A.WARMUP): [self.stop_trace, self._trace_ready, self.prepare_trace],
+            (A.RECORD_AND_SAVE, A.RECORD): [
+                self.stop_trace,
+                self._trace_ready,
+                self.prepare_trace,
+                self.start_trace,
+            ],
+            (A.RECORD_AND_SAVE, A.RECORD_AND_SAVE): [
+                self.stop_trace,
+                self._trace_ready,
+                self.prepare_trace,
+                self.start_trace,
+            ],
+            (A.NONE, None): [],
+            (A.WARMUP, None): exit_warmup,
+            (A.RECORD, None): [self._mark_ended_early, self.stop_trace, self._trace_ready],
+            (A.RECORD_AND_SAVE, None): [self.stop_trace, self._trace_ready],
+        }
+
+    # -- the loop-facing API -------------------------------------------------------------------
+    def __enter__(self) -> profile:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        """Begin at step 0 (runs the transition from NONE to the schedule's first action)."""
+        steps.set_step(self.step_num)
+        self._transit(ProfilerAction.NONE, self.current_action)
+        self._open_step_span()
+
+    def step(self) -> None:
+        """Mark the end of the current step and the start of the next one."""
+        self._close_step_span()
+        previous = self.current_action
+        self.step_num += 1
+        action = self.schedule(self.step_num)
+        if not isinstance(action, ProfilerAction):
+            raise TypeError(
+                f"schedule({self.step_num}) returned {action!r}; it must return a ProfilerAction"
+            )
+        self.current_action = action
+        steps.set_step(self.step_num)
+        self._transit(previous, action)
+        self._open_step_span()
+
+    def stop(self) -> None:
+        """End profiling: closes the window in progress (see ``flush_on_exit``)."""
+        self._close_step_span()
+        self._transit(self.current_action, None)
+        for collector in self.collectors:
+            self._guarded(collector, "close", collector.close)
+        steps.set_step(None)
+
+    def _transit(self, previous: ProfilerAction, current: ProfilerAction | None) -> None:
+        for action in self._action_map.get((previous, current), ()):
+            action()
+
+    def _open_step_span(self) -> None:
+        if self.current_action in RECORDING:
+            span = record_function(f"{STEP_SPAN_PREFIX}{self.step_num}")
+            span.__enter__()
+            self._step_span = span
+
+    def _close_step_span(self) -> None:
+        span, self._step_span = self._step_span, None
+        if span is not None:
+            span.__exit__(None, None, None)
+
+    # -- window actions ------------------------------------------------------------------------
+    def _guarded(self, collector: Collector, phase: str, fn: Callable[[], Any]) -> None:
+        """Run a collector hook; a failure is logged once and counted, never raised (unless strict)."""
+        if id(collector) in self._broken and phase != "close":
+            return
+        try:
+            fn()
+        except Exception as exc:
+            if self.strict:
+                raise
+            self._broken.add(id(collector))
+            key = (collector.name, phase)
+            if key not in self._warned:
+                self._warned.add(key)
+                log.warning(
+                    "stepscope: collector %r failed in %s (%s: %s); it is off for this window",
+                    collector.name, phase, type(exc).__name__, exc,
+                )
+            if self._ctx is not None:
+                errors = self._ctx.metadata.setdefault("stepscope_collector_errors", {})
+                errors[f"{collector.name}.{phase}"] = f"{type(exc).__name__}: {exc}"
+
+    def prepare_trace(self) -> None:
+        """Create the next window and let collectors get ready (WARMUP)."""
+        self._broken.clear()
+        self._ctx = WindowContext(window=self._window_index)
+        self._window_first_step = self.step_num
+        for collector in self.collectors:
+            ctx = self._ctx
+            self._guarded(collector, "prepare", lambda c=collector: c.prepare(ctx))
+
+    def start_trace(self) -> None:
+        """Start recording the window (RECORD)."""
+        if self._ctx is None:
+            self.prepare_trace()
+        assert self._ctx is not None
+        if default_backend.recording():
+            raise RuntimeError(
+                "another stepscope profile is already recording a window in this process; "
+                "stepscope records one window at a time"
+            )
+        clock.refine()
+        ctx = self._ctx
+        self._window_first_step = self.step_num
+        ctx.start_ns = clock.now_ns()
+        for collector in self.collectors:
+            self._guarded(collector, "start", lambda c=collector: c.start(ctx))
+
+    def stop_trace(self) -> None:
+        """Stop recording and build the window's ``Trace``."""
+        ctx = self._ctx
+        if ctx is None:
+            return
+        for collector in reversed(self.collectors):
+            self._guarded(collector, "stop", lambda c=collector: c.stop(ctx))
+        ctx.end_ns = clock.now_ns()
+        builder = TraceBuilder()
+        for collector in self.collectors:
+            self._guarded(collector, "collect", lambda c=collector: c.collect(builder, ctx))
+        self._finish_metadata(builder, ctx)
+        trace = builder.build()
+        if self.acc_events:
+            self._traces.append(trace)
+        else:
+            self._traces = [trace]
+        self._window_index += 1
+        self._ctx = None
+        summary = f"stepscope: window {ctx.window} (steps {self._window_first_step}-{self.step_num}): "
+        summary += f"{len(trace.spans)} spans"
+        if ctx.summary:
+            summary += "; " + "; ".join(ctx.summary)
+            log.warning(summary)
+        else:
+            log.info(summary)
+
+    def _mark_ended_early(self) -> None:
+        if self._ctx is not None:
+            self._ctx.metadata["stepscope_window_complete"] = False
+
+    def _mark_ended_in_warmup(self) -> None:
+        if self._ctx is not None:
+            self._ctx.metadata["stepscope_window_complete"] = False
+            self._ctx.metadata["stepscope_window_note"] = "the loop ended during warmup"
+
+    def _trace_ready(self) -> None:
+        if self.on_trace_ready is not None:
+            self.on_trace_ready(self)
+
+    def _finish_metadata(self, builder: TraceBuilder, ctx: WindowContext) -> None:
+        pid = ctx.pid
+        builder.process_name(pid, "python")
+        names = {t.native_id: t.name for t in threading.enumerate() if t.native_id is not None}
+        for track_pid, tid in sorted(builder.span_tracks()):
+            if track_pid == pid:
+                label = names.get(tid, "python")
+                builder.thread_name(pid, tid, f"thread {tid} ({label})")
+        meta = builder.metadata
+        meta["host_name"] = socket.gethostname()
+        for flag in ("record_shapes", "profile_memory", "with_stack", "with_flops", "with_modules"):
+            if getattr(self, flag):
+                meta[flag] = 1
+        meta["stepscope_version"] = __version__
+        meta["stepscope_clock"] = clock.clock_info()
+        meta["stepscope_window"] = {
+            "index": ctx.window,
+            "first_step": self._window_first_step,
+            "last_step": self.step_num,
+            "start_ns": ctx.start_ns,
+            "end_ns": ctx.end_ns,
+        }
+        meta["stepscope_activities"] = sorted(a.name for a in self.activities)
+        meta.update(ctx.metadata)
+        meta.update(self.preset_metadata)
+        meta.update(self._window_metadata)
+        self._window_metadata = {}
+        builder.distributed_info = distributed_info()
+
+    # -- metadata ------------------------------------------------------------------------------
+    def add_metadata(self, key: str, value: str) -> None:
+        """Add a string entry to the trace metadata (this window, or the next one)."""
+        self._window_metadata[_metadata_key(key)] = str(value)
+
+    def add_metadata_json(self, key: str, value: str) -> None:
+        """Add an entry whose value is JSON text (rejected with a clear error if invalid)."""
+        self._window_metadata[_metadata_key(key)] = _parse_json(key, value)
+
+    def preset_metadata_json(self, key: str, value: str) -> None:
+        """Add a JSON entry to the metadata of every window."""
+        self.preset_metadata[_metadata_key(key)] = _parse_json(key, value)
+
+    # -- results -------------------------------------------------------------------------------
+    @property
+    def traces(self) -> list[Trace]:
+        """Recorded windows: the last one, or all of them with ``acc_events=True``."""
+        return list(self._traces)
+
+    def _require_traces(self, what: str) -> list[Trace]:
+        if not self._traces:
+            raise RuntimeError(
+                f"{what}: no window has been recorded yet (the schedule has not reached a RECORD "
+                "step, or the profile has not stopped)"
+            )
+        return self._traces
+
+    def trace(self) -> Trace:
+        """The recorded trace (all windows merged when ``acc_events=True``)."""
+        traces = self._require_traces("trace()")
+        if len(traces) == 1:
+            return traces[0]
+        merged = TraceBuilder(base_time_ns=traces[0].base_time_ns)
+        for t in traces:
+            merged.add_trace(t)
+        return merged.build()
+
+    def events(self) -> list[Span]:
+        """Every span of the recorded window(s)."""
+        return [span for t in self._require_traces("events()") for span in t.iter_spans()]
+
+    def key_averages(
+        self, group_by_input_shape: bool = False, group_by_stack_n: int = 0
+    ) -> KeyAverages:
+        """Spans grouped by name (and shapes / stack); ``.table()`` prints torch's table."""
+        return key_averages(
+            self._require_traces("key_averages()"), group_by_input_shape, group_by_stack_n
+        )
+
+    def export_chrome_trace(self, path: str | os.PathLike[str]) -> WriteStats:
+        """Write the recorded trace as a Chrome/Perfetto JSON file (gzip if ``.gz``)."""
+        stats = write_chrome_trace(self.trace(), path)
+        self.trace_files.append(stats.path)
+        return stats
+
+    def export_stacks(
+        self, path: str | os.PathLike[str], metric: str = "self_cpu_time_total"
+    ) -> int:
+        """Write collapsed stacks (``a;b;c value`` in µs); returns the number of stacks."""
+        stacks = collapsed_from_spans(self._require_traces("export_stacks()"), metric)
+        if not stacks:
+            raise ValueError(
+                f"export_stacks: the recorded window(s) hold no time for metric {metric!r}"
+            )
+        return write_collapsed(stacks, path)
+
+
+def _metadata_key(key: str) -> str:
+    if not isinstance(key, str) or not key:
+        raise ValueError(f"metadata key must be a non-empty str, got {key!r}")
+    return key
+
+
+def _parse_json(key: str, value: str) -> Any:
+    if not isinstance(value, str):
+        raise TypeError(f"metadata {key!r}: value must be JSON text (a str), got {value!r}")
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise ValueError(
+            f"metadata {key!r}: value is not valid JSON ({exc.msg} at column {exc.colno}): "
+            f"{value!r:.80}; use add_metadata() for plain strings"
+        ) from None

@@ -1,0 +1,267 @@
+"""``key_averages()``: spans grouped by name (and optionally input shapes or call stack).
+
+Column names and sort keys follow torch.profiler's table; both ``cuda`` and ``device`` spellings
+are accepted.  Self time = duration minus the time of nested spans on the same thread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from stepscope.trace.model import Trace
+from stepscope.trace.nesting import DEVICE_CATEGORIES, group_name, nest_spans
+
+__all__ = ["KeyAverages", "RowAverage", "key_averages"]
+
+SKIPPED_CATEGORIES = frozenset({"Trace"})  # Kineto's whole-session span
+PYTHON_CATEGORY = "python_function"
+
+SORT_KEYS = {
+    "cpu_time": "cpu_time",
+    "cpu_time_total": "cpu_time_total",
+    "self_cpu_time_total": "self_cpu_time_total",
+    "count": "count",
+}
+for _device in ("cuda", "device", "xpu", "privateuse1", "mtia"):
+    SORT_KEYS[f"{_device}_time"] = "device_time"
+    SORT_KEYS[f"{_device}_time_total"] = "device_time_total"
+    SORT_KEYS[f"self_{_device}_time_total"] = "self_device_time_total"
+MEMORY_SORT_KEYS = frozenset(
+    {
+        "cpu_memory_usage",
+        "self_cpu_memory_usage",
+        "cuda_memory_usage",
+        "self_cuda_memory_usage",
+        "device_memory_usage",
+        "self_device_memory_usage",
+    }
+)
+
+
+@dataclass
+class RowAverage:
+    """Totals for one group of spans (times in ns)."""
+
+    key: str
+    count: int = 0
+    cpu_time_total: int = 0
+    self_cpu_time_total: int = 0
+    device_time_total: int = 0
+    self_device_time_total: int = 0
+    input_shapes: str = ""
+    stack: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def cpu_time(self) -> float:
+        """Average CPU time per call (ns)."""
+        return self.cpu_time_total / self.count if self.count else 0.0
+
+    @property
+    def device_time(self) -> float:
+        """Average device time per call (ns)."""
+        return self.device_time_total / self.count if self.count else 0.0
+
+    # torch spellings
+    cuda_time = device_time
+
+    @property
+    def cuda_time_total(self) -> int:
+        """Alias of ``device_time_total``."""
+        return self.device_time_total
+
+    @property
+    def self_cuda_time_total(self) -> int:
+        """Alias of ``self_device_time_total``."""
+        return self.self_device_time_total
+
+
+def _format_time(ns: float) -> str:
+    us = ns / 1000.0
+    if us >= 1e6:
+        return f"{us / 1e6:.3f}s"
+    if us >= 1e3:
+        return f"{us / 1e3:.3f}ms"
+    return f"{us:.3f}us"
+
+
+def _format_percent(part: float, whole: float) -> str:
+    return f"{(100.0 * part / whole) if whole else 0.0:.2f}%"
+
+
+class KeyAverages:
+    """Grouped rows with ``table()`` for people and ``to_rows()`` for programs."""
+
+    def __init__(self, rows: list[RowAverage], *, by_shape: bool, by_stack: bool) -> None:
+        self.rows = rows
+        self._by_shape = by_shape
+        self._by_stack = by_stack
+
+    def __iter__(self) -> Iterator[RowAverage]:
+        return iter(self.rows)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, index: int) -> RowAverage:
+        return self.rows[index]
+
+    def sorted_rows(self, sort_by: str | None) -> list[RowAverage]:
+        """Rows sorted descending by a torch sort key (None keeps first-seen order)."""
+        if sort_by is None:
+            return list(self.rows)
+        if sort_by in MEMORY_SORT_KEYS:
+            raise ValueError(
+                f"sort_by={sort_by!r} needs memory columns, which stepscope does not record in "
+                "this table yet; sort by a time or count key instead"
+            )
+        attr = SORT_KEYS.get(sort_by)
+        if attr is None:
+            valid = ", ".join(sorted(SORT_KEYS))
+            raise ValueError(f"unknown sort_by {sort_by!r}; valid keys: {valid}")
+        return sorted(self.rows, key=lambda r: getattr(r, attr), reverse=True)
+
+    def table(
+        self,
+        sort_by: str | None = None,
+        row_limit: int = 100,
+        max_name_column_width: int = 55,
+        header: str | None = None,
+    ) -> str:
+        """The rows as torch.profiler's text table."""
+        rows = self.sorted_rows(sort_by)
+        if row_limit is not None and row_limit >= 0:
+            rows = rows[:row_limit]
+        self_cpu_total = sum(r.self_cpu_time_total for r in self.rows)
+        self_device_total = sum(r.self_device_time_total for r in self.rows)
+        has_device = self_device_total > 0
+        columns = ["Name", "Self CPU %", "Self CPU", "CPU total %", "CPU total", "CPU time avg"]
+        if has_device:
+            columns += ["Self CUDA", "Self CUDA %", "CUDA total", "CUDA time avg"]
+        columns.append("# of Calls")
+        if self._by_shape:
+            columns.append("Input Shapes")
+        if self._by_stack:
+            columns.append("Source Location")
+        body: list[list[str]] = []
+        for r in rows:
+            name = r.key
+            if len(name) > max_name_column_width:
+                name = name[: max_name_column_width - 3] + "..."
+            cells = [
+                name,
+                _format_percent(r.self_cpu_time_total, self_cpu_total),
+                _format_time(r.self_cpu_time_total),
+                _format_percent(r.cpu_time_total, self_cpu_total),
+                _format_time(r.cpu_time_total),
+                _format_time(r.cpu_time),
+            ]
+            if has_device:
+                cells += [
+                    _format_time(r.self_device_time_total),
+                    _format_percent(r.self_device_time_total, self_device_total),
+                    _format_time(r.device_time_total),
+                    _format_time(r.device_time),
+                ]
+            cells.append(str(r.count))
+            if self._by_shape:
+                cells.append(r.input_shapes)
+            if self._by_stack:
+                cells.append(r.stack[0] if r.stack else "")
+            body.append(cells)
+        widths = [len(c) for c in columns]
+        for cells in body:
+            widths = [max(w, len(c)) for w, c in zip(widths, cells, strict=True)]
+        widths[0] = max(widths[0], min(max_name_column_width, widths[0]))
+        rule = "  ".join("-" * w for w in widths)
+
+        def line(cells: list[str]) -> str:
+            parts = [cells[0].rjust(widths[0])]
+            parts += [c.rjust(w) for c, w in zip(cells[1:], widths[1:], strict=True)]
+            return "  ".join(parts)
+
+        out = []
+        if header:
+            out.append("=" * len(rule))
+            out.append(header)
+        out += [rule, line(columns), rule]
+        out += [line(cells) for cells in body]
+        out.append(rule)
+        out.append(f"Self CPU time total: {_format_time(self_cpu_total)}")
+        if has_device:
+            out.append(f"Self CUDA time total: {_format_time(self_device_total)}")
+        return "\n".join(out) + "\n"
+
+    def __str__(self) -> str:
+        return self.table()
+
+    def to_rows(self, sort_by: str | None = None) -> list[dict[str, Any]]:
+        """Rows as plain dicts (times in ns) for programs."""
+        return [
+            {
+                "name": r.key,
+                "count": r.count,
+                "self_cpu_time_total_ns": r.self_cpu_time_total,
+                "cpu_time_total_ns": r.cpu_time_total,
+                "cpu_time_avg_ns": r.cpu_time,
+                "self_device_time_total_ns": r.self_device_time_total,
+                "device_time_total_ns": r.device_time_total,
+                "device_time_avg_ns": r.device_time,
+                "input_shapes": r.input_shapes,
+                "stack": list(r.stack),
+            }
+            for r in self.sorted_rows(sort_by)
+        ]
+
+
+def _shape_key(args: Any) -> str:
+    if not args:
+        return ""
+    dims = args.get("Input Dims")
+    return str(dims) if dims is not None else ""
+
+
+def key_averages(
+    traces: Iterable[Trace], group_by_input_shape: bool = False, group_by_stack_n: int = 0
+) -> KeyAverages:
+    """Group the spans of ``traces`` by name (plus shapes / top stack frames when asked)."""
+    if isinstance(group_by_stack_n, bool) or not isinstance(group_by_stack_n, int):
+        raise TypeError(f"group_by_stack_n must be an int, got {group_by_stack_n!r}")
+    if group_by_stack_n < 0:
+        raise ValueError(f"group_by_stack_n must be zero or more, got {group_by_stack_n}")
+    groups: dict[tuple[str, str, tuple[str, ...]], RowAverage] = {}
+    for trace in traces:
+        nesting = nest_spans(trace)
+        spans = trace.spans
+        names, cats = spans["name"], spans["cat"]
+        durs, argrefs = spans["dur_ns"], spans["args"]
+        strings = trace.strings
+        for i in range(len(spans)):
+            cat = strings[cats[i]]
+            if cat in SKIPPED_CATEGORIES:
+                continue
+            name = group_name(strings[names[i]])
+            shapes = _shape_key(trace.args_at(argrefs[i])) if group_by_input_shape else ""
+            stack: tuple[str, ...] = ()
+            if group_by_stack_n:
+                frames = [
+                    strings[names[a]]
+                    for a in nesting.ancestors(i)
+                    if strings[cats[a]] == PYTHON_CATEGORY
+                ]
+                stack = tuple(frames[:group_by_stack_n])
+            key = (name, shapes, stack)
+            row = groups.get(key)
+            if row is None:
+                row = groups[key] = RowAverage(name, input_shapes=shapes, stack=stack)
+            row.count += 1
+            if cat in DEVICE_CATEGORIES:
+                row.device_time_total += durs[i]
+                row.self_device_time_total += nesting.self_ns[i]
+            else:
+                row.cpu_time_total += durs[i]
+                row.self_cpu_time_total += nesting.self_ns[i]
+    return KeyAverages(
+        list(groups.values()), by_shape=group_by_input_shape, by_stack=group_by_stack_n > 0
+    )

@@ -1,0 +1,72 @@
+"""Span nesting per thread: each span's parent and self time (duration minus its children)."""
+
+from __future__ import annotations
+
+import re
+from array import array
+from dataclasses import dataclass
+
+from stepscope.trace.model import Trace
+
+__all__ = ["DEVICE_CATEGORIES", "Nesting", "group_name", "nest_spans"]
+
+_STEP_NAME = re.compile(r"^ProfilerStep#\d+$")
+
+DEVICE_CATEGORIES = frozenset(
+    {"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation", "cuda_driver"}
+)
+"""Span categories that run on a device, not on the CPU thread that launched them."""
+
+
+def group_name(name: str) -> str:
+    """The name spans are grouped under: every ``ProfilerStep#N`` becomes ``ProfilerStep*``."""
+    return "ProfilerStep*" if _STEP_NAME.match(name) else name
+
+
+@dataclass(frozen=True)
+class Nesting:
+    """For every span index: its parent span index (-1 at the root) and its self time (ns)."""
+
+    parent: array[int]
+    self_ns: array[int]
+
+    def ancestors(self, index: int) -> list[int]:
+        """Indices of the enclosing spans, innermost first."""
+        chain = []
+        p = self.parent[index]
+        while p >= 0:
+            chain.append(p)
+            p = self.parent[p]
+        return chain
+
+
+def nest_spans(trace: Trace) -> Nesting:
+    """Compute parents and self times from span containment on each (pid, tid) track.
+
+    A span is a child of the innermost span on the same track that contains its start; a child
+    running past its parent's end only counts up to that end.
+    """
+    spans = trace.spans
+    n = len(spans)
+    pid, tid = spans["pid"], spans["tid"]
+    start, dur = spans["start_ns"], spans["dur_ns"]
+    parent = array("i", [-1]) * n
+    self_ns = array("q", dur)
+    order = sorted(range(n), key=lambda i: (pid[i], tid[i], start[i], -dur[i], i))
+    stack: list[int] = []
+    track: tuple[int, int] | None = None
+    for i in order:
+        key = (pid[i], tid[i])
+        if key != track:
+            stack.clear()
+            track = key
+        s = start[i]
+        while stack and start[stack[-1]] + dur[stack[-1]] <= s:
+            stack.pop()
+        if stack:
+            p = stack[-1]
+            parent[i] = p
+            p_end = start[p] + dur[p]
+            self_ns[p] -= min(s + dur[i], p_end) - s
+        stack.append(i)
+    return Nesting(parent, self_ns)
