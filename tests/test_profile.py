@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
@@ -105,15 +106,27 @@ def test_action_sequence_matches_torch(sched: dict[str, int], steps: int, monkey
 
 
 def test_windows_follow_the_schedule() -> None:
-    prof, log = run_loop(9, schedule=schedule(wait=1, warmup=1, active=2, repeat=2))
+    _, log = run_loop(9, schedule=schedule(wait=1, warmup=1, active=2, repeat=2))
     assert log == [
         "step0:NONE",
-        "prepare", "step1:WARMUP",
-        "start", "step2:RECORD", "step3:RECORD_AND_SAVE",
-        "stop", "collect", "ready@4", "step4:NONE",
-        "prepare", "step5:WARMUP",
-        "start", "step6:RECORD", "step7:RECORD_AND_SAVE",
-        "stop", "collect", "ready@8", "step8:NONE",
+        "prepare",
+        "step1:WARMUP",
+        "start",
+        "step2:RECORD",
+        "step3:RECORD_AND_SAVE",
+        "stop",
+        "collect",
+        "ready@4",
+        "step4:NONE",
+        "prepare",
+        "step5:WARMUP",
+        "start",
+        "step6:RECORD",
+        "step7:RECORD_AND_SAVE",
+        "stop",
+        "collect",
+        "ready@8",
+        "step8:NONE",
     ]
 
 
@@ -130,11 +143,15 @@ def test_step_spans_are_named_by_absolute_step() -> None:
 def test_step_spans_are_user_annotations_on_the_loop_thread() -> None:
     prof, _ = run_loop(3)
     steps = [s for s in prof.events() if s.name.startswith("ProfilerStep#")]
-    assert [s.name for s in steps] == ["ProfilerStep#0", "ProfilerStep#1", "ProfilerStep#2",
-                                       "ProfilerStep#3"]
+    assert [s.name for s in steps] == [
+        "ProfilerStep#0",
+        "ProfilerStep#1",
+        "ProfilerStep#2",
+        "ProfilerStep#3",
+    ]
     assert {s.cat for s in steps} == {"user_annotation"}
     assert {s.tid for s in steps} == {threading.get_native_id()}
-    for a, b in zip(steps, steps[1:], strict=False):
+    for a, b in itertools.pairwise(steps):
         assert a.end_ns <= b.start_ns
 
 
@@ -168,8 +185,15 @@ def test_early_exit_in_each_phase(
 
 
 def test_odd_transitions_warn_like_torch() -> None:
-    plan = [ProfilerAction.WARMUP, ProfilerAction.NONE, ProfilerAction.RECORD, ProfilerAction.NONE,
-            ProfilerAction.RECORD, ProfilerAction.WARMUP, ProfilerAction.NONE]
+    plan = [
+        ProfilerAction.WARMUP,
+        ProfilerAction.NONE,
+        ProfilerAction.RECORD,
+        ProfilerAction.NONE,
+        ProfilerAction.RECORD,
+        ProfilerAction.WARMUP,
+        ProfilerAction.NONE,
+    ]
 
     def sched(step: int) -> ProfilerAction:
         return plan[step] if step < len(plan) else ProfilerAction.NONE
@@ -200,14 +224,13 @@ def test_annotations_nest_across_threads_exceptions_and_generators() -> None:
             yield 1
             yield 2
 
-    with profile() as prof:
-        with record_function("outer"):
-            with pytest.raises(KeyError), record_function("raises"):
-                raise KeyError("x")
-            t = threading.Thread(target=worker)
-            t.start()
-            t.join()
-            assert list(gen()) == [1, 2]
+    with profile() as prof, record_function("outer"):
+        with pytest.raises(KeyError), record_function("raises"):
+            raise KeyError("x")
+        t = threading.Thread(target=worker)
+        t.start()
+        t.join()
+        assert list(gen()) == [1, 2]
     spans = {s.name: s for s in prof.events()}
     outer, raises = spans["outer"], spans["raises"]
     assert outer.start_ns <= raises.start_ns and raises.end_ns <= outer.end_ns
@@ -238,8 +261,11 @@ def test_nothing_is_recorded_outside_record_windows() -> None:
     prof, _ = run_loop(4, schedule=schedule(wait=2, warmup=1, active=1))
     names = {s.name for s in prof.events()}
     assert "before" not in names
-    assert not any(n.startswith("ProfilerStep#") and n != "ProfilerStep#3" for n in names
-                   if n.startswith("ProfilerStep"))
+    assert not any(
+        n.startswith("ProfilerStep#") and n != "ProfilerStep#3"
+        for n in names
+        if n.startswith("ProfilerStep")
+    )
 
 
 def test_traced_names_the_span_after_the_function_and_keeps_behaviour() -> None:
@@ -262,7 +288,10 @@ def test_traced_names_the_span_after_the_function_and_keeps_behaviour() -> None:
         assert asyncio.run(coro()) == "done"
         assert list(numbers()) == [0, 1, 2]
     names = [s.name for s in prof.events()]
-    assert f"{__name__}.test_traced_names_the_span_after_the_function_and_keeps_behaviour.<locals>.add" in names
+    assert (
+        f"{__name__}.test_traced_names_the_span_after_the_function_and_keeps_behaviour.<locals>.add"
+        in names
+    )
     assert "custom" in names and "gen" in names
     assert add.__name__ == "add"
 
@@ -419,10 +448,8 @@ def test_export_stacks_from_a_real_window(tmp_path: Path) -> None:
     def spin(n: int) -> int:
         return sum(range(n))
 
-    with profile() as prof:
-        with record_function("outer"):
-            with record_function("inner"):
-                spin(200_000)
+    with profile() as prof, record_function("outer"), record_function("inner"):
+        spin(200_000)
     path = tmp_path / "stacks.txt"
     lines = prof.export_stacks(path)
     text = path.read_text().splitlines()
@@ -441,9 +468,8 @@ def test_a_second_profile_in_the_same_process_works() -> None:
     results: list[int] = []
 
     def once() -> None:
-        with profile() as prof:
-            with record_function("again"):
-                pass
+        with profile() as prof, record_function("again"):
+            pass
         results.append(sum(1 for s in prof.events() if s.name == "again"))
 
     run_twice(once)

@@ -23,7 +23,11 @@ def test_schedule_matches_torch_over_a_grid() -> None:
         warnings.simplefilter("ignore")
         for wait, warmup, active, repeat, skip_first, skip_first_wait in grid:
             kwargs = dict(
-                wait=wait, warmup=warmup, active=active, repeat=repeat, skip_first=skip_first,
+                wait=wait,
+                warmup=warmup,
+                active=active,
+                repeat=repeat,
+                skip_first=skip_first,
                 skip_first_wait=skip_first_wait,
             )
             ours = names(schedule(**kwargs))
@@ -36,18 +40,32 @@ def test_schedule_matches_torch_over_a_grid() -> None:
 def test_record_and_save_ends_each_cycle() -> None:
     fn = schedule(wait=1, warmup=1, active=2, repeat=2)
     assert names(fn, 10) == [
-        "NONE", "WARMUP", "RECORD", "RECORD_AND_SAVE",
-        "NONE", "WARMUP", "RECORD", "RECORD_AND_SAVE",
-        "NONE", "NONE",
+        "NONE",
+        "WARMUP",
+        "RECORD",
+        "RECORD_AND_SAVE",
+        "NONE",
+        "WARMUP",
+        "RECORD",
+        "RECORD_AND_SAVE",
+        "NONE",
+        "NONE",
     ]
 
 
 def test_repeat_zero_repeats_forever_and_skip_first_wait_drops_first_wait() -> None:
     fn = schedule(wait=2, warmup=1, active=1, skip_first=1, skip_first_wait=1)
     assert names(fn, 10) == [
-        "NONE", "WARMUP", "RECORD_AND_SAVE",
-        "NONE", "NONE", "WARMUP", "RECORD_AND_SAVE",
-        "NONE", "NONE", "WARMUP",
+        "NONE",
+        "WARMUP",
+        "RECORD_AND_SAVE",
+        "NONE",
+        "NONE",
+        "WARMUP",
+        "RECORD_AND_SAVE",
+        "NONE",
+        "NONE",
+        "WARMUP",
     ]
     assert fn(10_001) in set(ProfilerAction)
 

@@ -82,15 +82,30 @@ def test_table_has_torch_columns_and_sorts() -> None:
     table = avg.table(sort_by="self_cpu_time_total", row_limit=10)
     lines = table.splitlines()
     header = lines[1]
-    for column in ("Name", "Self CPU %", "Self CPU", "CPU total %", "CPU total", "CPU time avg",
-                   "Self CUDA", "CUDA total", "# of Calls"):
+    for column in (
+        "Name",
+        "Self CPU %",
+        "Self CPU",
+        "CPU total %",
+        "CPU total",
+        "CPU time avg",
+        "Self CUDA",
+        "CUDA total",
+        "# of Calls",
+    ):
         assert column in header
     assert lines[3].split()[0] == "aten::mm"
     assert lines[-2] == "Self CPU time total: 130.000us"
     assert lines[-1] == "Self CUDA time total: 5.000us"
     assert "70.000us" in lines[3] and "53.85%" in lines[3]
-    for key in ("self_cuda_time_total", "self_device_time_total", "cuda_time_total",
-                "device_time", "count", "cpu_time"):
+    for key in (
+        "self_cuda_time_total",
+        "self_device_time_total",
+        "cuda_time_total",
+        "device_time",
+        "count",
+        "cpu_time",
+    ):
         avg.table(sort_by=key)
     assert avg.sorted_rows("self_device_time_total")[0].key == "gemm_kernel"
     assert avg.table(row_limit=1).count("\n") == 7  # 3 header lines, 1 row, rule, 2 totals

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from stepscope.collectors.annotations import record_function, traced  # noqa: E402
-from stepscope.profiler import (  # noqa: E402
+from stepscope.collectors.annotations import record_function, traced
+from stepscope.profiler import (
     KeyAverages,
     ProfilerAction,
     ProfilerActivity,
@@ -14,7 +14,7 @@ from stepscope.profiler import (  # noqa: E402
     tensorboard_trace_handler,
     trace_handler,
 )
-from stepscope.steps import current_step, set_step  # noqa: E402
+from stepscope.steps import current_step, set_step
 
 __all__ = [
     "KeyAverages",

@@ -29,6 +29,15 @@ static Py_ssize_t dropped = 0;
 static RecordFunction open_head = {0};  /* sentinel of the open-span list */
 static PyObject *decorate = NULL;   /* Python callable(name, args, fn) -> wrapper */
 
+/* gettid() is a system call: remember it per thread. */
+static unsigned long native_thread_id(void) {
+    static _Thread_local unsigned long cached = 0;
+    if (cached == 0) {
+        cached = PyThread_get_thread_native_id();
+    }
+    return cached;
+}
+
 static void unlink_open(RecordFunction *self) {
     if (!self->is_open) {
         return;
@@ -83,7 +92,7 @@ static PyObject *rf_enter(RecordFunction *self, PyObject *unused) {
     if (recording && !self->is_open) {
         self->start_ns = ss_now_ns();
         self->generation = generation;
-        self->thread_id = PyThread_get_thread_native_id();
+        self->thread_id = native_thread_id();
         /* push at the tail of the open list */
         self->prev_open = open_head.prev_open;
         self->next_open = &open_head;

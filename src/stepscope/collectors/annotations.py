@@ -13,7 +13,7 @@ import inspect
 import threading
 from collections.abc import Callable, Mapping
 from types import TracebackType
-from typing import Any, Protocol, TypeVar, cast
+from typing import Any, Literal, Protocol, TypeVar, cast
 
 from stepscope import clock
 from stepscope._ext import native
@@ -119,7 +119,7 @@ class PyRecordFunction:
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         tb: TracebackType | None,
-    ) -> bool:
+    ) -> Literal[False]:
         if self._open:
             end = clock.now_ns()
             self._open = False
@@ -218,7 +218,9 @@ class AnnotationCollector(Collector):
 
     def __init__(self, max_spans: int = 2_000_000, backend: _Backend | None = None) -> None:
         if isinstance(max_spans, bool) or not isinstance(max_spans, int) or max_spans < 0:
-            raise ValueError(f"max_spans must be a non-negative int (0 = no limit), got {max_spans}")
+            raise ValueError(
+                f"max_spans must be a non-negative int (0 = no limit), got {max_spans}"
+            )
         self.max_spans = max_spans
         self.backend = backend or default_backend
         self._sink: list[SpanTuple] = []

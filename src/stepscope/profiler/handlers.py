@@ -35,7 +35,7 @@ def _make_dir(dir_name: Path) -> None:
 def trace_handler(
     dir_name: str | os.PathLike[str], worker_name: str | None = None, use_gzip: bool = False
 ) -> Callable[[Any], str]:
-    """``on_trace_ready`` that writes ``{worker}.{unix_ns}.pt.trace.json[.gz]`` into ``dir_name``."""
+    """``on_trace_ready`` writing ``{worker}.{unix_ns}.pt.trace.json[.gz]`` into ``dir_name``."""
     directory = Path(dir_name)
     _make_dir(directory)
     if worker_name is not None and (not worker_name or "/" in worker_name):

@@ -8,6 +8,7 @@ after RECORD_AND_SAVE).  Every recording window yields one ``Trace``.  Beyond to
 
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 import logging
@@ -64,7 +65,7 @@ def _optional_collector(module: str, cls: str, option: str, **kwargs: Any) -> Co
     return collector
 
 
-class profile:  # noqa: N801 - mirrors torch.profiler.profile
+class profile:
     """Step-scheduled profiler; use as a context manager or with ``start()/step()/stop()``."""
 
     def __init__(
@@ -130,7 +131,9 @@ class profile:  # noqa: N801 - mirrors torch.profiler.profile
         self._warned: set[tuple[str, str]] = set()
         self.trace_files: list[str] = []
         """Paths written by ``export_chrome_trace`` (e.g. through ``trace_handler``)."""
-        self._action_map: dict[tuple[ProfilerAction, ProfilerAction | None], list[Callable[[], Any]]]
+        self._action_map: dict[
+            tuple[ProfilerAction, ProfilerAction | None], list[Callable[[], Any]]
+        ]
         self._action_map = self._build_action_map()
 
     # -- configuration -------------------------------------------------------------------------
@@ -138,7 +141,9 @@ class profile:  # noqa: N801 - mirrors torch.profiler.profile
         devices = self.activities & DEVICE_ACTIVITIES
         if devices:
             names = ", ".join(sorted(a.name for a in devices))
-            raise _not_yet(f"activities {names}", "device collection comes with the torch collector")
+            raise _not_yet(
+                f"activities {names}", "device collection comes with the torch collector"
+            )
         for flag in ("record_shapes", "profile_memory", "with_flops", "with_modules"):
             if getattr(self, flag):
                 raise _not_yet(f"{flag}=True", "recorded through torch's profiler")
@@ -274,7 +279,7 @@ class profile:  # noqa: N801 - mirrors torch.profiler.profile
 
     # -- window actions ------------------------------------------------------------------------
     def _guarded(self, collector: Collector, phase: str, fn: Callable[[], Any]) -> None:
-        """Run a collector hook; a failure is logged once and counted, never raised (unless strict)."""
+        """Run a collector hook; a failure is logged once and counted (raised only if strict)."""
         if id(collector) in self._broken and phase != "close":
             return
         try:
@@ -288,7 +293,10 @@ class profile:  # noqa: N801 - mirrors torch.profiler.profile
                 self._warned.add(key)
                 log.warning(
                     "stepscope: collector %r failed in %s (%s: %s); it is off for this window",
-                    collector.name, phase, type(exc).__name__, exc,
+                    collector.name,
+                    phase,
+                    type(exc).__name__,
+                    exc,
                 )
             if self._ctx is not None:
                 errors = self._ctx.metadata.setdefault("stepscope_collector_errors", {})
@@ -299,9 +307,9 @@ class profile:  # noqa: N801 - mirrors torch.profiler.profile
         self._broken.clear()
         self._ctx = WindowContext(window=self._window_index)
         self._window_first_step = self.step_num
+        ctx = self._ctx
         for collector in self.collectors:
-            ctx = self._ctx
-            self._guarded(collector, "prepare", lambda c=collector: c.prepare(ctx))
+            self._guarded(collector, "prepare", functools.partial(collector.prepare, ctx))
 
     def start_trace(self) -> None:
         """Start recording the window (RECORD)."""
@@ -318,7 +326,7 @@ class profile:  # noqa: N801 - mirrors torch.profiler.profile
         self._window_first_step = self.step_num
         ctx.start_ns = clock.now_ns()
         for collector in self.collectors:
-            self._guarded(collector, "start", lambda c=collector: c.start(ctx))
+            self._guarded(collector, "start", functools.partial(collector.start, ctx))
 
     def stop_trace(self) -> None:
         """Stop recording and build the window's ``Trace``."""
@@ -326,11 +334,11 @@ class profile:  # noqa: N801 - mirrors torch.profiler.profile
         if ctx is None:
             return
         for collector in reversed(self.collectors):
-            self._guarded(collector, "stop", lambda c=collector: c.stop(ctx))
+            self._guarded(collector, "stop", functools.partial(collector.stop, ctx))
         ctx.end_ns = clock.now_ns()
         builder = TraceBuilder()
         for collector in self.collectors:
-            self._guarded(collector, "collect", lambda c=collector: c.collect(builder, ctx))
+            self._guarded(collector, "collect", functools.partial(collector.collect, builder, ctx))
         self._finish_metadata(builder, ctx)
         trace = builder.build()
         if self.acc_events:
@@ -339,7 +347,9 @@ class profile:  # noqa: N801 - mirrors torch.profiler.profile
             self._traces = [trace]
         self._window_index += 1
         self._ctx = None
-        summary = f"stepscope: window {ctx.window} (steps {self._window_first_step}-{self.step_num}): "
+        summary = (
+            f"stepscope: window {ctx.window} (steps {self._window_first_step}-{self.step_num}): "
+        )
         summary += f"{len(trace.spans)} spans"
         if ctx.summary:
             summary += "; " + "; ".join(ctx.summary)
