@@ -26,14 +26,17 @@ def batches(seed: int = 0) -> Iterator[tuple[list[list[float]], list[float]]]:
     while True:
         with stepscope.record_function("data.make_batch"):
             xs = [[rng.gauss(0, 1) for _ in range(FEATURES)] for _ in range(BATCH)]
-            ys = [sum(w * x for w, x in zip(true_w, row)) + rng.gauss(0, 0.1) for row in xs]
+            ys = [
+                sum(w * x for w, x in zip(true_w, row, strict=True)) + rng.gauss(0, 0.1)
+                for row in xs
+            ]
         yield xs, ys
 
 
 @stepscope.traced
 def forward(w: list[float], xs: list[list[float]]) -> list[float]:
     """Predictions of the linear model."""
-    return [sum(wi * xi for wi, xi in zip(w, row)) for row in xs]
+    return [sum(wi * xi for wi, xi in zip(w, row, strict=True)) for row in xs]
 
 
 @stepscope.traced
@@ -41,10 +44,10 @@ def loss_and_grad(
     preds: list[float], ys: list[float], xs: list[list[float]]
 ) -> tuple[float, list[float]]:
     """Mean squared error and its gradient."""
-    errors = [p - y for p, y in zip(preds, ys)]
+    errors = [p - y for p, y in zip(preds, ys, strict=True)]
     loss = sum(e * e for e in errors) / len(errors)
     grad = [0.0] * FEATURES
-    for e, row in zip(errors, xs):
+    for e, row in zip(errors, xs, strict=True):
         for j, x in enumerate(row):
             grad[j] += 2 * e * x / len(errors)
     return loss, grad
