@@ -138,10 +138,13 @@ class CounterSet:
         for name in names:
             self._declared[_check_name(name)] = None
 
-    def reset(self) -> None:
-        """Set every counter of the set back to 0."""
+    def reset(self) -> dict[str, Number]:
+        """Set every counter of the set back to 0; returns the values they had (read-and-clear)."""
         with self._lock:
-            self._baseline = self._totals_locked()
+            totals = self._totals_locked()
+            base = self._baseline
+            self._baseline = totals
+            return {key: value - base.get(key, 0) for key, value in totals.items()}
 
     def delta(
         self, since: Mapping[str, Number], names: Iterable[str] | None = None

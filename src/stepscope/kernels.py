@@ -14,8 +14,10 @@ Both generations of inductor output are understood: ``size_hints=[1024, 32]`` an
 from __future__ import annotations
 
 import ast
+import io
 import math
 import re
+import tokenize
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 
@@ -108,7 +110,7 @@ def _decorator_start(lines: list[str], jit_index: int) -> int:
     k = jit_index - 1
     while k >= 0:
         line = lines[k]
-        if not line.strip():
+        if not line.rstrip("\r"):  # an empty line ends the block; inside a call lines are indented
             break
         if line.startswith("@"):
             start = k
@@ -290,6 +292,19 @@ def _count_args(fn: ast.FunctionDef) -> int:
     )
 
 
+def _code_only(code: str) -> str:
+    """``code`` with its comments cut out (a comment saying "for each tile" is not a loop)."""
+    lines = code.split("\n")
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(code).readline):
+            if tok.type == tokenize.COMMENT:
+                row, col = tok.start
+                lines[row - 1] = lines[row - 1][:col]
+    except (tokenize.TokenError, SyntaxError):
+        return code  # already parsed by ast, so this does not happen; count the text as is
+    return "\n".join(lines)
+
+
 def _numel(proper_code: str, prefix: str) -> int | None:
     match = re.search(rf"(?<![\w.]){prefix}numel = (\d+)\b", proper_code)
     return int(match.group(1)) if match else None
@@ -316,20 +331,21 @@ def parse_kernel_metadata(kernel_module_code: str) -> KernelMetadata:
     fn = _parse_function(source)
     call, category = _heuristics_call(fn)
     proper = source.proper_code
+    code = _code_only(proper)
     return KernelMetadata(
         kernel_name=source.name,
         kernel_category=category,
         size_hints=_size_hints(source, call, category),
         reduction_hint=_reduction_hint(source, call, category),
         line_of_code=proper.count("\n"),
-        num_load=proper.count("tl.load"),
-        num_store=proper.count("tl.store"),
-        num_for_loop=proper.count("for "),
-        num_atomic_add=proper.count("tl.atomic_add"),
+        num_load=code.count("tl.load"),
+        num_store=code.count("tl.store"),
+        num_for_loop=code.count("for "),
+        num_atomic_add=code.count("tl.atomic_add"),
         num_args=_count_args(fn),
-        xnumel=_numel(proper, "x"),
-        ynumel=_numel(proper, "y"),
-        rnumel=_rnumel(proper),
+        xnumel=_numel(code, "x"),
+        ynumel=_numel(code, "y"),
+        rnumel=_rnumel(code),
         kernel_args_num_gb=_num_gb(source, call),
     )
 
