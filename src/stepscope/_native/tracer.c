@@ -270,25 +270,45 @@ static Slot *intern_code(PyObject *code) {
     return intern_insert(code, NULL, code, NULL, include);
 }
 
-/* C callables: keyed by (method def, receiver type); named like their repr, minus the address. */
+/* A type's module (its __module__, or "builtins"). */
+static PyObject *type_module(PyTypeObject *type) {
+    PyObject *mod = PyObject_GetAttrString((PyObject *)type, "__module__");
+    if (mod == NULL || !PyUnicode_Check(mod)) {
+        Py_XDECREF(mod);
+        PyErr_Clear();
+        return PyUnicode_FromString("builtins");
+    }
+    return mod;
+}
+
+/* C callables: keyed by (method def, receiver type); named "<built-in function NAME>" or
+ * "<built-in method NAME of MODULE.QUALNAME object>" (no module for builtins).  The extension's
+ * own functions are never recorded. */
 static Slot *intern_c(PyMethodDef *ml, PyObject *self, PyObject *module) {
     PyTypeObject *type = (self == NULL || PyModule_Check(self)) ? NULL : Py_TYPE(self);
     Slot *s = slot_find(ml, type);
     if (s->id) {
         return s;
     }
-    PyObject *name;
-    PyObject *mod_name;
+    PyObject *name = NULL;
+    PyObject *mod_name = NULL;
     if (type == NULL) {
         name = PyUnicode_FromFormat("<built-in function %s>", ml->ml_name);
         mod_name = (module != NULL && PyUnicode_Check(module)) ? Py_NewRef(module)
                                                                 : PyUnicode_FromString("builtins");
     } else {
-        name = PyUnicode_FromFormat("<built-in method %s of %s object>", ml->ml_name,
-                                    type->tp_name);
-        const char *dot = strrchr(type->tp_name, '.');
-        mod_name = dot ? PyUnicode_FromStringAndSize(type->tp_name, dot - type->tp_name)
-                       : PyUnicode_FromString("builtins");
+        mod_name = type_module(type);
+        PyObject *qualname = PyObject_GetAttrString((PyObject *)type, "__qualname__");
+        if (qualname != NULL && PyUnicode_Check(qualname) && mod_name != NULL) {
+            if (PyUnicode_CompareWithASCIIString(mod_name, "builtins") == 0) {
+                name = PyUnicode_FromFormat("<built-in method %s of %U object>", ml->ml_name,
+                                            qualname);
+            } else {
+                name = PyUnicode_FromFormat("<built-in method %s of %U.%U object>", ml->ml_name,
+                                            mod_name, qualname);
+            }
+        }
+        Py_XDECREF(qualname);
     }
     if (name == NULL || mod_name == NULL) {
         Py_XDECREF(name);
@@ -296,7 +316,8 @@ static Slot *intern_c(PyMethodDef *ml, PyObject *self, PyObject *module) {
         PyErr_Clear();
         return NULL;
     }
-    int include = ask_filter(mod_name);
+    int include = PyUnicode_CompareWithASCIIString(mod_name, "stepscope._native") != 0 &&
+                  ask_filter(mod_name);
     Py_DECREF(mod_name);
     s = intern_insert(ml, type, name, (PyObject *)type, include);
     Py_DECREF(name);
