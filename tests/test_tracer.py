@@ -130,7 +130,10 @@ def test_generators_give_one_span_per_resumption(impl: str) -> None:
     assert [c.short for c in consume.children] == ["counter"] * 4
     (abandon,) = find(trace, "abandon")
     # next() then close(): GeneratorExit is thrown in and unwinds the generator.
-    assert [c.short for c in abandon.children] == ["counter", "counter"]
+    assert [c.shape() for c in abandon.children] == [
+        ("guarded", []),
+        ("guarded", [("quick", [])]),
+    ]
     assert_nested(nodes(trace))
 
 

@@ -29,9 +29,17 @@ def consume(k: int) -> int:
     return sum(counter(k))
 
 
+def guarded(k: int) -> Iterator[int]:
+    """A generator with cleanup, so closing it runs code in it."""
+    try:
+        yield from range(k)
+    finally:
+        quick()
+
+
 def abandon() -> int:
     """Take one value and close the generator (GeneratorExit thrown into it)."""
-    gen = counter(5)
+    gen = guarded(5)
     first = next(gen)
     gen.close()
     return first
