@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: demo test lint bench native clean
+.PHONY: demo test lint bench native clean test-monitoring
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,27 @@ demo: $(VENV)/.stamp-base native
 
 test: $(VENV)/.stamp-test native
 	$(PY) -m pytest -q
+	$(MAKE) --no-print-directory test-monitoring
+
+# The function tracer's sys.monitoring path: its tests under Python 3.12 and 3.13, where present
+# (pyenv versions or python3.X on PATH), each in its own .venv3XX; skipped where absent.
+test-monitoring:
+	@for v in 3.12 3.13; do \
+	  py=$$(ls -d $$HOME/.pyenv/versions/$$v*/bin/python$$v 2>/dev/null | head -n 1); \
+	  if [ -z "$$py" ] && python$$v -c '' 2>/dev/null; then py=python$$v; fi; \
+	  if [ -z "$$py" ]; then echo "test-monitoring: no python$$v here, skipped"; continue; fi; \
+	  venv=.venv$$(echo $$v | tr -d .); \
+	  if [ ! -f $$venv/.stamp-tracer ] || [ pyproject.toml -nt $$venv/.stamp-tracer ]; then \
+	    $$py -m venv $$venv && \
+	    $$venv/bin/python -m pip --disable-pip-version-check -q install "setuptools>=68" wheel \
+	      pytest pytest-timeout coverage && \
+	    $$venv/bin/python -m pip --disable-pip-version-check -q install --no-deps -e . && \
+	    touch $$venv/.stamp-tracer || exit 1; \
+	  fi; \
+	  $$venv/bin/python setup.py -q build_ext --inplace 2>/dev/null || exit 1; \
+	  echo "== tracer tests under python$$v"; \
+	  $$venv/bin/python -m pytest -q -p no:cacheprovider tests/test_tracer*.py || exit 1; \
+	done
 
 lint: $(VENV)/.stamp-test
 	$(PY) -m ruff check src tests bench examples
