@@ -17,10 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
+from stepscope.atomic import atomic_output
 from stepscope.clock import now_ns
 from stepscope.config import config
 from stepscope.kernels import KernelMetadata, iter_kernel_sources, parse_kernel_metadata
-from stepscope.tables import format_cell, format_csv_row, get_metric_table, write_bytes_atomic
+from stepscope.tables import format_cell, format_csv_row, get_metric_table
 
 PROGRESS_MIN_FILES = 200
 """With ``--progress auto``, directories with at least this many files show a progress bar."""
@@ -142,7 +143,8 @@ def write_csv(path: Path, rows: list[list[str]]) -> None:
     columns = get_metric_table("kernel_metadata").column_names
     data = b"".join([format_csv_row(["model_name", *columns]), *map(format_csv_row, rows)])
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_bytes_atomic(path, data)
+    with atomic_output(path, what="kernel table") as f:
+        f.write(data)
 
 
 def run(args: argparse.Namespace) -> int:

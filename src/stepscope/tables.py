@@ -19,17 +19,16 @@ under a file lock, so lines never interleave and the header appears once.
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import io
 import logging
 import os
 import re
-import tempfile
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
+from stepscope.atomic import atomic_output
 from stepscope.config import config
 
 try:
@@ -46,7 +45,6 @@ __all__ = [
     "get_metric_table",
     "is_metric_table_enabled",
     "purge_old_log_files",
-    "write_bytes_atomic",
 ]
 
 log = logging.getLogger("stepscope")
@@ -131,20 +129,6 @@ class _AppendFile:
         if self.fd >= 0:
             fd, self.fd = self.fd, -1
             os.close(fd)
-
-
-def write_bytes_atomic(path: Path, data: bytes) -> None:
-    """Replace ``path`` with ``data`` via a temporary file in the same directory (mode 0644)."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -271,7 +255,8 @@ class MetricTable:
             self._close_locked()
             path = self.output_path()
             path.parent.mkdir(parents=True, exist_ok=True)
-            write_bytes_atomic(path, self._header())
+            with atomic_output(path, what="metric table") as f:
+                f.write(self._header())
 
     def close(self) -> None:
         """Close this process's handle on the file (the next row reopens it)."""
