@@ -8,6 +8,7 @@ of torch 2.13's inductor with its Triton CPU backend (see ``regenerate.py`` ther
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import subprocess
 import sys
@@ -25,22 +26,8 @@ FIXTURES = Path(__file__).parent / "fixtures" / "kernels"
 HAND = FIXTURES / "handwritten"
 REAL = FIXTURES / "inductor_cpu"
 
-COLUMNS = [
-    "kernel_name",
-    "kernel_category",
-    "size_hints",
-    "reduction_hint",
-    "line_of_code",
-    "num_load",
-    "num_store",
-    "num_for_loop",
-    "num_atomic_add",
-    "num_args",
-    "xnumel",
-    "ynumel",
-    "rnumel",
-    "kernel_args_num_gb",
-]
+# KernelMetadata's fields: the kernel_metadata table's columns less kernel_path
+COLUMNS = [f.name for f in dataclasses.fields(kernels.KernelMetadata)]
 
 # file -> every field, in COLUMNS order (counted by hand from the fixture files)
 HANDWRITTEN = {
@@ -115,6 +102,11 @@ def read(path: Path) -> str:
 
 def fields(meta: kernels.KernelMetadata) -> tuple[Any, ...]:
     return tuple(getattr(meta, c) for c in COLUMNS)
+
+
+def test_metadata_fields_are_the_table_columns_less_the_path() -> None:
+    columns = get_metric_table("kernel_metadata").column_names
+    assert COLUMNS == [c for c in columns if c != "kernel_path"]
 
 
 @pytest.mark.parametrize("name", sorted(HANDWRITTEN))
