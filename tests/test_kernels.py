@@ -106,7 +106,7 @@ def fields(meta: kernels.KernelMetadata) -> tuple[Any, ...]:
 
 def test_metadata_fields_are_the_table_columns_less_the_path() -> None:
     columns = get_metric_table("kernel_metadata").column_names
-    assert COLUMNS == [c for c in columns if c != "kernel_path"]
+    assert [c for c in columns if c != "kernel_path"] == COLUMNS
 
 
 @pytest.mark.parametrize("name", sorted(HANDWRITTEN))
