@@ -356,3 +356,20 @@ def test_header_is_decided_under_the_file_lock(out_dir: Path) -> None:
             p.join(60)
     assert [p.exitcode for p in procs] == [0, 0, 0]
     check_table_file(path, 600)
+
+
+def _write_one(directory: str) -> None:
+    with config.patch(tables_dir=directory, metric_tables="test_probe", run_name="child"):
+        PROBE.add_row(lambda: {"name": "from-child", "latency": 1.0, "note": None})
+
+
+def test_a_child_forked_while_a_row_is_being_written_can_write(out_dir: Path) -> None:
+    ctx = multiprocessing.get_context("fork")
+    with PROBE._lock:  # as if another thread were inside add_row at fork time
+        child = ctx.Process(target=_write_one, args=(str(out_dir),))
+        child.start()
+    child.join(30)
+    if child.is_alive():
+        child.kill()
+    assert child.exitcode == 0
+    assert probe_file(out_dir).read_bytes().endswith(b"child,from-child,1.000000,\n")

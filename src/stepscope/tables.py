@@ -343,6 +343,17 @@ class _Registry:
 
 _registry = _Registry()
 
+
+def _reinit_locks_after_fork() -> None:
+    # A lock held by another thread at fork time would stay locked forever in the child.
+    _registry.lock = threading.RLock()
+    for table in _registry.tables.values():
+        table._lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reinit_locks_after_fork)
+
 REGISTERED_METRIC_TABLES: Mapping[str, MetricTable] = _registry.tables
 """Every registered table by name (read-only view; register with ``register_table``)."""
 
