@@ -1,0 +1,118 @@
+"""stepscope.metrics: the torchelastic metrics API on a pipeline that never blocks the loop.
+
+The seed-compatible names (``put_metric``, ``@prof``, ``configure``, handlers ...) behave as in
+``torch.distributed.elastic.metrics``.  New code uses instruments (``counter``, ``gauge``,
+``histogram``, ``scalar``) and exporters (``add_exporter(PrometheusEndpoint())`` ...)::
+
+    from stepscope import metrics
+    metrics.add_exporter(metrics.PrometheusEndpoint(port=9464))
+    ...
+    metrics.scalar("loss").record(loss)        # inside the loop; step from stepscope.steps
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from stepscope.metrics.api import (
+    ConsoleMetricHandler,
+    MetricData,
+    MetricHandler,
+    MetricsConfig,
+    MetricStream,
+    NullMetricHandler,
+    configure,
+    get_elapsed_time_ms,
+    getStream,
+    prof,
+    profile,
+    publish_metric,
+    put_metric,
+)
+from stepscope.metrics.exporters import (
+    ConsoleExporter,
+    CsvExporter,
+    Exporter,
+    HandlerExporter,
+    JsonlExporter,
+    LoggingExporter,
+    StatsdExporter,
+)
+from stepscope.metrics.failures import set_strict
+from stepscope.metrics.instruments import Counter, Gauge, Histogram, Scalar
+from stepscope.metrics.pipeline import (
+    Pipeline,
+    PipelineMetricHandler,
+    RetryPolicy,
+    add_exporter,
+    configure_pipeline,
+    counter,
+    flush,
+    gauge,
+    get_pipeline,
+    histogram,
+    open_channel,
+    remove_exporter,
+    scalar,
+    shutdown,
+    telemetry,
+)
+from stepscope.metrics.ring import Channel, RecordSink
+
+__all__ = [
+    "Channel",
+    "ConsoleExporter",
+    "ConsoleMetricHandler",
+    "Counter",
+    "CsvExporter",
+    "Exporter",
+    "Gauge",
+    "HandlerExporter",
+    "Histogram",
+    "JsonlExporter",
+    "LoggingExporter",
+    "MetricData",
+    "MetricHandler",
+    "MetricStream",
+    "MetricsConfig",
+    "NullMetricHandler",
+    "OtelMeterBridge",
+    "OtlpExporter",
+    "Pipeline",
+    "PipelineMetricHandler",
+    "PrometheusEndpoint",
+    "PushgatewayExporter",
+    "RecordSink",
+    "RetryPolicy",
+    "Scalar",
+    "StatsdExporter",
+    "add_exporter",
+    "configure",
+    "configure_pipeline",
+    "counter",
+    "flush",
+    "gauge",
+    "getStream",
+    "get_elapsed_time_ms",
+    "get_pipeline",
+    "histogram",
+    "open_channel",
+    "prof",
+    "profile",
+    "publish_metric",
+    "put_metric",
+    "remove_exporter",
+    "scalar",
+    "set_strict",
+    "shutdown",
+    "telemetry",
+]
+
+_LAZY = ("PrometheusEndpoint", "PushgatewayExporter", "OtlpExporter", "OtelMeterBridge")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module("stepscope.metrics.exporters"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

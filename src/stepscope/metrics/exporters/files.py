@@ -1,0 +1,182 @@
+"""File exporters: JSON lines and CSV, both rotating by size.
+
+Each batch is appended with one ``write`` and flushed, so a file is always whole lines; when a
+file would pass ``max_bytes`` it is renamed to ``<path>.1`` (older ones shift to ``.2`` ...,
+keeping ``backups``) and a new one is started.  A forked child writes ``<stem>.<pid><suffix>``.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+from pathlib import Path
+from typing import IO, Any
+
+from stepscope.metrics.exporters.base import Exporter
+from stepscope.metrics.exporters.rows import ChangeFilter, rows
+from stepscope.metrics.points import ExportBatch
+
+__all__ = ["CsvExporter", "JsonlExporter", "RotatingFile"]
+
+
+class RotatingFile:
+    """An append-only text file that rotates by size."""
+
+    def __init__(
+        self, path: str | os.PathLike[str], max_bytes: int, backups: int, header: str = ""
+    ) -> None:
+        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
+            raise ValueError(f"max_bytes must be a positive int, got {max_bytes!r}")
+        if isinstance(backups, bool) or not isinstance(backups, int) or backups < 0:
+            raise ValueError(f"backups must be an int >= 0, got {backups!r}")
+        self.path = Path(path)
+        self.max_bytes = max_bytes
+        self.backups = backups
+        self.header = header
+        self._fh: IO[bytes] | None = None
+        self._size = 0
+
+    def _open(self) -> IO[bytes]:
+        fh = self._fh
+        if fh is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fh = self._fh = open(self.path, "ab")  # noqa: SIM115 - kept open between batches
+            self._size = fh.tell()
+            if self._size == 0 and self.header:
+                self._write_raw(fh, self.header.encode())
+        return fh
+
+    def _write_raw(self, fh: IO[bytes], raw: bytes) -> None:
+        fh.write(raw)
+        fh.flush()
+        self._size += len(raw)
+
+    def write(self, text: str) -> None:
+        """Append ``text`` (whole lines), rotating first if it would not fit."""
+        raw = text.encode()
+        fh = self._open()
+        if self._size + len(raw) > self.max_bytes and self._size > len(self.header):
+            self.rotate()
+            fh = self._open()
+        self._write_raw(fh, raw)
+
+    def rotate(self) -> None:
+        """Start a new file, keeping ``backups`` old ones."""
+        self.close()
+        if self.backups == 0:
+            self.path.unlink(missing_ok=True)
+            return
+        for i in range(self.backups - 1, 0, -1):
+            older = self.path.with_name(f"{self.path.name}.{i}")
+            if older.exists():
+                os.replace(older, self.path.with_name(f"{self.path.name}.{i + 1}"))
+        if self.path.exists():
+            os.replace(self.path, self.path.with_name(f"{self.path.name}.1"))
+
+    def close(self) -> None:
+        """Close the current file."""
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+    def after_fork_in_child(self) -> None:
+        """Leave the parent's file alone and write ``<stem>.<pid><suffix>`` instead."""
+        self._fh = None  # the parent's handle stays the parent's
+        self._size = 0
+        self.path = self.path.with_name(f"{self.path.stem}.{os.getpid()}{self.path.suffix}")
+
+
+class JsonlExporter(Exporter):
+    """One JSON object per line: scalar points, seed-API records and changed series."""
+
+    name = "jsonl"
+
+    def __init__(
+        self, path: str | os.PathLike[str], *, max_bytes: int = 64 << 20, backups: int = 3
+    ) -> None:
+        self.file = RotatingFile(path, max_bytes, backups)
+        self._changes = ChangeFilter()
+
+    @property
+    def path(self) -> Path:
+        """The file written now."""
+        return self.file.path
+
+    def export(self, batch: ExportBatch, timeout_s: float) -> None:
+        """Append the batch's rows."""
+        lines = rows(batch, self._changes)
+        if lines:
+            self.file.write(
+                "".join(json.dumps(r, separators=(",", ":"), default=str) + "\n" for r in lines)
+            )
+
+    def after_fork_in_child(self) -> None:
+        """Write a per-process file in a forked child."""
+        self.file.after_fork_in_child()
+        self._changes.reset()
+
+    def close(self) -> None:
+        """Close the file."""
+        self.file.close()
+
+
+CSV_COLUMNS = (
+    "time_unix_ns",
+    "kind",
+    "name",
+    "labels",
+    "step",
+    "value",
+    "count",
+    "sum",
+    "min",
+    "max",
+)
+
+
+def _labels_cell(row: dict[str, Any]) -> str:
+    labels = dict(row.get("labels") or {})
+    if row["kind"] == "record":
+        labels = {"group": row.get("group") or ""}
+    return ";".join(f"{k}={v}" for k, v in sorted(labels.items()))
+
+
+class CsvExporter(Exporter):
+    """CSV with a fixed header (``CSV_COLUMNS``); histograms fill count/sum/min/max."""
+
+    name = "csv"
+
+    def __init__(
+        self, path: str | os.PathLike[str], *, max_bytes: int = 64 << 20, backups: int = 3
+    ) -> None:
+        self.file = RotatingFile(path, max_bytes, backups, header=",".join(CSV_COLUMNS) + "\r\n")
+        self._changes = ChangeFilter()
+
+    @property
+    def path(self) -> Path:
+        """The file written now."""
+        return self.file.path
+
+    def export(self, batch: ExportBatch, timeout_s: float) -> None:
+        """Append the batch's rows."""
+        lines = rows(batch, self._changes)
+        if not lines:
+            return
+        buf = io.StringIO()
+        writer = csv.writer(buf)
+        for row in lines:
+            cells = dict(row)
+            cells["labels"] = _labels_cell(row)
+            writer.writerow(["" if cells.get(c) is None else cells[c] for c in CSV_COLUMNS])
+        self.file.write(buf.getvalue())
+
+    def after_fork_in_child(self) -> None:
+        """Write a per-process file in a forked child."""
+        self.file.after_fork_in_child()
+        self._changes.reset()
+
+    def close(self) -> None:
+        """Close the file."""
+        self.file.close()

@@ -1,0 +1,780 @@
+"""Instruments for new code: counter, gauge, histogram and per-step scalar.
+
+Hot paths take no lock: counters and histograms write to a per-thread shard (a list only the
+owning thread writes), gauges store one reference, scalars append to the bounded ring.  The
+export thread sums the shards.  Label sets are bound once with ``.bind(**labels)``; each
+instrument keeps at most ``limit`` series and folds the rest into one ``overflow="true"`` series.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import threading
+from bisect import bisect_left
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Generic, TypeVar
+
+from stepscope.metrics.cooperate import CHUNK, pause_for_others
+from stepscope.metrics.failures import report_failure
+from stepscope.metrics.points import (
+    ExpHistogramValue,
+    Family,
+    HistogramValue,
+    Kind,
+    Labels,
+    ScalarPoint,
+    SeriesPoint,
+)
+from stepscope.metrics.ring import Ring
+from stepscope.metrics.values import NUMBERS, as_number, is_tensor, resolve
+from stepscope.steps import current_step
+
+__all__ = [
+    "DEFAULT_BUCKETS",
+    "DEFAULT_LIMIT",
+    "REDUCERS",
+    "Counter",
+    "CounterSeries",
+    "ExpHistogramSeries",
+    "Gauge",
+    "GaugeSeries",
+    "Histogram",
+    "HistogramSeries",
+    "Registry",
+    "Scalar",
+    "ScalarSeries",
+]
+
+DEFAULT_LIMIT = 2000
+DEFAULT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
+REDUCERS = ("mean", "last", "sum", "min", "max")
+GAUGE_MERGES = ("last", "sum", "max", "min")
+
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.:-]*\Z")
+_LABEL = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_RESERVED_LABELS = frozenset(("le", "quantile", "overflow"))
+OVERFLOW_LABELS: Labels = (("overflow", "true"),)
+
+_OP_INC = 0
+_OP_OBSERVE = 1
+_OP_SET = 2
+
+
+def _check_name(name: object) -> str:
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise ValueError(
+            f"metric name {name!r} is not valid: use letters, digits, '_', '.', ':' or '-', "
+            "starting with a letter or '_'"
+        )
+    return name
+
+
+def _labels_key(labels: dict[str, object]) -> Labels:
+    for key in labels:
+        if not _LABEL.match(key) or key.startswith("__") or key in _RESERVED_LABELS:
+            raise ValueError(
+                f"label name {key!r} is not allowed: use letters, digits and '_' (not starting "
+                "with '__'); 'le', 'quantile' and 'overflow' are reserved"
+            )
+    return tuple(sorted((k, str(v)) for k, v in labels.items()))
+
+
+def _bad_value(instrument: str, exc: Exception) -> None:
+    report_failure("invalid_value", f"metric {instrument!r}", exc)
+
+
+S = TypeVar("S")
+
+
+class _Binder(Generic[S]):
+    """The bound series of one instrument, capped at ``limit``."""
+
+    __slots__ = ("lock", "make", "overflowed", "series")
+
+    def __init__(self, make: Callable[[Labels], S]) -> None:
+        self.series: dict[Labels, S] = {}
+        self.make = make
+        self.lock = threading.Lock()
+        self.overflowed = 0
+
+    def bind(self, root: S, limit: int, labels: dict[str, object]) -> S:
+        if not labels:
+            return root
+        key = _labels_key(labels)
+        found = self.series.get(key)
+        if found is not None:
+            return found
+        with self.lock:
+            found = self.series.get(key)
+            if found is not None:
+                return found
+            if len(self.series) >= limit:
+                self.overflowed += 1
+                key = OVERFLOW_LABELS
+                found = self.series.get(key)
+                if found is not None:
+                    return found
+            made = self.make(key)
+            self.series[key] = made
+            return made
+
+    def all(self, root: S) -> list[S]:
+        return [root, *self.series.values()]
+
+
+class _Base:
+    """What every instrument has: name, description, unit, kind, options and a series cap."""
+
+    kind = ""
+
+    def _init_base(
+        self, name: str, description: str, unit: str, limit: int, options: tuple[Any, ...]
+    ) -> None:
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ValueError(f"limit must be a positive int, got {limit!r}")
+        self.name = _check_name(name)
+        self.description = str(description)
+        self.unit = str(unit)
+        self.limit = limit
+        self.options = options
+
+
+# ----------------------------------------------------------------------------- counter
+
+
+class CounterSeries:
+    """One labelled series of a counter: a monotonically increasing total."""
+
+    __slots__ = ("_cells", "_local", "_ring", "labels", "name")
+    drop_key = "instrument"
+
+    def __init__(self, name: str, labels: Labels, ring: Ring) -> None:
+        self.name = name
+        self.labels = labels
+        self._ring = ring
+        self._local = threading.local()
+        self._cells: list[list[float]] = []
+
+    def inc(self, amount: float = 1) -> None:
+        """Add ``amount`` (>= 0; a number or a one-element tensor)."""
+        if amount.__class__ in NUMBERS and amount >= 0:
+            try:
+                self._local.cell[0] += amount
+            except AttributeError:
+                self._new_cell()[0] += amount
+        else:
+            self._inc_other(amount)
+
+    def _new_cell(self) -> list[float]:
+        cell = [0.0]
+        self._local.cell = cell
+        self._cells.append(cell)
+        return cell
+
+    def _inc_other(self, amount: object) -> None:
+        try:
+            number = as_number(amount)
+        except TypeError as exc:
+            _bad_value(self.name, exc)
+            return
+        if is_tensor(number):
+            self._ring.put(self, _OP_INC, number)
+        else:
+            self._apply(number)
+
+    def _apply(self, number: float) -> None:
+        if number >= 0:
+            self.inc(number)
+        else:
+            _bad_value(self.name, ValueError(f"a counter only goes up; inc({number!r}) ignored"))
+
+    def _drain(self, _op: int, value: float) -> None:
+        self._apply(value)
+
+    def value(self) -> float:
+        """The total so far (sum over threads)."""
+        return float(sum(cell[0] for cell in list(self._cells)))
+
+    def touched(self) -> bool:
+        """Whether anything was ever recorded."""
+        return bool(self._cells)
+
+    def _reset(self) -> None:
+        self._local = threading.local()
+        self._cells = []
+
+
+class Counter(CounterSeries, _Base):
+    """A counter; ``inc()`` records on its unlabelled series, ``bind(**labels)`` gives others."""
+
+    kind = "counter"
+
+    def __init__(self, name: str, description: str, unit: str, limit: int, ring: Ring) -> None:
+        self._init_base(name, description, unit, limit, ())
+        CounterSeries.__init__(self, name, (), ring)
+        self._binder: _Binder[CounterSeries] = _Binder(lambda key: CounterSeries(name, key, ring))
+
+    def bind(self, **labels: object) -> CounterSeries:
+        """The series for ``labels`` (created once; call this outside the hot loop)."""
+        return self._binder.bind(self, self.limit, labels)
+
+    def series(self) -> list[CounterSeries]:
+        """Every series including the unlabelled one."""
+        return self._binder.all(self)
+
+    def family(self, pause: Callable[[], None]) -> Family:
+        """Current totals of all touched series."""
+        points = []
+        for i, s in enumerate(self.series()):
+            if i and i % CHUNK == 0:
+                pause()
+            if s.touched():
+                points.append(SeriesPoint(s.labels, s.value()))
+        return Family(self.name, "counter", self.description, self.unit, tuple(points))
+
+
+# ----------------------------------------------------------------------------- gauge
+
+
+class GaugeSeries:
+    """One labelled series of a gauge: a value that is set (or moved up and down)."""
+
+    __slots__ = ("_lock", "_ring", "_value", "labels", "name")
+
+    def __init__(self, name: str, labels: Labels, ring: Ring) -> None:
+        self.name = name
+        self.labels = labels
+        self._ring = ring
+        self._value: Any = None
+        self._lock = threading.Lock()
+
+    def set(self, value: float) -> None:
+        """Set the value (a number, or a one-element tensor read at export)."""
+        if value.__class__ in NUMBERS:
+            self._value = value
+        else:
+            try:
+                self._value = as_number(value)
+            except TypeError as exc:
+                _bad_value(self.name, exc)
+
+    def inc(self, amount: float = 1) -> None:
+        """Add ``amount`` (may be negative)."""
+        if amount.__class__ not in NUMBERS:
+            try:
+                amount = as_number(amount)
+            except TypeError as exc:
+                _bad_value(self.name, exc)
+                return
+        with self._lock:
+            self._value = amount if self._value is None else self._value + amount
+
+    def dec(self, amount: float = 1) -> None:
+        """Subtract ``amount``."""
+        self.inc(-amount)
+
+    def raw(self) -> Any:
+        """The stored value: None, a number or a tensor."""
+        return self._value
+
+    def _reset(self) -> None:
+        self._value = None
+        self._lock = threading.Lock()
+
+
+class Gauge(GaugeSeries, _Base):
+    """A gauge; ``merge`` says how one endpoint combines the same series from several processes."""
+
+    kind = "gauge"
+
+    def __init__(
+        self, name: str, description: str, unit: str, limit: int, merge: str, ring: Ring
+    ) -> None:
+        if merge not in GAUGE_MERGES:
+            raise ValueError(f"merge must be one of {GAUGE_MERGES}, got {merge!r}")
+        self._init_base(name, description, unit, limit, (merge,))
+        GaugeSeries.__init__(self, name, (), ring)
+        self.merge = merge
+        self._binder: _Binder[GaugeSeries] = _Binder(lambda key: GaugeSeries(name, key, ring))
+
+    def bind(self, **labels: object) -> GaugeSeries:
+        """The series for ``labels`` (created once; call this outside the hot loop)."""
+        return self._binder.bind(self, self.limit, labels)
+
+    def series(self) -> list[GaugeSeries]:
+        """Every series including the unlabelled one."""
+        return self._binder.all(self)
+
+    def family(self, pause: Callable[[], None]) -> Family:
+        """Current values of all series that were set."""
+        raws = [(s.labels, s.raw()) for s in self.series()]
+        raws = [(labels, raw) for labels, raw in raws if raw is not None]
+        values = resolve([raw for _, raw in raws])
+        points = tuple(SeriesPoint(labels, v) for (labels, _), v in zip(raws, values, strict=True))
+        return Family(self.name, "gauge", self.description, self.unit, points, self.merge)
+
+
+# ----------------------------------------------------------------------------- histograms
+
+
+class _HistogramBase:
+    """What explicit and exponential histogram series share: per-thread cells and slow paths."""
+
+    __slots__ = ("_cells", "_local", "_ring", "labels", "name")
+    drop_key = "instrument"
+
+    def __init__(self, name: str, labels: Labels, ring: Ring) -> None:
+        self.name = name
+        self.labels = labels
+        self._ring = ring
+        self._local = threading.local()
+        self._cells: list[list[Any]] = []
+
+    def observe(self, value: float) -> None:
+        """Record one observation (a number or a one-element tensor)."""
+        raise NotImplementedError
+
+    def _new_cell(self) -> list[Any]:
+        cell = self._empty_cell()
+        self._local.cell = cell
+        self._cells.append(cell)
+        return cell
+
+    def _empty_cell(self) -> list[Any]:
+        raise NotImplementedError
+
+    def _observe_other(self, value: object) -> None:
+        try:
+            number = as_number(value)
+        except TypeError as exc:
+            _bad_value(self.name, exc)
+            return
+        if is_tensor(number):
+            self._ring.put(self, _OP_OBSERVE, number)
+        elif number != number:
+            _bad_value(self.name, ValueError("NaN observation ignored"))
+        else:
+            self.observe(number)
+
+    def _drain(self, _op: int, value: float) -> None:
+        if value == value:
+            self.observe(value)
+        else:
+            _bad_value(self.name, ValueError("NaN observation ignored"))
+
+    def touched(self) -> bool:
+        """Whether anything was ever recorded."""
+        return bool(self._cells)
+
+    def value(self) -> HistogramValue | ExpHistogramValue:
+        """The merged state of all threads' cells."""
+        raise NotImplementedError
+
+    def _reset(self) -> None:
+        self._local = threading.local()
+        self._cells = []
+
+
+class HistogramSeries(_HistogramBase):
+    """One labelled series of an explicit-bucket histogram."""
+
+    __slots__ = ("_bounds",)
+
+    def __init__(self, name: str, labels: Labels, ring: Ring, bounds: tuple[float, ...]) -> None:
+        super().__init__(name, labels, ring)
+        self._bounds = bounds
+
+    def observe(self, value: float) -> None:
+        """Record one observation (a number or a one-element tensor)."""
+        if value.__class__ in NUMBERS and value == value:
+            try:
+                cell = self._local.cell
+            except AttributeError:
+                cell = self._new_cell()
+            cell[3 + bisect_left(self._bounds, value)] += 1
+            cell[0] += value
+            if value < cell[1]:
+                cell[1] = value
+            if value > cell[2]:
+                cell[2] = value
+        else:
+            self._observe_other(value)
+
+    def _empty_cell(self) -> list[Any]:
+        # layout: sum, min, max, then one count per bucket (+Inf last)
+        return [0.0, math.inf, -math.inf] + [0] * (len(self._bounds) + 1)
+
+    def value(self) -> HistogramValue:
+        """Bucket counts, sum, count, min and max over all threads."""
+        width = len(self._bounds) + 1
+        counts = [0] * width
+        total = 0.0
+        low = math.inf
+        high = -math.inf
+        for cell in list(self._cells):
+            total += cell[0]
+            low = min(low, cell[1])
+            high = max(high, cell[2])
+            for i in range(width):
+                counts[i] += int(cell[3 + i])
+        return HistogramValue(self._bounds, tuple(counts), total, sum(counts), low, high)
+
+
+class ExpHistogramSeries(_HistogramBase):
+    """One labelled series of a base-2 exponential histogram (sparse buckets, fixed scale)."""
+
+    __slots__ = ("_factor", "scale")
+
+    def __init__(self, name: str, labels: Labels, ring: Ring, scale: int) -> None:
+        super().__init__(name, labels, ring)
+        self.scale = scale
+        self._factor = 2.0**scale
+
+    def index(self, magnitude: float) -> int:
+        """Bucket index of a positive ``magnitude``: ``base**i < magnitude <= base**(i+1)``."""
+        mantissa, exponent = math.frexp(magnitude)
+        if mantissa == 0.5:  # an exact power of two is the upper bound of its bucket
+            power = exponent - 1
+            if self.scale >= 0:
+                return (power << self.scale) - 1
+            shift = -self.scale
+            return (power >> shift) - (1 if power % (1 << shift) == 0 else 0)
+        if self.scale <= 0:
+            return (exponent - 1) >> -self.scale
+        return math.ceil(math.log2(magnitude) * self._factor) - 1
+
+    def observe(self, value: float) -> None:
+        """Record one observation (a number or a one-element tensor)."""
+        if value.__class__ in NUMBERS and value == value:
+            try:
+                cell = self._local.cell
+            except AttributeError:
+                cell = self._new_cell()
+            cell[0] += value
+            if value < cell[1]:
+                cell[1] = value
+            if value > cell[2]:
+                cell[2] = value
+            if value > 0:
+                buckets = cell[4]
+                i = self.index(value)
+            elif value < 0:
+                buckets = cell[5]
+                i = self.index(-value)
+            else:
+                cell[3] += 1
+                return
+            buckets[i] = buckets.get(i, 0) + 1
+        else:
+            self._observe_other(value)
+
+    def _empty_cell(self) -> list[Any]:
+        # layout: sum, min, max, zero count, positive {index: n}, negative {index: n}
+        return [0.0, math.inf, -math.inf, 0, {}, {}]
+
+    def value(self) -> ExpHistogramValue:
+        """Sparse buckets, zero count, sum, count, min and max over all threads."""
+        positive: dict[int, int] = {}
+        negative: dict[int, int] = {}
+        zero = 0
+        total = 0.0
+        low = math.inf
+        high = -math.inf
+        for cell in list(self._cells):
+            total += cell[0]
+            low = min(low, cell[1])
+            high = max(high, cell[2])
+            zero += cell[3]
+            for target, source in ((positive, cell[4]), (negative, cell[5])):
+                for index, n in list(source.items()):
+                    target[index] = target.get(index, 0) + n
+        count = zero + sum(positive.values()) + sum(negative.values())
+        return ExpHistogramValue(
+            self.scale,
+            zero,
+            tuple(sorted(positive.items())),
+            tuple(sorted(negative.items())),
+            total,
+            count,
+            low,
+            high,
+        )
+
+
+class Histogram(_Base):
+    """A histogram: explicit ``buckets``, or base-2 exponential ones (``exponential=True``)."""
+
+    kind = "histogram"
+
+    def __init__(
+        self,
+        name: str,
+        description: str,
+        unit: str,
+        limit: int,
+        ring: Ring,
+        buckets: Sequence[float] | None,
+        exponential: bool,
+        scale: int,
+    ) -> None:
+        make: Callable[[Labels], _HistogramBase]
+        if exponential:
+            if buckets is not None:
+                raise ValueError("pass either buckets=... or exponential=True, not both")
+            if isinstance(scale, bool) or not isinstance(scale, int) or not -10 <= scale <= 20:
+                raise ValueError(f"scale must be an int in [-10, 20], got {scale!r}")
+            options: tuple[Any, ...] = ("exponential", scale)
+
+            def make(key: Labels) -> _HistogramBase:
+                return ExpHistogramSeries(name, key, ring, scale)
+        else:
+            bounds = _check_buckets(DEFAULT_BUCKETS if buckets is None else buckets)
+            options = ("explicit", bounds)
+
+            def make(key: Labels) -> _HistogramBase:
+                return HistogramSeries(name, key, ring, bounds)
+
+        self._init_base(name, description, unit, limit, options)
+        self.exponential = exponential
+        self._root = make(())
+        self._binder: _Binder[_HistogramBase] = _Binder(make)
+        self.observe: Callable[[float], None] = self._root.observe
+
+    def bind(self, **labels: object) -> _HistogramBase:
+        """The series for ``labels`` (created once; call this outside the hot loop)."""
+        return self._binder.bind(self._root, self.limit, labels)
+
+    def series(self) -> list[_HistogramBase]:
+        """Every series including the unlabelled one."""
+        return self._binder.all(self._root)
+
+    def family(self, pause: Callable[[], None]) -> Family:
+        """Current buckets of all touched series."""
+        points = []
+        for i, s in enumerate(self.series()):
+            if i and i % CHUNK == 0:
+                pause()
+            if s.touched():
+                points.append(SeriesPoint(s.labels, s.value()))
+        kind: Kind = "exponential_histogram" if self.exponential else "histogram"
+        return Family(self.name, kind, self.description, self.unit, tuple(points))
+
+
+def _check_buckets(buckets: Iterable[float]) -> tuple[float, ...]:
+    try:
+        bounds = tuple(float(b) for b in buckets)
+    except (TypeError, ValueError):
+        raise TypeError(f"buckets must be a sequence of numbers, got {buckets!r}") from None
+    bounds = tuple(b for b in bounds if b != math.inf)
+    if not bounds or any(b != b for b in bounds) or list(bounds) != sorted(set(bounds)):
+        raise ValueError(
+            f"buckets must be distinct, increasing, non-NaN upper bounds, got {buckets!r}"
+        )
+    return bounds
+
+
+# ----------------------------------------------------------------------------- scalar
+
+
+class ScalarSeries:
+    """One labelled series of a per-step scalar, reduced per step on the export thread."""
+
+    __slots__ = ("_last", "_open", "_reduce", "_ring", "labels", "name")
+    drop_key = "metrics"
+
+    def __init__(self, name: str, labels: Labels, ring: Ring, reduce: str) -> None:
+        self.name = name
+        self.labels = labels
+        self._ring = ring
+        self._reduce = reduce
+        # export-thread state: step -> [count, sum, min, max, last]
+        self._open: dict[int | None, list[float]] = {}
+        self._last: float | None = None
+
+    def record(self, value: float, step: int | None = None) -> None:
+        """Record ``value`` for ``step`` (default: the shared step counter)."""
+        if step is None:
+            step = current_step()
+        elif step.__class__ is not int or step < 0:
+            _bad_value(self.name, ValueError(f"step must be a non-negative int, got {step!r}"))
+            return
+        if value.__class__ not in NUMBERS:
+            try:
+                value = as_number(value)
+            except TypeError as exc:
+                _bad_value(self.name, exc)
+                return
+        self._ring.put(self, step, value)
+
+    def _drain(self, step: int | None, value: float) -> None:
+        acc = self._open.get(step)
+        if acc is None:
+            self._open[step] = [1, value, value, value, value]
+            return
+        acc[0] += 1
+        acc[1] += value
+        if value < acc[2]:
+            acc[2] = value
+        if value > acc[3]:
+            acc[3] = value
+        acc[4] = value
+
+    def close_steps(self, step_now: int | None, final: bool, now_unix_ns: int) -> list[ScalarPoint]:
+        """Reduce and forget the steps that are over (all of them when ``final``)."""
+        if not self._open:
+            return []
+        newest = max((s for s in self._open if s is not None), default=None)
+        if step_now is not None and (newest is None or step_now > newest):
+            newest = step_now
+        points = []
+        for step in sorted(self._open, key=lambda s: -1 if s is None else s):
+            if final or step is None or (newest is not None and step < newest):
+                count, total, low, high, last = self._open.pop(step)
+                value = _reduce(self._reduce, count, total, low, high, last)
+                self._last = value
+                points.append(
+                    ScalarPoint(
+                        self.name, self.labels, step, value, int(count), self._reduce, now_unix_ns
+                    )
+                )
+        return points
+
+    def pending_count(self) -> int:
+        """Samples folded into steps that are not closed yet."""
+        return int(sum(acc[0] for acc in self._open.values()))
+
+    def last_value(self) -> float | None:
+        """The reduced value of the newest closed step."""
+        return self._last
+
+    def _reset(self) -> None:
+        self._open = {}
+        self._last = None
+
+
+def _reduce(how: str, count: float, total: float, low: float, high: float, last: float) -> float:
+    if how == "mean":
+        return total / count
+    if how == "sum":
+        return total
+    if how == "min":
+        return low
+    if how == "max":
+        return high
+    return last
+
+
+class Scalar(ScalarSeries, _Base):
+    """A per-step value (loss, throughput); ``reduce`` folds several values of one step."""
+
+    kind = "scalar"
+
+    def __init__(
+        self, name: str, description: str, unit: str, limit: int, reduce: str, ring: Ring
+    ) -> None:
+        if reduce not in REDUCERS:
+            raise ValueError(f"reduce must be one of {REDUCERS}, got {reduce!r}")
+        self._init_base(name, description, unit, limit, (reduce,))
+        ScalarSeries.__init__(self, name, (), ring, reduce)
+        self.reduce = reduce
+        self._binder: _Binder[ScalarSeries] = _Binder(
+            lambda key: ScalarSeries(name, key, ring, reduce)
+        )
+
+    def bind(self, **labels: object) -> ScalarSeries:
+        """The series for ``labels`` (created once; call this outside the hot loop)."""
+        return self._binder.bind(self, self.limit, labels)
+
+    def series(self) -> list[ScalarSeries]:
+        """Every series including the unlabelled one."""
+        return self._binder.all(self)
+
+    def family(self, pause: Callable[[], None]) -> Family:
+        """The newest closed value of every series (a gauge for pull exporters)."""
+        points = []
+        for s in self.series():
+            last = s.last_value()
+            if last is not None:
+                points.append(SeriesPoint(s.labels, last))
+        return Family(self.name, "scalar", self.description, self.unit, tuple(points), "last")
+
+
+# ----------------------------------------------------------------------------- registry
+
+Instrument = Counter | Gauge | Histogram | Scalar
+
+
+class Registry:
+    """Instruments by name; registration is idempotent for the same kind and options."""
+
+    def __init__(self, ring: Ring) -> None:
+        self.ring = ring
+        self._instruments: dict[str, Instrument] = {}
+        self._lock = threading.Lock()
+
+    def register(
+        self, name: str, kind: str, options: tuple[Any, ...], make: Callable[[], Instrument]
+    ) -> Instrument:
+        """The instrument called ``name``, created by ``make`` on first use."""
+        found = self._instruments.get(name)
+        if found is None:
+            with self._lock:
+                found = self._instruments.get(name)
+                if found is None:
+                    made = make()
+                    self._instruments[name] = made
+                    return made
+        if found.kind != kind:
+            raise ValueError(
+                f"metric {name!r} is already registered as a {found.kind}; use another name "
+                f"for the {kind} or call metrics.{found.kind}({name!r})"
+            )
+        if found.options != options:
+            raise ValueError(
+                f"{kind} {name!r} is already registered with options {found.options!r}, "
+                f"not {options!r}; pass the same options or use another name"
+            )
+        return found
+
+    def instruments(self) -> list[Instrument]:
+        """All registered instruments."""
+        return list(self._instruments.values())
+
+    def get(self, name: str) -> Instrument | None:
+        """The instrument called ``name``, if registered."""
+        return self._instruments.get(name)
+
+    def unregister(self, name: str) -> None:
+        """Forget one instrument (tests; series already bound keep working but are not exported)."""
+        with self._lock:
+            self._instruments.pop(name, None)
+
+    def families(self, pause: Callable[[], None] = pause_for_others) -> list[Family]:
+        """Snapshot of every counter, gauge, histogram and scalar."""
+        out = []
+        for instrument in self.instruments():
+            family = instrument.family(pause)
+            if family.points:
+                out.append(family)
+        return out
+
+    def scalars(self) -> list[ScalarSeries]:
+        """Every scalar series."""
+        out: list[ScalarSeries] = []
+        for instrument in self.instruments():
+            if isinstance(instrument, Scalar):
+                out.extend(instrument.series())
+        return out
+
+    def overflowed(self) -> dict[str, int]:
+        """Label sets folded into the overflow series, per instrument."""
+        return {i.name: i._binder.overflowed for i in self.instruments() if i._binder.overflowed}
+
+    def reset_after_fork(self) -> None:
+        """Zero every series in a forked child so it never re-exports the parent's data."""
+        self._lock = threading.Lock()
+        for instrument in self.instruments():
+            instrument._binder.lock = threading.Lock()
+            for s in instrument.series():
+                s._reset()
