@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import tracer_workloads as w
 
+import tracer_workloads as w
 from stepscope._ext import native
 from stepscope.collectors.base import WindowContext
 from stepscope.collectors.python import PythonTracerCollector
@@ -318,9 +318,7 @@ def _count_fib(impl: str, **options: Any) -> tuple[Trace, WindowContext]:
 
 
 @pytest.mark.parametrize("impl", IMPLS)
-def test_budget_newest_keeps_the_first_calls(
-    impl: str, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_budget_newest_keeps_the_first_calls(impl: str, caplog: pytest.LogCaptureFixture) -> None:
     full, _ = _count_fib(impl)
     total = len(full.spans)
     assert total == 177  # fib(10)
@@ -400,7 +398,8 @@ def test_cprofile_and_coverage_keep_working(tmp_path: Path) -> None:
         prof.disable()
         cov.stop()
     fib_calls = [
-        v for k, v in pstats.Stats(prof).stats.items()  # type: ignore[attr-defined]
+        v
+        for k, v in pstats.Stats(prof).stats.items()  # type: ignore[attr-defined]
         if k[2] == "fib"
     ]
     assert fib_calls[0][1] == 41 + 5  # primitive + recursive calls: fib(7) and fib(3)

@@ -20,8 +20,7 @@ def fib_shape(n: int) -> tuple[str, list[object]]:
 
 def counter(k: int) -> Iterator[int]:
     """A generator yielding k values."""
-    for i in range(k):
-        yield i
+    yield from range(k)
 
 
 def consume(k: int) -> int:

@@ -5,7 +5,7 @@
  *    tool id); code that the filter excludes is answered with DISABLE once and never seen again;
  *  - 3.10/3.11: a C profile function installed with _PyEval_SetProfile on every thread state,
  *    chaining to whatever profile function was there before (so cProfile keeps working).
- * Both feed the same per-thread state: a stack of open frames, and chunks of 24-byte records
+ * Both feed the same per-thread state: a stack of open frames, and chunks of 20-byte records
  * appended when a frame closes (so records are in post-order).  Each code object or C function
  * is interned once (one reference held) with its include/exclude decision.  Times stay raw clock
  * ticks until export, which rebuilds the call tree, numbers the spans in pre-order and converts
@@ -32,13 +32,25 @@
 
 enum { MODE_IDLE = 0, MODE_PROFILE = 1, MODE_MONITORING = 2 };
 
+/* One closed call in 20 bytes (4-byte words only, so arrays pack without padding). */
 typedef struct {
-    uint64_t start; /* ticks */
-    uint64_t dur;   /* ticks */
-    uint32_t code;  /* intern id */
+    uint32_t start_lo; /* start, ticks */
+    uint32_t start_hi;
+    uint32_t dur_lo;   /* duration, ticks: 48 bits, over a day */
+    uint16_t dur_hi;
     uint16_t depth;
-    uint16_t flags;
+    uint32_t code_flags; /* intern id << 2 | record flags */
 } Record;
+
+#define MAX_DUR_TICKS (((uint64_t)1 << 48) - 1)
+
+static inline uint64_t rec_start(const Record *r) {
+    return ((uint64_t)r->start_hi << 32) | r->start_lo;
+}
+
+static inline uint64_t rec_dur(const Record *r) {
+    return ((uint64_t)r->dur_hi << 32) | r->dur_lo;
+}
 
 typedef struct Chunk {
     struct Chunk *next_global; /* creation order across threads: the eviction queue */
@@ -241,6 +253,9 @@ static Slot *intern_insert(const void *k1, const void *k2, PyObject *obj, PyObje
         }
         s = slot_find(k1, k2);
     }
+    if (S.n_interned >= (1u << 30) - 1) {
+        return NULL; /* ids must fit the record's 30 bits */
+    }
     if (S.n_interned == S.interned_cap) {
         uint32_t cap = S.interned_cap ? S.interned_cap * 2 : 512;
         Interned *grown = realloc(S.interned, cap * sizeof(Interned));
@@ -431,12 +446,16 @@ static inline void append_record(ThreadBuf *tb, uint64_t start, uint64_t dur, ui
             return;
         }
     }
+    if (dur > MAX_DUR_TICKS) {
+        dur = MAX_DUR_TICKS;
+    }
     Record *r = &c->records[c->count++];
-    r->start = start;
-    r->dur = dur;
-    r->code = id;
+    r->start_lo = (uint32_t)start;
+    r->start_hi = (uint32_t)(start >> 32);
+    r->dur_lo = (uint32_t)dur;
+    r->dur_hi = (uint16_t)(dur >> 32);
     r->depth = (uint16_t)depth;
-    r->flags = (uint16_t)(flags & REC_FLAGS_MASK);
+    r->code_flags = (id << 2) | (flags & REC_FLAGS_MASK);
     S.kept++;
     tb->count++;
 }
@@ -1150,13 +1169,15 @@ static PyObject *export_thread(ThreadBuf *tb, const uint32_t *name_ids, Py_ssize
     while (node >= 0) {
         Record *r = &recs[node];
         pos[node] = (int32_t)out;
-        int64_t start_ns = ss_ticks_to_ns(r->start);
-        o_name[out] = r->code < (uint64_t)n_names ? name_ids[r->code] : 0;
+        uint64_t start = rec_start(r);
+        uint32_t code = r->code_flags >> 2;
+        int64_t start_ns = ss_ticks_to_ns(start);
+        o_name[out] = code < (uint64_t)n_names ? name_ids[code] : 0;
         o_start[out] = start_ns;
-        o_dur[out] = ss_ticks_to_ns(r->start + r->dur) - start_ns;
+        o_dur[out] = ss_ticks_to_ns(start + rec_dur(r)) - start_ns;
         o_id[out] = *next_id + (int64_t)out;
         o_parent[out] = parent[node] >= 0 ? *next_id + pos[parent[node]] : 0;
-        o_flags[out] = (uint8_t)r->flags;
+        o_flags[out] = (uint8_t)(r->code_flags & REC_FLAGS_MASK);
         out++;
         if (first_child[node] >= 0) {
             node = first_child[node];

@@ -262,7 +262,8 @@ class PythonTracerCollector(Collector):
         )
         if implementation not in IMPLEMENTATIONS:
             raise ValueError(
-                f"implementation must be one of {', '.join(IMPLEMENTATIONS)}, got {implementation!r}"
+                f"implementation must be one of {', '.join(IMPLEMENTATIONS)}, "
+                f"got {implementation!r}"
             )
         mod = native()
         if implementation == "native" and mod is None:
@@ -332,8 +333,10 @@ class PythonTracerCollector(Collector):
         if error is not None:
             if self.strict:
                 raise error
-            self._warn_once("filter", f"stepscope: the module filter failed ({error!r}); "
-                            "code it failed on was recorded")
+            self._warn_once(
+                "filter",
+                f"stepscope: the module filter failed ({error!r}); code it failed on was recorded",
+            )
 
     def collect(self, builder: TraceBuilder, ctx: WindowContext) -> None:
         """Append the window's spans to the trace, with what was dropped in its metadata."""

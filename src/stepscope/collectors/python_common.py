@@ -35,7 +35,7 @@ __all__ = [
 ]
 
 PYTHON_CATEGORY = "python_function"
-RECORD_BYTES = 24
+RECORD_BYTES = 20
 """Size of one recorded call in the C tracer's buffers."""
 DEFAULT_BUFFER_BYTES = 64 << 20
 DROP_POLICIES = ("oldest", "newest")
@@ -68,7 +68,7 @@ class TracerOptions:
     trace_c_functions: bool = False
     """Also record calls of C functions (builtins)."""
     event_budget: int | None = None
-    """Most calls kept per window; None: ``buffer_bytes`` / 24."""
+    """Most calls kept per window; None: ``buffer_bytes`` / 20 (the size of one record)."""
     buffer_bytes: int = DEFAULT_BUFFER_BYTES
     """Memory for recorded calls per window, used when ``event_budget`` is None."""
     drop_policy: str = "oldest"
@@ -110,9 +110,7 @@ class TracerOptions:
                 f"buffer_bytes must be an int of at least {RECORD_BYTES}, got {self.buffer_bytes!r}"
             )
         if self.drop_policy not in DROP_POLICIES:
-            raise ValueError(
-                f"drop_policy must be 'oldest' or 'newest', got {self.drop_policy!r}"
-            )
+            raise ValueError(f"drop_policy must be 'oldest' or 'newest', got {self.drop_policy!r}")
 
     @property
     def budget(self) -> int:
@@ -239,7 +237,9 @@ class ThreadSpans(NamedTuple):
     flags: bytes
 
 
-def thread_spans_from_bytes(row: tuple[int, bytes, bytes, bytes, bytes, bytes, bytes]) -> ThreadSpans:
+def thread_spans_from_bytes(
+    row: tuple[int, bytes, bytes, bytes, bytes, bytes, bytes],
+) -> ThreadSpans:
     """Wrap the C tracer's per-thread byte columns."""
     tid, names, starts, durs, ids, parents, flags = row
     cols: list[array[int]] = []
@@ -271,7 +271,10 @@ def add_python_spans(builder: TraceBuilder, pid: int, threads: Sequence[ThreadSp
             continue
         refs = array(
             "i",
-            (add_args(span_args(i, p, f)) for i, p, f in zip(t.ids, t.parents, t.flags, strict=True)),
+            (
+                add_args(span_args(i, p, f))
+                for i, p, f in zip(t.ids, t.parents, t.flags, strict=True)
+            ),
         )
         builder.extend_spans(
             t.name_ids,

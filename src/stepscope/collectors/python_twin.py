@@ -180,7 +180,7 @@ class TwinTracer:
         stack.append([key, ident, flags, start])
 
     def _close_top(self, t: _Thread, now: int, extra: int) -> None:
-        key, ident, flags, start = t.stack.pop()
+        _key, ident, flags, start = t.stack.pop()
         if flags & _SKIP:
             return
         dur = now - start if now > start else 0
@@ -309,7 +309,11 @@ class TwinTracer:
         self.start_ticks = clock.now_ns()
         me = threading.get_ident()
         all_threads = sys.version_info >= (3, 12)
-        ids = native_ids or {t.ident: t.native_id for t in threading.enumerate()}
+        ids = native_ids or {
+            t.ident: t.native_id
+            for t in threading.enumerate()
+            if t.ident is not None and t.native_id is not None
+        }
         mine: _Thread | None = None
         for ident, top in sys._current_frames().items():
             if ident != me and not all_threads:
