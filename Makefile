@@ -16,8 +16,11 @@ $(VENV)/.stamp-base: pyproject.toml setup.py | $(PY)
 	touch $@
 
 # Test install: every extra, torch pinned to the local 2.13.0 wheel.
-$(VENV)/.stamp-test: pyproject.toml setup.py $(VENV)/.stamp-base
+# HTA (trace-compatibility tests) without its notebook dependencies: see tests/requirements.txt.
+$(VENV)/.stamp-test: pyproject.toml setup.py tests/requirements.txt $(VENV)/.stamp-base
 	$(PIP) install -e ".[dev,torch,prometheus,otlp]"
+	$(PIP) install -r tests/requirements.txt
+	$(PIP) install --no-deps "HolisticTraceAnalysis==0.5.0"
 	touch $@
 
 # Rebuild the C extension in place whenever its sources change.

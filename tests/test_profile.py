@@ -377,18 +377,22 @@ def test_metadata_flags_and_user_entries_reach_the_file(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"record_shapes": True}, "record_shapes=True"),
-        ({"profile_memory": True}, "profile_memory=True"),
-        ({"with_flops": True}, "with_flops=True"),
-        ({"with_modules": True}, "with_modules=True"),
-        ({"experimental_config": object()}, "experimental_config"),
-        ({"execution_trace_observer": object()}, "execution_trace_observer"),
-        ({"activities": [stepscope.ProfilerActivity.CUDA]}, "CUDA"),
+        ({"record_shapes": True}, "record_shapes record through torch's profiler"),
+        ({"profile_memory": True}, "profile_memory record"),
+        ({"with_flops": True}, "with_flops record"),
+        ({"with_modules": True}, "with_modules record"),
+        ({"experimental_config": object()}, "experimental_config record"),
+        ({"activities": [stepscope.ProfilerActivity.CUDA]}, "activities CUDA record"),
     ],
 )
-def test_options_of_later_parts_raise_clearly(kwargs: dict[str, Any], message: str) -> None:
-    with pytest.raises(NotImplementedError, match=message):
-        profile(**kwargs)
+def test_torch_options_without_torch_ops_are_refused(kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        profile(torch_ops=False, **kwargs)
+
+
+def test_execution_trace_observer_must_be_an_observer() -> None:
+    with pytest.raises(TypeError, match="ExecutionTraceObserver"):
+        profile(execution_trace_observer=object())
 
 
 def test_bad_arguments_are_rejected() -> None:
@@ -430,7 +434,7 @@ def test_a_failing_collector_never_breaks_the_loop(caplog: Any) -> None:
 
 
 def test_two_profiles_cannot_record_at_once() -> None:
-    with profile(), pytest.raises(RuntimeError, match="already recording"):
+    with profile(), pytest.raises(RuntimeError, match="already running"):
         profile().start()
 
 

@@ -142,3 +142,22 @@ def test_frame_names_are_made_safe_for_the_format() -> None:
     b = TraceBuilder(base_time_ns=0)
     b.span("a;b\nc", "", 1, 1, 0, 5000)
     assert collapsed_from_spans([b.build()]) == {"a:b c": 5}
+
+
+def test_same_named_only_child_is_folded_like_torch() -> None:
+    """A dispatcher op wrapping its kernel (aten::mean in aten::mean) counts as one call."""
+    b = TraceBuilder(base_time_ns=0)
+    b.span("aten::mean", "cpu_op", 1, 1, 0, 100 * US)
+    b.span("aten::mean", "cpu_op", 1, 1, 10 * US, 80 * US)
+    b.span("aten::sum", "cpu_op", 1, 1, 20 * US, 30 * US)
+    b.span("aten::add", "cpu_op", 1, 1, 200 * US, 10 * US)
+    b.span("aten::add", "cpu_op", 1, 1, 202 * US, 2 * US)
+    b.span("aten::add", "cpu_op", 1, 1, 205 * US, 2 * US)  # two children: not folded
+    trace = b.build()
+    rows = {r.key: r for r in key_averages([trace])}
+    assert rows["aten::mean"].count == 1
+    assert rows["aten::mean"].cpu_time_total == 100 * US
+    assert rows["aten::mean"].self_cpu_time_total == 70 * US
+    assert rows["aten::add"].count == 3
+    stacks = collapsed_from_spans([trace])
+    assert stacks["aten::mean"] == 70 and "aten::mean;aten::mean" not in stacks

@@ -36,10 +36,13 @@ def rank_and_world_size() -> tuple[int | None, int | None]:
 
 
 def distributed_info() -> dict[str, Any] | None:
-    """The trace's ``distributedInfo`` when torch.distributed is initialised, else None."""
+    """The trace's ``distributedInfo``: from torch.distributed, else from RANK/WORLD_SIZE."""
     dist = _torch_dist()
     if dist is None:
-        return None
+        rank, world = rank_and_world_size()
+        if rank is None:
+            return None
+        return {"rank": rank, "world_size": world if world is not None else 1}
     info: dict[str, Any] = {
         "backend": str(dist.get_backend()),
         "rank": int(dist.get_rank()),

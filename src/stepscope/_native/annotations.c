@@ -19,6 +19,7 @@ typedef struct RecordFunction {
     struct RecordFunction *prev_open;
     struct RecordFunction *next_open;
     int is_open;
+    PyObject *bridge_handle; /* torch's record_function while torch records, else NULL */
 } RecordFunction;
 
 static int recording = 0;
@@ -28,6 +29,17 @@ static Py_ssize_t max_spans = 0;    /* 0 = unbounded */
 static Py_ssize_t dropped = 0;
 static RecordFunction open_head = {0};  /* sentinel of the open-span list */
 static PyObject *decorate = NULL;   /* Python callable(name, args, fn) -> wrapper */
+static PyObject *bridge_enter = NULL; /* callable(name) -> handle, set while torch records */
+static PyObject *bridge_exit = NULL;  /* callable(handle) */
+static Py_ssize_t bridge_errors = 0;
+
+/* A bridge failure must not break the user's block: count it and switch the bridge off. */
+static void bridge_failed(void) {
+    PyErr_Clear();
+    bridge_errors++;
+    Py_CLEAR(bridge_enter);
+    Py_CLEAR(bridge_exit);
+}
 
 /* gettid() is a system call: remember it per thread. */
 static unsigned long native_thread_id(void) {
@@ -83,6 +95,7 @@ static int rf_init(RecordFunction *self, PyObject *args, PyObject *kwds) {
 }
 
 static void rf_dealloc(RecordFunction *self) {
+    Py_XDECREF(self->bridge_handle);
     Py_XDECREF(self->name);
     Py_XDECREF(self->args);
     Py_TYPE(self)->tp_free((PyObject *)self);
@@ -100,12 +113,30 @@ static PyObject *rf_enter(RecordFunction *self, PyObject *unused) {
         open_head.prev_open = self;
         self->is_open = 1;
         Py_INCREF(self);
+        if (bridge_enter != NULL && self->bridge_handle == NULL) {
+            self->bridge_handle = PyObject_CallOneArg(bridge_enter, self->name);
+            if (self->bridge_handle == NULL) {
+                bridge_failed();
+            }
+        }
     }
     Py_INCREF(self);
     return (PyObject *)self;
 }
 
 static PyObject *rf_exit(RecordFunction *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (self->bridge_handle != NULL) {
+        PyObject *handle = self->bridge_handle;
+        self->bridge_handle = NULL;
+        if (bridge_exit != NULL) {
+            PyObject *r = PyObject_CallOneArg(bridge_exit, handle);
+            if (r == NULL) {
+                bridge_failed();
+            }
+            Py_XDECREF(r);
+        }
+        Py_DECREF(handle);
+    }
     if (self->is_open) {
         int64_t end = ss_now_ns();
         int record = recording && self->generation == generation;
@@ -236,6 +267,25 @@ static PyObject *py_is_recording(PyObject *self, PyObject *unused) {
     return PyBool_FromLong(recording);
 }
 
+static PyObject *py_set_bridge(PyObject *self, PyObject *args) {
+    PyObject *enter, *exit_fn;
+    if (!PyArg_ParseTuple(args, "OO", &enter, &exit_fn)) {
+        return NULL;
+    }
+    if (enter == Py_None || exit_fn == Py_None) {
+        Py_CLEAR(bridge_enter);
+        Py_CLEAR(bridge_exit);
+    } else {
+        Py_INCREF(enter);
+        Py_XSETREF(bridge_enter, enter);
+        Py_INCREF(exit_fn);
+        Py_XSETREF(bridge_exit, exit_fn);
+    }
+    Py_ssize_t errors = bridge_errors;
+    bridge_errors = 0;
+    return PyLong_FromSsize_t(errors);
+}
+
 static PyObject *py_set_decorator(PyObject *self, PyObject *fn) {
     Py_INCREF(fn);
     Py_XSETREF(decorate, fn);
@@ -248,6 +298,9 @@ static PyMethodDef annotation_methods[] = {
     {"_annotations_stop", py_stop, METH_NOARGS,
      "Stop recording; returns (closed_at_window_end, dropped)."},
     {"_annotations_recording", py_is_recording, METH_NOARGS, "Whether a window is recording."},
+    {"_annotations_set_bridge", py_set_bridge, METH_VARARGS,
+     "_annotations_set_bridge(enter, exit) (or None, None): also open another profiler's "
+     "record_function for each recorded block; returns the bridge errors since the last call."},
     {"_annotations_set_decorator", py_set_decorator, METH_O,
      "Set the Python helper used when record_function decorates a function."},
     {NULL, NULL, 0, NULL},

@@ -32,10 +32,14 @@ OPEN_FLAG = "stepscope.open_at_window_end"
 SpanTuple = tuple[str, Any, int, int, int]
 
 
+Bridge = tuple[Callable[[str], Any], Callable[[Any], Any]]
+
+
 class _Backend(Protocol):
     def start(self, sink: list[SpanTuple], max_spans: int) -> None: ...
     def stop(self) -> tuple[int, int]: ...
     def recording(self) -> bool: ...
+    def set_bridge(self, bridge: Bridge | None) -> int: ...
 
 
 class _PythonBackend:
@@ -48,6 +52,17 @@ class _PythonBackend:
         self.max_spans = 0
         self.dropped = 0
         self.open: dict[int, PyRecordFunction] = {}
+        self.bridge: Bridge | None = None
+        self.bridge_errors = 0
+
+    def set_bridge(self, bridge: Bridge | None) -> int:
+        self.bridge = bridge
+        errors, self.bridge_errors = self.bridge_errors, 0
+        return errors
+
+    def bridge_failed(self) -> None:
+        self.bridge_errors += 1
+        self.bridge = None
 
     def start(self, sink: list[SpanTuple], max_spans: int) -> None:
         if self.active:
@@ -92,7 +107,7 @@ _python_backend = _PythonBackend()
 class PyRecordFunction:
     """Pure-Python twin of the C ``record_function``."""
 
-    __slots__ = ("_generation", "_open", "_start", "_tid", "args", "name")
+    __slots__ = ("_bridge_handle", "_generation", "_open", "_start", "_tid", "args", "name")
 
     def __init__(self, name: str, args: Any = None) -> None:
         if not isinstance(name, str):
@@ -103,6 +118,7 @@ class PyRecordFunction:
         self._start = 0
         self._generation = 0
         self._tid = 0
+        self._bridge_handle: Any = None
 
     def __enter__(self) -> PyRecordFunction:
         backend = _python_backend
@@ -112,6 +128,11 @@ class PyRecordFunction:
             self._tid = threading.get_native_id()
             self._open = True
             backend.open[id(self)] = self
+            if backend.bridge is not None and self._bridge_handle is None:
+                try:
+                    self._bridge_handle = backend.bridge[0](self.name)
+                except Exception:
+                    backend.bridge_failed()
         return self
 
     def __exit__(
@@ -120,6 +141,12 @@ class PyRecordFunction:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> Literal[False]:
+        handle, self._bridge_handle = self._bridge_handle, None
+        if handle is not None and _python_backend.bridge is not None:
+            try:
+                _python_backend.bridge[1](handle)
+            except Exception:
+                _python_backend.bridge_failed()
         if self._open:
             end = clock.now_ns()
             self._open = False
@@ -148,6 +175,10 @@ class _NativeBackend:
 
     def recording(self) -> bool:
         return bool(self._mod._annotations_recording())
+
+    def set_bridge(self, bridge: Bridge | None) -> int:
+        enter, exit_ = bridge if bridge is not None else (None, None)
+        return int(self._mod._annotations_set_bridge(enter, exit_))
 
 
 def _decorate(name: str, args: Any, fn: F) -> F:

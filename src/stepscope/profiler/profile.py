@@ -21,11 +21,14 @@ from types import TracebackType
 from typing import Any
 
 from stepscope import __version__, clock, steps
-from stepscope.collectors.annotations import AnnotationCollector, default_backend, record_function
+from stepscope.collectors.annotations import AnnotationCollector, record_function
 from stepscope.collectors.base import Collector, WindowContext
+from stepscope.collectors.torch import torch_available
 from stepscope.distributed import distributed_info
 from stepscope.profiler.activity import ProfilerActivity, coerce_activities
+from stepscope.profiler.execution_trace import ExecutionTraceObserver
 from stepscope.profiler.schedule import ProfilerAction, Schedule, default_schedule
+from stepscope.profiler.step_trigger import StepTrigger
 from stepscope.profiler.summary import KeyAverages, key_averages
 from stepscope.trace.chrome import WriteStats, write_chrome_trace
 from stepscope.trace.model import Span, Trace, TraceBuilder
@@ -86,6 +89,8 @@ class profile:
         flush_on_exit: bool = True,
         collectors: Iterable[Collector] = (),
         max_annotation_spans: int = 2_000_000,
+        torch_ops: bool | None = None,
+        step_on: str | Callable[..., Any] | None = None,
         strict: bool = False,
     ) -> None:
         self.activities = coerce_activities(activities)
@@ -111,7 +116,9 @@ class profile:
         self.execution_trace_observer = execution_trace_observer
         self.acc_events = acc_events
         self.flush_on_exit = flush_on_exit
+        self.torch_ops = torch_available() if torch_ops is None else torch_ops
         self.strict = strict
+        self._step_trigger = StepTrigger(step_on, self.step) if step_on is not None else None
         self.collectors: list[Collector] = [AnnotationCollector(max_spans=max_annotation_spans)]
         self.collectors += self._requested_collectors()
         for extra in collectors:
@@ -138,20 +145,44 @@ class profile:
 
     # -- configuration -------------------------------------------------------------------------
     def _requested_collectors(self) -> list[Collector]:
-        devices = self.activities & DEVICE_ACTIVITIES
-        if devices:
-            names = ", ".join(sorted(a.name for a in devices))
-            raise _not_yet(
-                f"activities {names}", "device collection comes with the torch collector"
-            )
-        for flag in ("record_shapes", "profile_memory", "with_flops", "with_modules"):
-            if getattr(self, flag):
-                raise _not_yet(f"{flag}=True", "recorded through torch's profiler")
+        torch_activities = self.activities & ({ProfilerActivity.CPU} | DEVICE_ACTIVITIES)
+        torch_options = [
+            flag
+            for flag in ("record_shapes", "profile_memory", "with_flops", "with_modules")
+            if getattr(self, flag)
+        ]
         if self.experimental_config is not None:
-            raise _not_yet("experimental_config", "passed to torch's profiler")
-        if self.execution_trace_observer is not None:
-            raise _not_yet("execution_trace_observer", "the execution trace observer")
+            torch_options.append("experimental_config")
         found: list[Collector] = []
+        if self.torch_ops and torch_activities:
+            from stepscope.collectors.torch import TorchCollector
+
+            found.append(
+                TorchCollector(
+                    torch_activities,
+                    record_shapes=self.record_shapes,
+                    profile_memory=self.profile_memory,
+                    with_flops=self.with_flops,
+                    with_modules=self.with_modules,
+                    experimental_config=self.experimental_config,
+                )
+            )
+        else:
+            devices = sorted(a.name for a in self.activities & DEVICE_ACTIVITIES)
+            needs = [f"activities {', '.join(devices)}"] if devices else []
+            needs += [f"{flag}" for flag in torch_options]
+            if needs:
+                raise ValueError(
+                    f"{', '.join(needs)} record through torch's profiler: import torch before "
+                    "creating the profile (and leave torch_ops at its default)"
+                )
+        if self.execution_trace_observer is not None and not hasattr(
+            self.execution_trace_observer, "start"
+        ):
+            raise TypeError(
+                "execution_trace_observer must be an ExecutionTraceObserver (with start/stop), "
+                f"got {self.execution_trace_observer!r}"
+            )
         if self.with_stack or ProfilerActivity.PYTHON in self.activities:
             found.append(
                 _optional_collector(
@@ -235,6 +266,15 @@ class profile:
 
     def start(self) -> None:
         """Begin at step 0 (runs the transition from NONE to the schedule's first action)."""
+        global _active
+        if _active is not None and _active is not self:
+            raise RuntimeError(
+                "another stepscope profile is already running in this process; stop it first "
+                "(stepscope runs one profile at a time)"
+            )
+        _active = self
+        if self._step_trigger is not None:
+            self._step_trigger.install()
         steps.set_step(self.step_num)
         self._transit(ProfilerAction.NONE, self.current_action)
         self._open_step_span()
@@ -256,11 +296,18 @@ class profile:
 
     def stop(self) -> None:
         """End profiling: closes the window in progress (see ``flush_on_exit``)."""
-        self._close_step_span()
-        self._transit(self.current_action, None)
-        for collector in self.collectors:
-            self._guarded(collector, "close", collector.close)
-        steps.set_step(None)
+        try:
+            if self._step_trigger is not None:
+                self._step_trigger.remove()
+            self._close_step_span()
+            self._transit(self.current_action, None)
+        finally:
+            for collector in self.collectors:
+                self._guarded(collector, "close", collector.close)
+            if self.execution_trace_observer is not None:
+                self.execution_trace_observer.cleanup()
+            steps.set_step(None)
+            _release(self)
 
     def _transit(self, previous: ProfilerAction, current: ProfilerAction | None) -> None:
         for action in self._action_map.get((previous, current), ()):
@@ -316,12 +363,9 @@ class profile:
         if self._ctx is None:
             self.prepare_trace()
         assert self._ctx is not None
-        if default_backend.recording():
-            raise RuntimeError(
-                "another stepscope profile is already recording a window in this process; "
-                "stepscope records one window at a time"
-            )
         clock.refine()
+        if self.execution_trace_observer is not None:
+            self.execution_trace_observer.start()
         ctx = self._ctx
         self._window_first_step = self.step_num
         ctx.start_ns = clock.now_ns()
@@ -335,12 +379,16 @@ class profile:
             return
         for collector in reversed(self.collectors):
             self._guarded(collector, "stop", functools.partial(collector.stop, ctx))
+        if self.execution_trace_observer is not None:
+            self.execution_trace_observer.stop()
         ctx.end_ns = clock.now_ns()
         builder = TraceBuilder()
         for collector in self.collectors:
             self._guarded(collector, "collect", functools.partial(collector.collect, builder, ctx))
         self._finish_metadata(builder, ctx)
         trace = builder.build()
+        if isinstance(self.execution_trace_observer, ExecutionTraceObserver):
+            self.execution_trace_observer.add_window(trace)
         if self.acc_events:
             self._traces.append(trace)
         else:
@@ -372,10 +420,12 @@ class profile:
 
     def _finish_metadata(self, builder: TraceBuilder, ctx: WindowContext) -> None:
         pid = ctx.pid
-        builder.process_name(pid, "python")
+        named_processes, named_threads = builder.named_tracks()
+        if pid not in named_processes:
+            builder.process_name(pid, "python")
         names = {t.native_id: t.name for t in threading.enumerate() if t.native_id is not None}
         for track_pid, tid in sorted(builder.span_tracks()):
-            if track_pid == pid:
+            if track_pid == pid and (pid, tid) not in named_threads:
                 label = names.get(tid, "python")
                 builder.thread_name(pid, tid, f"thread {tid} ({label})")
         meta = builder.metadata
@@ -464,6 +514,20 @@ class profile:
                 f"export_stacks: the recorded window(s) hold no time for metric {metric!r}"
             )
         return write_collapsed(stacks, path)
+
+
+_active: profile | None = None
+
+
+def _release(prof: profile) -> None:
+    global _active
+    if _active is prof:
+        _active = None
+
+
+def active_profile() -> profile | None:
+    """The profile running in this process, if any."""
+    return _active
 
 
 def _metadata_key(key: str) -> str:

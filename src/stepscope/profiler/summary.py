@@ -255,12 +255,14 @@ def key_averages(
             row = groups.get(key)
             if row is None:
                 row = groups[key] = RowAverage(name, input_shapes=shapes, stack=stack)
-            row.count += 1
+            folded = nesting.folded[i]  # counted within its same-named parent
+            if not folded:
+                row.count += 1
             if cat in DEVICE_CATEGORIES:
-                row.device_time_total += durs[i]
+                row.device_time_total += 0 if folded else durs[i]
                 row.self_device_time_total += nesting.self_ns[i]
             else:
-                row.cpu_time_total += durs[i]
+                row.cpu_time_total += 0 if folded else durs[i]
                 row.self_cpu_time_total += nesting.self_ns[i]
     return KeyAverages(
         list(groups.values()), by_shape=group_by_input_shape, by_stack=group_by_stack_n > 0

@@ -12,7 +12,7 @@ pid and tid columns hold integers; a foreign trace's string pid/tid (Kineto writ
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Container, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, NamedTuple
@@ -612,9 +612,20 @@ class TraceBuilder:
         c["idle"].append(1 if idle else 0)
 
     # -- whole traces ------------------------------------------------------------------------
-    def add_trace(self, trace: Trace) -> None:
-        """Append every event of another trace, re-interning strings and shifting to this base."""
-        shift = trace.base_time_ns - self.base_time_ns
+    def add_trace(
+        self,
+        trace: Trace,
+        *,
+        time_offset_ns: int = 0,
+        skip_spans: Container[int] = (),
+        skip_meta: Container[int] = (),
+    ) -> None:
+        """Append the events of another trace, re-interning strings and shifting to this base.
+
+        ``time_offset_ns`` is added to every time (to align a foreign clock); spans and metadata
+        events whose indices are in ``skip_spans`` / ``skip_meta`` are left out.
+        """
+        shift = trace.base_time_ns - self.base_time_ns + time_offset_ns
         remap = array("I", (self.intern(s) for s in trace.strings))
         remap_label = self._label_remapper(trace, remap)
         args_offset = len(self._args)
@@ -624,8 +635,12 @@ class TraceBuilder:
             if table in ("frames", "stacks", "samples"):
                 continue
             src, dst = trace.tables[table], self._cols[table]
+            skip = skip_spans if table == "spans" else skip_meta if table == "meta" else ()
+            keep = [i for i in range(len(src)) if i not in skip] if skip else None
             for col, _ in layout:
-                values = src[col]
+                values: Any = src[col]
+                if keep is not None:
+                    values = [values[i] for i in keep]
                 if col in ("name", "cat", "series"):
                     dst[col].extend(remap[v] for v in values)
                 elif col in ("pid", "tid"):
@@ -676,6 +691,21 @@ class TraceBuilder:
             return value
 
         return remap_label
+
+    def named_tracks(self) -> tuple[set[int], set[tuple[int, int]]]:
+        """Pids with a ``process_name`` and (pid, tid) pairs with a ``thread_name`` so far."""
+        cols = self._cols["meta"]
+        process_id, thread_id = (
+            self._string_ids.get("process_name"),
+            self._string_ids.get("thread_name"),
+        )
+        processes, threads = set(), set()
+        for name, pid, tid in zip(cols["name"], cols["pid"], cols["tid"], strict=True):
+            if name == process_id:
+                processes.add(pid)
+            elif name == thread_id:
+                threads.add((pid, tid))
+        return processes, threads
 
     def span_tracks(self) -> set[tuple[int, int]]:
         """The (pid, tid) column values of the spans appended so far."""

@@ -25,10 +25,17 @@ def group_name(name: str) -> str:
 
 @dataclass(frozen=True)
 class Nesting:
-    """For every span index: its parent span index (-1 at the root) and its self time (ns)."""
+    """For every span index: its parent span index (-1 at the root) and its self time (ns).
+
+    ``folded[i]`` is 1 when span i is the only child of a span with the same name (a dispatcher
+    op wrapping its kernel, e.g. ``aten::mean`` inside ``aten::mean``).  Like torch's event
+    tree, tables and stacks fold such a span into its parent: its self time counts for the
+    parent and it is not counted as a call of its own.
+    """
 
     parent: array[int]
     self_ns: array[int]
+    folded: array[int]
 
     def ancestors(self, index: int) -> list[int]:
         """Indices of the enclosing spans, innermost first."""
@@ -69,4 +76,14 @@ def nest_spans(trace: Trace) -> Nesting:
             p_end = start[p] + dur[p]
             self_ns[p] -= min(s + dur[i], p_end) - s
         stack.append(i)
-    return Nesting(parent, self_ns)
+    children = array("i", [0]) * n
+    for p in parent:
+        if p >= 0:
+            children[p] += 1
+    names = spans["name"]
+    folded = array("b", [0]) * n
+    for i in range(n):
+        p = parent[i]
+        if p >= 0 and children[p] == 1 and names[p] == names[i]:
+            folded[i] = 1
+    return Nesting(parent, self_ns, folded)

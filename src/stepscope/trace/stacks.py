@@ -52,7 +52,7 @@ def collapsed_from_spans(
             weight = nesting.self_ns[i]
             if weight <= 0:
                 continue
-            chain = [i, *nesting.ancestors(i)]
+            chain = [j for j in (i, *nesting.ancestors(i)) if not nesting.folded[j]]
             key = ";".join(frame_label(group_name(strings[names[j]])) for j in reversed(chain))
             totals_ns[key] = totals_ns.get(key, 0) + weight
     return {k: round(v / 1000) for k, v in totals_ns.items() if round(v / 1000) > 0}

@@ -1,0 +1,194 @@
+"""The torch collector: torch's own profiler (Kineto) run inside stepscope's windows.
+
+Kineto is prepared at WARMUP and started at RECORD, like torch.profiler does; at the end of the
+window its result is saved (by Kineto's C++ writer) and read back as a ``Trace``, which is merged
+into the window's trace on stepscope's clock.  Kineto stamps events with the wall clock
+(``CLOCK_REALTIME``); the offset between that and stepscope's clock is measured when recording
+starts, so torch ops land inside the stepscope spans that enclosed them.
+
+While torch records with a device activity, ``stepscope.record_function`` also opens torch's
+``record_function``, so annotations appear on the GPU timeline; their CPU-side copies in torch's
+result are dropped in the merge (stepscope's own spans stand for them).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from stepscope import clock
+from stepscope.collectors.annotations import default_backend
+from stepscope.collectors.base import Collector, WindowContext
+from stepscope.profiler.activity import ProfilerActivity
+from stepscope.trace.chrome import read_chrome_trace
+from stepscope.trace.model import Trace, TraceBuilder
+
+__all__ = ["TorchCollector", "torch_available"]
+
+DEVICE_NAMES = {
+    ProfilerActivity.CUDA: "cuda",
+    ProfilerActivity.XPU: "xpu",
+    ProfilerActivity.MTIA: "mtia",
+    ProfilerActivity.HPU: "hpu",
+    ProfilerActivity.PrivateUse1: "privateuseone",
+}
+# Metadata torch writes that stepscope writes itself (or must not take from torch).
+TORCH_OWN_KEYS = frozenset({"trace_id", "traceName"})
+
+
+def torch_available() -> bool:
+    """Whether the running program has imported torch (stepscope never imports it first)."""
+    import sys
+
+    return "torch" in sys.modules
+
+
+def _wall_offset_ns() -> int:
+    """CLOCK_REALTIME minus stepscope's Unix time, from the tightest of a few paired readings."""
+    best: tuple[int, int] | None = None
+    for _ in range(5):
+        before = clock.now_ns()
+        wall = time.time_ns()
+        after = clock.now_ns()
+        if best is None or after - before < best[0]:
+            best = (after - before, wall - clock.to_unix_ns((before + after) // 2))
+    assert best is not None
+    return best[1]
+
+
+class TorchCollector(Collector):
+    """Records torch operators (and device kernels) through torch's profiler."""
+
+    name = "torch"
+
+    def __init__(
+        self,
+        activities: Iterable[ProfilerActivity] = (ProfilerActivity.CPU,),
+        *,
+        record_shapes: bool = False,
+        profile_memory: bool = False,
+        with_flops: bool = False,
+        with_modules: bool = False,
+        experimental_config: Any = None,
+        bridge_annotations: bool | None = None,
+    ) -> None:
+        import torch.autograd.profiler as autograd_profiler
+
+        self._autograd_profiler = autograd_profiler
+        acts = set(activities)
+        devices = [DEVICE_NAMES[a] for a in acts if a in DEVICE_NAMES]
+        if len(devices) > 1:
+            raise ValueError(f"record one device type at a time, got {sorted(devices)}")
+        self.use_cpu = ProfilerActivity.CPU in acts
+        self.use_device = devices[0] if devices else None
+        self.options = {
+            "record_shapes": record_shapes,
+            "profile_memory": profile_memory,
+            "with_flops": with_flops,
+            "with_modules": with_modules,
+            "experimental_config": experimental_config,
+        }
+        self.bridge_annotations = (
+            self.use_device is not None if bridge_annotations is None else bridge_annotations
+        )
+        self._prof: Any = None
+        self._offset_ns = 0
+        self._bridged: set[str] = set()
+        self.last_result: Any = None
+        """torch's ``autograd.profiler.profile`` of the last window (for torch's own tables)."""
+
+    def prepare(self, ctx: WindowContext) -> None:
+        """Create and prepare torch's profiler (Kineto warms up here)."""
+        self._prof = self._autograd_profiler.profile(
+            use_cpu=self.use_cpu,
+            use_device=self.use_device,
+            use_kineto=True,
+            with_stack=False,  # Python frames come from stepscope's own tracer
+            acc_events=False,
+            **self.options,
+        )
+        self._prof._prepare_trace()
+
+    def start(self, ctx: WindowContext) -> None:
+        """Start torch's profiler and the record_function bridge."""
+        if self._prof is None:
+            self.prepare(ctx)
+        self._prof._start_trace()
+        self._offset_ns = _wall_offset_ns()
+        self._bridged = set()
+        if self.bridge_annotations:
+            default_backend.set_bridge((self._bridge_enter, self._bridge_exit))
+
+    def _bridge_enter(self, name: str) -> Any:
+        self._bridged.add(name)
+        handle: Any = self._autograd_profiler.record_function(name)
+        handle.__enter__()
+        return handle
+
+    @staticmethod
+    def _bridge_exit(handle: Any) -> None:
+        handle.__exit__(None, None, None)
+
+    def stop(self, ctx: WindowContext) -> None:
+        """Stop torch's profiler (synchronizing the device, as torch does)."""
+        if self.bridge_annotations:
+            errors = default_backend.set_bridge(None)
+            if errors:
+                ctx.metadata["stepscope_torch_bridge_errors"] = errors
+        if self._prof is not None:
+            self._prof.__exit__(None, None, None)
+
+    def collect(self, builder: TraceBuilder, ctx: WindowContext) -> None:
+        """Merge torch's events into the window's trace on stepscope's clock."""
+        prof, self._prof = self._prof, None
+        if prof is None or prof.kineto_results is None:
+            return
+        self.last_result = prof
+        fd, tmp = tempfile.mkstemp(prefix="stepscope-kineto-", suffix=".json")
+        os.close(fd)
+        try:
+            prof.kineto_results.save(tmp)
+            trace = read_chrome_trace(tmp)
+        finally:
+            os.unlink(tmp)
+        skip_spans = self._duplicate_annotations(trace) if self._bridged else set()
+        skip_meta = self._own_names(trace, ctx.pid)
+        builder.add_trace(
+            trace, time_offset_ns=-self._offset_ns, skip_spans=skip_spans, skip_meta=skip_meta
+        )
+        for key in TORCH_OWN_KEYS:
+            builder.metadata.pop(key, None)
+        builder.metadata["stepscope_torch_events"] = trace.event_count()
+
+    def _duplicate_annotations(self, trace: Trace) -> set[int]:
+        """CPU-side copies of bridged stepscope annotations (stepscope's own spans stay)."""
+        names, cats = trace.spans["name"], trace.spans["cat"]
+        strings = trace.strings
+        return {
+            i
+            for i in range(len(trace.spans))
+            if strings[cats[i]] == "user_annotation" and strings[names[i]] in self._bridged
+        }
+
+    @staticmethod
+    def _own_names(trace: Trace, pid: int) -> set[int]:
+        """torch's process_name for our pid: stepscope names its own process."""
+        meta = trace.meta
+        strings = trace.strings
+        return {
+            i
+            for i in range(len(meta))
+            if strings[meta["name"][i]] == "process_name" and meta["pid"][i] == pid
+        }
+
+    def close(self) -> None:
+        """Stop torch's profiler if a window was left open."""
+        if self._prof is not None:
+            default_backend.set_bridge(None)
+            try:
+                self._prof.__exit__(None, None, None)
+            finally:
+                self._prof = None
