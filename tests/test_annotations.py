@@ -107,3 +107,24 @@ def test_spans_entered_before_the_window_are_not_recorded(kind: str) -> None:
 def test_max_spans_is_validated() -> None:
     with pytest.raises(ValueError, match="max_spans"):
         annotations.AnnotationCollector(max_spans=-1)
+
+
+@pytest.mark.parametrize("kind", BACKENDS)
+def test_emit_span_adds_a_timed_span_only_while_recording(kind: str) -> None:
+    backend = (
+        annotations._NativeBackend(native()) if kind == "native" else annotations.python_backend
+    )
+    assert backend.emit("outside", None, 1, 2) is False
+
+    def body(make: Any) -> None:
+        assert backend.emit("checkpoint.save", {"checkpoint_id": "c1"}, 100, 250) is True
+
+    spans, _ = record(kind, body)
+    (span,) = spans
+    assert (span.name, span.start_ns, span.dur_ns, span.args) == (
+        "checkpoint.save",
+        100,
+        150,
+        {"checkpoint_id": "c1"},
+    )
+    assert span.tid == threading.get_native_id()

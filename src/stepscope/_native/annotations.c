@@ -263,6 +263,22 @@ static PyObject *py_stop(PyObject *self, PyObject *unused) {
     return Py_BuildValue("(nn)", closed, dropped);
 }
 
+/* Appends an already-timed span to the window being recorded (no-op when none is). */
+static PyObject *py_emit(PyObject *self, PyObject *args) {
+    PyObject *name, *span_args;
+    long long start, end;
+    if (!PyArg_ParseTuple(args, "UOLL", &name, &span_args, &start, &end)) {
+        return NULL;
+    }
+    if (!recording) {
+        Py_RETURN_FALSE;
+    }
+    if (append_span(name, span_args, start, end, native_thread_id()) < 0) {
+        return NULL;
+    }
+    Py_RETURN_TRUE;
+}
+
 static PyObject *py_is_recording(PyObject *self, PyObject *unused) {
     return PyBool_FromLong(recording);
 }
@@ -298,6 +314,9 @@ static PyMethodDef annotation_methods[] = {
     {"_annotations_stop", py_stop, METH_NOARGS,
      "Stop recording; returns (closed_at_window_end, dropped)."},
     {"_annotations_recording", py_is_recording, METH_NOARGS, "Whether a window is recording."},
+    {"_annotations_emit", py_emit, METH_VARARGS,
+     "_annotations_emit(name, args, start_ns, end_ns): add a timed span to the recording window "
+     "(on the calling thread); returns whether a window took it."},
     {"_annotations_set_bridge", py_set_bridge, METH_VARARGS,
      "_annotations_set_bridge(enter, exit) (or None, None): also open another profiler's "
      "record_function for each recorded block; returns the bridge errors since the last call."},

@@ -23,6 +23,8 @@ from stepscope.trace.model import TraceBuilder
 __all__ = [
     "AnnotationCollector",
     "PyRecordFunction",
+    "emit_span",
+    "is_recording",
     "record_function",
     "traced",
 ]
@@ -40,6 +42,7 @@ class _Backend(Protocol):
     def stop(self) -> tuple[int, int]: ...
     def recording(self) -> bool: ...
     def set_bridge(self, bridge: Bridge | None) -> int: ...
+    def emit(self, name: str, args: Any, start_ns: int, end_ns: int) -> bool: ...
 
 
 class _PythonBackend:
@@ -59,6 +62,12 @@ class _PythonBackend:
         self.bridge = bridge
         errors, self.bridge_errors = self.bridge_errors, 0
         return errors
+
+    def emit(self, name: str, args: Any, start_ns: int, end_ns: int) -> bool:
+        if not self.active:
+            return False
+        self.append((name, args, start_ns, end_ns, threading.get_native_id()))
+        return True
 
     def bridge_failed(self) -> None:
         self.bridge_errors += 1
@@ -176,6 +185,9 @@ class _NativeBackend:
     def recording(self) -> bool:
         return bool(self._mod._annotations_recording())
 
+    def emit(self, name: str, args: Any, start_ns: int, end_ns: int) -> bool:
+        return bool(self._mod._annotations_emit(name, args, start_ns, end_ns))
+
     def set_bridge(self, bridge: Bridge | None) -> int:
         enter, exit_ = bridge if bridge is not None else (None, None)
         return int(self._mod._annotations_set_bridge(enter, exit_))
@@ -220,6 +232,21 @@ else:
     record_function = PyRecordFunction
     default_backend = _python_backend
 python_backend: _Backend = _python_backend
+
+
+def is_recording() -> bool:
+    """Whether a profiler window is recording annotations now."""
+    return default_backend.recording()
+
+
+def emit_span(name: str, start_ns: int, end_ns: int, args: Mapping[str, Any] | None = None) -> bool:
+    """Add an already-timed span (stepscope clock ns) to the recording window, on this thread.
+
+    Returns False (and records nothing) when no window is recording.
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"span name must be a str, got {type(name).__name__}")
+    return default_backend.emit(name, args, start_ns, end_ns)
 
 
 def traced(fn: F | None = None, *, name: str | None = None) -> Any:
