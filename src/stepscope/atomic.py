@@ -22,6 +22,18 @@ def ensure_parent(path: str | os.PathLike[str], what: str = "file") -> Path:
     return target
 
 
+def _process_umask() -> int:
+    """The umask, read without changing it (Linux), else the common 0o022."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    return 0o022
+
+
 @contextlib.contextmanager
 def atomic_output(
     path: str | os.PathLike[str], *, what: str = "file", fsync: bool = False
@@ -30,6 +42,12 @@ def atomic_output(
     target = ensure_parent(path, what)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
+        # mkstemp makes the file private (0600); give it the mode a plain open() would
+        try:
+            mode = target.stat().st_mode & 0o777
+        except FileNotFoundError:
+            mode = 0o666 & ~_process_umask()
+        os.chmod(fd, mode)
         with os.fdopen(fd, "wb", buffering=1 << 20) as fh:
             yield fh
             if fsync:
