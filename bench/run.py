@@ -88,39 +88,51 @@ def main() -> int:
     return 1 if failures else 0
 
 
+def section(report: Report, failed: bool) -> str:
+    """The RESULTS.md section of one benchmark."""
+    out = [
+        f"## {report.bench}",
+        "",
+        f"_run: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}, "
+        f"{'quick' if report.quick else 'full'}_",
+        "",
+    ]
+    if report.results:
+        out.append("| case | subject | median | unit | spread |")
+        out.append("|---|---|---:|---|---:|")
+        for r in report.results:
+            out.append(f"| {r.case} | {r.subject} | {r.median:.4g} | {r.unit} | {r.spread:.1%} |")
+        out.append("")
+    for line in report.lines:
+        out.append(f"- {line}")
+    for t in report.targets:
+        state = "met" if t.met else "**not met**"
+        out.append(f"- target: {t.description}: {t.value:.4g} (limit {t.limit:.4g}) — {state}")
+    if failed:
+        out.append("- **the benchmark failed; see the run's output**")
+    out.append("")
+    return "\n".join(out)
+
+
 def write_results(reports: list[Report], failures: list[str]) -> None:
-    """Write bench/RESULTS.md."""
+    """Update each benchmark's section (bench/results/NAME.md) and rebuild bench/RESULTS.md."""
+    sections = HERE / "results"
+    sections.mkdir(exist_ok=True)
+    for report in reports:
+        (sections / f"{report.bench}.md").write_text(section(report, report.bench in failures))
     out = [
         "# Benchmark results",
         "",
-        f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}",
         f"- machine: {machine_line()}",
         f"- versions: {versions()}",
         "",
         "Medians over repeated runs in one process; spread = (max - min) / median. "
         "Peers run in the same session as stepscope, so ratios are comparable even on a noisy "
-        "shared machine; absolute numbers are not.",
+        "shared machine; absolute numbers are not. Each section says when it was last run.",
         "",
     ]
-    for report in reports:
-        out.append(f"## {report.bench}")
-        out.append("")
-        if report.results:
-            out.append("| case | subject | median | unit | spread |")
-            out.append("|---|---|---:|---|---:|")
-            for r in report.results:
-                out.append(
-                    f"| {r.case} | {r.subject} | {r.median:.4g} | {r.unit} | {r.spread:.1%} |"
-                )
-            out.append("")
-        for line in report.lines:
-            out.append(f"- {line}")
-        for t in report.targets:
-            state = "met" if t.met else "**not met**"
-            out.append(f"- target: {t.description}: {t.value:.4g} (limit {t.limit:.4g}) — {state}")
-        if report.bench in failures:
-            out.append("- **the benchmark failed; see the run's output**")
-        out.append("")
+    for path in sorted(sections.glob("*.md")):
+        out.append(path.read_text())
     (HERE / "RESULTS.md").write_text("\n".join(out))
 
 
