@@ -315,8 +315,11 @@ static PyObject *format_spans(PyObject *self, PyObject *args) {
                 PyErr_Format(PyExc_IndexError, "args ref %d outside the args table", ref[i]);
                 goto done;
             }
-            if (PUT_LITERAL(&out, ",\"args\":") < 0 ||
-                put_args(&out, PyTuple_GET_ITEM(all_args, ref[i]), fallback) < 0)
+            PyObject *span_args = PyTuple_GET_ITEM(all_args, ref[i]);
+            Py_ssize_t count = PyObject_Length(span_args);
+            if (count < 0) goto done;
+            if (count > 0 && (PUT_LITERAL(&out, ",\"args\":") < 0 ||
+                              put_args(&out, span_args, fallback) < 0))
                 goto done;
         }
         if (PUT_LITERAL(&out, "},\n") < 0) goto done;

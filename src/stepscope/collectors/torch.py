@@ -37,6 +37,10 @@ DEVICE_NAMES = {
 }
 # Metadata torch writes that stepscope writes itself (or must not take from torch).
 TORCH_OWN_KEYS = frozenset({"trace_id", "traceName"})
+# Kineto bookkeeping args dropped in the merge: "Ev Idx" is the event's index in Kineto's own
+# list (meaningless once merged; HTA defaults it), "Record function id" 0 is the default.
+KINETO_INDEX_ARG = "Ev Idx"
+RECORD_FUNCTION_ID_ARG = "Record function id"
 
 
 def torch_available() -> bool:
@@ -154,6 +158,7 @@ class TorchCollector(Collector):
             trace = read_chrome_trace(tmp)
         finally:
             os.unlink(tmp)
+        _drop_bookkeeping(trace)
         skip_spans = self._duplicate_annotations(trace) if self._bridged else set()
         skip_meta = self._own_names(trace, ctx.pid)
         builder.add_trace(
@@ -192,3 +197,12 @@ class TorchCollector(Collector):
                 self._prof.__exit__(None, None, None)
             finally:
                 self._prof = None
+
+
+def _drop_bookkeeping(trace: Trace) -> None:
+    """Remove Kineto's bookkeeping args (in place: the trace was just read for this merge)."""
+    for args in trace.args:
+        if isinstance(args, dict):
+            args.pop(KINETO_INDEX_ARG, None)
+            if args.get(RECORD_FUNCTION_ID_ARG) == 0:
+                del args[RECORD_FUNCTION_ID_ARG]

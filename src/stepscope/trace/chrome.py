@@ -180,7 +180,7 @@ def format_spans_python(
                 _micros(durs[i]).encode(),
             )
         )
-        if ref >= 0:
+        if ref >= 0 and len(args[ref]):  # empty args are left out
             append(b',"args":' + fallback(args[ref]))
         append(b"},\n")
     return b"".join(out)

@@ -1,0 +1,137 @@
+"""The "train" workload: an MLP on random data, ~50 steps, profiled by stepscope and torch.profiler.
+
+For each option set (CPU; CPU + shapes; CPU + stack) both profilers record every step and write
+their trace at the end.  Overhead = profiled time / unprofiled time - 1, in the same run.
+Targets (issue 9): stepscope's overhead <= torch's for each option; stepscope's .json <= 0.6x
+torch's bytes for the same events.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from harness import Report
+
+OPTIONS = {
+    "CPU": {},
+    "CPU + shapes": {"record_shapes": True},
+    "CPU + stack": {"with_stack": True},
+}
+
+
+def make_workload(steps: int) -> Callable[[Callable[[], None] | None], None]:
+    """A training loop; the argument is called after each step (the profiler's step)."""
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(256, 512),
+        torch.nn.ReLU(),
+        torch.nn.Linear(512, 512),
+        torch.nn.ReLU(),
+        torch.nn.Linear(512, 10),
+    )
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    data = [(torch.randn(64, 256), torch.randint(0, 10, (64,))) for _ in range(8)]
+    loss_fn = torch.nn.CrossEntropyLoss()
+
+    def train(step: Callable[[], None] | None) -> None:
+        for i in range(steps):
+            x, y = data[i % len(data)]
+            loss = loss_fn(model(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            if step is not None:
+                step()
+
+    return train
+
+
+def run_torch(train: Any, options: dict[str, Any], out: Path) -> float:
+    from torch.profiler import ProfilerActivity, profile
+
+    start = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU], **options) as prof:
+        train(prof.step)
+    prof.export_chrome_trace(str(out))
+    return time.perf_counter() - start
+
+
+def run_stepscope(train: Any, options: dict[str, Any], out: Path) -> float:
+    import stepscope
+
+    start = time.perf_counter()
+    with stepscope.profile(activities=[stepscope.ProfilerActivity.CPU], **options) as prof:
+        train(prof.step)
+    prof.export_chrome_trace(out)
+    return time.perf_counter() - start
+
+
+def event_count(path: Path) -> int:
+    return len(json.loads(path.read_text())["traceEvents"])
+
+
+def run(report: Report) -> None:
+    """Run the train benchmark."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        report.note("torch not installed: train benchmark skipped")
+        return
+    steps = 20 if report.quick else 50
+    repeat = 3 if report.quick else 5
+    train = make_workload(steps)
+    train(None)  # warm up allocators and the autograd graph
+    base = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        train(None)
+        base.append(time.perf_counter() - start)
+    baseline = report.add(f"train {steps} steps", "no profiler", "s", base)
+    with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        d = Path(tmp)
+        for label, options in OPTIONS.items():
+            t_times, s_times = [], []
+            try:
+                for _ in range(repeat):
+                    t_times.append(run_torch(train, options, d / "torch.json"))
+                    s_times.append(run_stepscope(train, options, d / "stepscope.json"))
+            except NotImplementedError as exc:
+                report.note(f"{label}: stepscope cannot run it yet ({exc})")
+                continue
+            theirs = report.add(f"train {steps} steps, {label}", "torch.profiler", "s", t_times)
+            ours = report.add(f"train {steps} steps, {label}", "stepscope", "s", s_times)
+            t_over = theirs.median / baseline.median - 1
+            s_over = ours.median / baseline.median - 1
+            report.note(
+                f"{label}: overhead stepscope {s_over:.2f}x, torch.profiler {t_over:.2f}x "
+                f"(profiled / baseline - 1)"
+            )
+            report.target(
+                f"{label}: stepscope overhead / torch overhead <= 1",
+                s_over / t_over if t_over > 0 else float("inf"),
+                1.0,
+            )
+            t_bytes, s_bytes = (
+                (d / "torch.json").stat().st_size,
+                (d / "stepscope.json").stat().st_size,
+            )
+            t_events, s_events = event_count(d / "torch.json"), event_count(d / "stepscope.json")
+            report.note(
+                f"{label}: trace bytes stepscope {s_bytes} ({s_events} events, "
+                f"{s_bytes / s_events:.0f} B/event), torch {t_bytes} ({t_events} events, "
+                f"{t_bytes / t_events:.0f} B/event)"
+            )
+            report.target(
+                f"{label}: stepscope bytes/event / torch bytes/event <= 0.6",
+                (s_bytes / s_events) / (t_bytes / t_events),
+                0.6,
+            )
