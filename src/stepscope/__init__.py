@@ -6,6 +6,7 @@ __version__ = "0.1.0"
 
 from stepscope.collectors.annotations import record_function, traced
 from stepscope.profiler import (
+    ExecutionTraceObserver,
     KeyAverages,
     ProfilerAction,
     ProfilerActivity,
@@ -17,6 +18,7 @@ from stepscope.profiler import (
 from stepscope.steps import current_step, set_step
 
 __all__ = [
+    "ExecutionTraceObserver",
     "KeyAverages",
     "ProfilerAction",
     "ProfilerActivity",
