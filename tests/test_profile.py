@@ -478,3 +478,21 @@ def test_a_second_profile_in_the_same_process_works() -> None:
 
     run_twice(once)
     assert results == [1, 1]
+
+
+def test_counter_tracks_are_sampled_at_every_recorded_step() -> None:
+    from stepscope.collectors.counters import CounterCollector
+    from stepscope.counters import CounterSet
+
+    work = CounterSet("test_profile_work")
+    with profile(
+        schedule=schedule(wait=1, warmup=1, active=3), collectors=[CounterCollector([work])]
+    ) as prof:
+        for _ in range(5):
+            work.inc("items", 10)
+            prof.step()
+    events = [
+        e for e in prof.trace().iter_counter_events() if e.name == "counters.test_profile_work"
+    ]
+    # start (step 2), the boundaries 2->3 and 3->4, and stop: four samples, growing by 10 a step
+    assert [e.values["items"] for e in events] == [20.0, 30.0, 40.0, 50.0]

@@ -33,9 +33,9 @@ class Collector:
     """Base class of collectors: each records one kind of data inside RECORD windows.
 
     Lifecycle per window: ``prepare`` (WARMUP, or just before start), ``start`` (RECORD begins),
-    ``stop`` (window ends), ``collect`` (append the window's events to the trace).  ``close`` is
-    called once when the profiler exits.  Nothing may be installed before ``start`` or left
-    installed after ``stop``.
+    ``on_step`` (each step boundary while recording), ``stop`` (window ends), ``collect``
+    (append the window's events to the trace).  ``close`` is called once when the profiler
+    exits.  Nothing may be installed before ``start`` or left installed after ``stop``.
     """
 
     name = "collector"
@@ -45,6 +45,9 @@ class Collector:
 
     def start(self, ctx: WindowContext) -> None:
         """Begin recording."""
+
+    def on_step(self, ctx: WindowContext, step: int) -> None:
+        """A step boundary inside a recording window (``step`` is the step now starting)."""
 
     def stop(self, ctx: WindowContext) -> None:
         """Stop recording; keep what was recorded until ``collect``."""

@@ -291,6 +291,10 @@ class profile:
             )
         self.current_action = action
         steps.set_step(self.step_num)
+        if previous is ProfilerAction.RECORD and action in RECORDING and self._ctx is not None:
+            ctx, step = self._ctx, self.step_num
+            for collector in self.collectors:
+                self._guarded(collector, "on_step", functools.partial(collector.on_step, ctx, step))
         self._transit(previous, action)
         self._open_step_span()
 
