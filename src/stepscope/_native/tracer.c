@@ -16,6 +16,12 @@
 #include <frameobject.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <x86intrin.h>
+#define SS_INLINE_TSC 1
+#else
+#define SS_INLINE_TSC 0
+#endif
 
 #define SS_LEGACY_PROFILE (PY_VERSION_HEX < 0x030C0000)
 
@@ -105,6 +111,7 @@ typedef struct {
     uint32_t max_depth;
     uint64_t min_ticks;
     int trace_c;
+    int tsc; /* the clock reads the TSC: read it here directly (same ticks as ss_ticks) */
     int drop_oldest;
     uint64_t budget;
     uint32_t chunk_cap;
@@ -121,9 +128,6 @@ typedef struct {
     /* threads */
     ThreadBuf *threads;
     uint32_t n_threads;
-    PyThreadState *cached_ts;
-    uint64_t cached_ts_id;
-    ThreadBuf *cached_tb;
     /* budget and buffers */
     uint64_t kept;
     uint64_t reserved;
@@ -145,6 +149,15 @@ typedef struct {
 } Session;
 
 static Session S;
+
+static inline uint64_t now_ticks(void) {
+#if SS_INLINE_TSC
+    if (S.tsc) {
+        return __rdtsc();
+    }
+#endif
+    return ss_ticks();
+}
 
 static PyTypeObject ThreadBufType;
 
@@ -483,10 +496,10 @@ static inline void push_frame(ThreadBuf *tb, const void *key, uint32_t id, uint3
     }
     if (d >= S.max_depth) {
         flags |= FRAME_SKIP;
-    } else if (d > 0 && (tb->stack[d - 1].flags & FRAME_DROPPED)) {
-        flags |= FRAME_DROPPED;
     } else if (!S.drop_oldest) {
-        if (S.kept + S.reserved >= S.budget) {
+        /* Only this policy drops frames: a dropped caller drops its callees too. */
+        if ((d > 0 && (tb->stack[d - 1].flags & FRAME_DROPPED)) ||
+            S.kept + S.reserved >= S.budget) {
             flags |= FRAME_DROPPED;
         } else {
             S.reserved++; /* a slot for its record when it closes */
@@ -612,7 +625,20 @@ static unsigned long native_id_of(PyThreadState *ts) {
     return ts->thread_id;
 }
 
-static ThreadBuf *current_thread_slow(PyThreadState *ts) {
+/* The calling thread's buffer, cached in a thread-local tagged with the session generation (a
+ * new thread starts with an empty cache).  The initial-exec model makes the hot read one load;
+ * asking CPython for the thread state costs a __tls_get_addr call from a shared libpython. */
+#if defined(__GNUC__) && defined(__linux__) && (defined(__x86_64__) || defined(__aarch64__))
+#define SS_TLS __thread __attribute__((tls_model("initial-exec")))
+#else
+#define SS_TLS _Thread_local
+#endif
+static SS_TLS ThreadBuf *tls_buf;
+static SS_TLS uint64_t tls_generation;
+static uint64_t generation = 1; /* bumped whenever the session's buffers are freed */
+
+static ThreadBuf *current_thread_slow(void) {
+    PyThreadState *ts = PyThreadState_Get();
     ThreadBuf *tb = thread_for(ts);
     if (tb == NULL) {
         tb = thread_new(ts, PyThread_get_thread_native_id());
@@ -620,24 +646,25 @@ static ThreadBuf *current_thread_slow(PyThreadState *ts) {
             return NULL;
         }
     }
-    S.cached_ts = ts;
-    S.cached_ts_id = ts->id;
-    S.cached_tb = tb;
+    tls_buf = tb;
+    tls_generation = generation;
     return tb;
 }
 
 static inline ThreadBuf *current_thread(void) {
-    PyThreadState *ts = PyThreadState_Get();
-    if (ts == S.cached_ts && ts->id == S.cached_ts_id) {
-        return S.cached_tb;
+    if (tls_generation == generation) {
+        return tls_buf;
     }
-    return current_thread_slow(ts);
+    return current_thread_slow();
 }
 
 /* ---------------------------------------------------------------------------------------- */
 /* Event handlers shared by both ways in                                                      */
 
-static inline int on_py_start(ThreadBuf *tb, PyObject *code) {
+/* `key` identifies the frame on the stack: the code object under sys.monitoring (that is all
+ * its events carry), the frame object under the profile function (exact, and its return then
+ * needs no code lookup). */
+static inline int on_py_start(ThreadBuf *tb, const void *key, PyObject *code) {
     Slot *s = slot_find(code, NULL);
     if (s->id == 0) {
         s = intern_code(code);
@@ -648,17 +675,13 @@ static inline int on_py_start(ThreadBuf *tb, PyObject *code) {
     if (!s->include) {
         return 0;
     }
-    push_frame(tb, code, s->id - 1, 0, ss_ticks());
+    push_frame(tb, key, s->id - 1, 0, now_ticks());
     return 1;
 }
 
-/* Returns 0 when the code is excluded (the caller may DISABLE the event). */
-static inline int on_py_end(ThreadBuf *tb, PyObject *code, uint64_t now) {
-    uint32_t d = tb->depth;
-    if (d && tb->stack[d - 1].key == code) {
-        close_top(tb, now, 0);
-        return 1;
-    }
+/* A return that does not match the top frame: 0 when the code is excluded (the caller may
+ * DISABLE the event), else the frames down to its own are closed if it is on the stack. */
+static int on_py_end_unmatched(ThreadBuf *tb, const void *key, PyObject *code, uint64_t now) {
     Slot *s = slot_find(code, NULL);
     if (s->id == 0) {
         return 1; /* never started inside the window */
@@ -666,8 +689,17 @@ static inline int on_py_end(ThreadBuf *tb, PyObject *code, uint64_t now) {
     if (!s->include) {
         return 0;
     }
-    pop_unbalanced(tb, code, now);
+    pop_unbalanced(tb, key, now);
     return 1;
+}
+
+static inline int on_py_end(ThreadBuf *tb, PyObject *code, uint64_t now) {
+    uint32_t d = tb->depth;
+    if (d && tb->stack[d - 1].key == code) {
+        close_top(tb, now, 0);
+        return 1;
+    }
+    return on_py_end_unmatched(tb, code, code, now);
 }
 
 static inline void on_c_start(ThreadBuf *tb, PyObject *callable, PyObject *arg0) {
@@ -680,7 +712,7 @@ static inline void on_c_start(ThreadBuf *tb, PyObject *callable, PyObject *arg0)
     if (s == NULL || !s->include) {
         return;
     }
-    push_frame(tb, ml, s->id - 1, 0, ss_ticks());
+    push_frame(tb, ml, s->id - 1, 0, now_ticks());
 }
 
 static inline void on_c_end(ThreadBuf *tb, PyObject *callable, PyObject *arg0, uint64_t now) {
@@ -705,7 +737,7 @@ static PyObject *mon_py_start(PyObject *mod, PyObject *const *args, Py_ssize_t n
         Py_RETURN_NONE;
     }
     ThreadBuf *tb = current_thread();
-    if (tb != NULL && !on_py_start(tb, args[0])) {
+    if (tb != NULL && !on_py_start(tb, args[0], args[0])) {
         return Py_NewRef(S.disable);
     }
     Py_RETURN_NONE;
@@ -717,13 +749,13 @@ static PyObject *mon_py_throw(PyObject *mod, PyObject *const *args, Py_ssize_t n
     }
     ThreadBuf *tb = current_thread();
     if (tb != NULL) {
-        on_py_start(tb, args[0]);
+        on_py_start(tb, args[0], args[0]);
     }
     Py_RETURN_NONE;
 }
 
 static PyObject *mon_py_return(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
-    uint64_t now = ss_ticks();
+    uint64_t now = now_ticks();
     if (!S.active || nargs < 1) {
         Py_RETURN_NONE;
     }
@@ -735,7 +767,7 @@ static PyObject *mon_py_return(PyObject *mod, PyObject *const *args, Py_ssize_t 
 }
 
 static PyObject *mon_py_unwind(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
-    uint64_t now = ss_ticks();
+    uint64_t now = now_ticks();
     if (!S.active || nargs < 1) {
         Py_RETURN_NONE;
     }
@@ -758,7 +790,7 @@ static PyObject *mon_call(PyObject *mod, PyObject *const *args, Py_ssize_t nargs
 }
 
 static PyObject *mon_c_end(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
-    uint64_t now = ss_ticks();
+    uint64_t now = now_ticks();
     if (!S.active || nargs < 4) {
         Py_RETURN_NONE;
     }
@@ -786,17 +818,22 @@ static int profile_cb(PyObject *obj, PyFrameObject *frame, int what, PyObject *a
         }
         if (S.active) {
             PyCodeObject *code = PyFrame_GetCode(frame);
-            on_py_start(tb, (PyObject *)code);
+            on_py_start(tb, frame, (PyObject *)code);
             Py_DECREF(code);
         }
         return 0;
     }
     case PyTrace_RETURN: {
         if (S.active) {
-            uint64_t now = ss_ticks();
-            PyCodeObject *code = PyFrame_GetCode(frame);
-            on_py_end(tb, (PyObject *)code, now);
-            Py_DECREF(code);
+            uint64_t now = now_ticks();
+            uint32_t d = tb->depth;
+            if (d && tb->stack[d - 1].key == (const void *)frame) {
+                close_top(tb, now, 0);
+            } else {
+                PyCodeObject *code = PyFrame_GetCode(frame);
+                on_py_end_unmatched(tb, frame, (PyObject *)code, now);
+                Py_DECREF(code);
+            }
         }
         break;
     }
@@ -811,7 +848,7 @@ static int profile_cb(PyObject *obj, PyFrameObject *frame, int what, PyObject *a
     case PyTrace_C_RETURN:
     case PyTrace_C_EXCEPTION:
         if (S.active && S.trace_c) {
-            on_c_end(tb, arg, NULL, ss_ticks());
+            on_c_end(tb, arg, NULL, now_ticks());
         }
         break;
     default:
@@ -889,7 +926,7 @@ static PyObject *py_thread_hook(PyObject *mod, PyObject *const *args, Py_ssize_t
     if (PyFrame_Check(args[0]) && PyUnicode_Check(args[1]) &&
         PyUnicode_CompareWithASCIIString(args[1], "call") == 0) {
         PyCodeObject *code = PyFrame_GetCode((PyFrameObject *)args[0]);
-        on_py_start(tb, (PyObject *)code);
+        on_py_start(tb, args[0], (PyObject *)code);
         Py_DECREF(code);
     }
 #endif
@@ -930,19 +967,20 @@ static void session_clear(void) {
     Py_XDECREF(S.native_ids);
     Py_XDECREF(S.first_error);
     memset(&S, 0, sizeof(S));
+    generation++;
 }
 
 static PyObject *py_configure(PyObject *mod, PyObject *args, PyObject *kwargs) {
     static char *kwlist[] = {"max_depth", "min_ticks", "trace_c", "drop_oldest", "budget",
-                             "filter", "ignore", "disable", "native_ids", NULL};
+                             "filter", "ignore", "disable", "native_ids", "tsc", NULL};
     unsigned int max_depth;
     unsigned long long min_ticks, budget;
-    int trace_c, drop_oldest;
+    int trace_c, drop_oldest, tsc = 0;
     PyObject *filter, *ignore, *disable, *native_ids;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "IKppKOO!OO!:_tracer_configure", kwlist,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "IKppKOO!OO!|p:_tracer_configure", kwlist,
                                      &max_depth, &min_ticks, &trace_c, &drop_oldest, &budget,
                                      &filter, &PyTuple_Type, &ignore, &disable, &PyDict_Type,
-                                     &native_ids)) {
+                                     &native_ids, &tsc)) {
         return NULL;
     }
     if (S.active) {
@@ -962,6 +1000,7 @@ static PyObject *py_configure(PyObject *mod, PyObject *args, PyObject *kwargs) {
     S.max_depth = max_depth > MAX_RECORD_DEPTH ? MAX_RECORD_DEPTH : max_depth;
     S.min_ticks = min_ticks;
     S.trace_c = trace_c;
+    S.tsc = tsc && SS_INLINE_TSC;
     S.drop_oldest = drop_oldest;
     S.budget = budget;
     uint64_t cap = budget / 8;
@@ -1012,10 +1051,12 @@ static int snapshot_threads(void) {
             f = back;
         }
         for (Py_ssize_t i = PyList_GET_SIZE(frames); i-- > 0;) {
-            PyCodeObject *code = PyFrame_GetCode((PyFrameObject *)PyList_GET_ITEM(frames, i));
+            PyObject *frame = PyList_GET_ITEM(frames, i);
+            PyCodeObject *code = PyFrame_GetCode((PyFrameObject *)frame);
             Slot *s = intern_code((PyObject *)code);
             if (s != NULL && s->include) {
-                push_frame(tb, code, s->id - 1, REC_OPEN_AT_START, S.start_ticks);
+                const void *key = S.mode == MODE_PROFILE ? (const void *)frame : (const void *)code;
+                push_frame(tb, key, s->id - 1, REC_OPEN_AT_START, S.start_ticks);
             }
             Py_DECREF(code);
         }
@@ -1045,7 +1086,7 @@ static PyObject *py_start(PyObject *mod, PyObject *arg) {
         PyErr_Format(PyExc_ValueError, "unsupported tracer mode %R on this Python", arg);
         return NULL;
     }
-    S.start_ticks = ss_ticks();
+    S.start_ticks = now_ticks();
     if (snapshot_threads() < 0) {
         return NULL;
     }
@@ -1078,14 +1119,13 @@ static PyObject *py_stop(PyObject *mod, PyObject *unused) {
         PyErr_SetString(PyExc_RuntimeError, "the stepscope function tracer is not recording");
         return NULL;
     }
-    S.end_ticks = ss_ticks();
+    S.end_ticks = now_ticks();
 #if SS_LEGACY_PROFILE
     if (S.mode == MODE_PROFILE) {
         uninstall_profiles();
     }
 #endif
     S.active = 0;
-    S.cached_ts = NULL;
     for (ThreadBuf *tb = S.threads; tb; tb = tb->next) {
         while (tb->depth) {
             close_top(tb, S.end_ticks, REC_OPEN_AT_END);

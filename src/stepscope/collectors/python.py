@@ -17,6 +17,7 @@ import threading
 from types import CodeType, FunctionType, ModuleType
 from typing import Any
 
+from stepscope import clock
 from stepscope._ext import native
 from stepscope.collectors.base import Collector, WindowContext
 from stepscope.collectors.python_common import (
@@ -149,6 +150,7 @@ class _NativeTracer:
             ignore=_own_codes(),
             disable=sys.monitoring.DISABLE if self.monitoring else None,  # type: ignore[attr-defined]
             native_ids={t.ident: t.native_id for t in threading.enumerate()},
+            tsc=clock.SOURCE == "tsc",
         )
         self._options = options
 

@@ -170,10 +170,8 @@ class TwinTracer:
         depth = len(stack)
         if depth >= self.max_depth:
             flags |= _SKIP
-        elif depth and stack[-1][2] & _DROPPED:
-            flags |= _DROPPED
         elif not self.drop_oldest:
-            if self.kept + self.reserved >= self.budget:
+            if (depth and stack[-1][2] & _DROPPED) or self.kept + self.reserved >= self.budget:
                 flags |= _DROPPED
             else:
                 self.reserved += 1
