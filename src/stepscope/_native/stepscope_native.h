@@ -16,5 +16,6 @@ int ss_clock_init(PyObject *module);
 int ss_chrome_init(PyObject *module);
 int ss_annotations_init(PyObject *module);
 int ss_tracer_init(PyObject *module);
+int ss_sampler_init(PyObject *module);
 
 #endif
