@@ -95,6 +95,9 @@ def nodes(trace: Trace) -> list[Node]:
 
 
 def find(trace: Trace, qualname: str) -> list[Node]:
+    """Spans of a function by qualified name (plain name on 3.10: code has no qualname there)."""
+    if sys.version_info < (3, 11):
+        qualname = qualname.rsplit(".", 1)[-1]
     return [n for n in nodes(trace) if n.short == qualname]
 
 
