@@ -6,8 +6,9 @@
  * (code object, instruction offset) as a frame and each (parent, frame) pair as a stack node, and
  * appends one record per thread to bounded columns.  Lines are resolved only at export, so the hot
  * path never scans a line table.  A thread is idle when its CPU clock advanced by less than
- * `idle_share` of the wall time since its previous sample.  Frame 0 is the "[truncated]" marker
- * placed at the root of stacks cut at max_depth (the innermost frames are kept). */
+ * `idle_share` of the wall time since its previous reading (taken at least `idle_window_ns`
+ * earlier).  Frame 0 is the "[truncated]" marker placed at the root of stacks cut at max_depth
+ * (the innermost frames are kept). */
 #include "stepscope_native.h"
 
 #include <frameobject.h>
@@ -120,6 +121,7 @@ typedef struct {
     int64_t cpu_ns;
     int64_t wall_ns;
     uint64_t tick;
+    int idle;
 } ThreadClock;
 
 typedef struct {
@@ -127,6 +129,7 @@ typedef struct {
     Py_ssize_t max_samples;
     int max_depth;
     double idle_share;
+    int64_t idle_window_ns;
     uint64_t *wanted; /* native thread ids to sample, or NULL for all */
     Py_ssize_t n_wanted;
     PyObject *codes; /* list: index 0 is None (the truncation marker), then code objects */
@@ -196,23 +199,29 @@ static ThreadClock *find_clock(Sampler *self, uint64_t tid) {
     c->cpu_ns = -1;
     c->wall_ns = 0;
     c->tick = self->ticks;
+    c->idle = 0;
     return c;
 }
 
-/* 1 if idle since its previous reading, 0 if busy or unknown; updates the reading. */
+/* 1 if idle since its previous reading, 0 if busy or unknown.  Readings closer together than
+ * idle_window_ns keep the previous verdict: the thread may not have had the GIL in between. */
 static int thread_idle(Sampler *self, PyThreadState *ts, uint64_t tid, int64_t now) {
     ThreadClock *c = find_clock(self, tid);
-    int64_t cpu = thread_cpu_ns(ts, tid);
     if (c == NULL) {
         return 0;
     }
+    c->tick = self->ticks;
+    if (c->cpu_ns >= 0 && now - c->wall_ns < self->idle_window_ns) {
+        return c->idle;
+    }
+    int64_t cpu = thread_cpu_ns(ts, tid);
     int idle = 0;
     if (c->cpu_ns >= 0 && cpu >= 0 && now > c->wall_ns) {
         idle = (double)(cpu - c->cpu_ns) < self->idle_share * (double)(now - c->wall_ns);
     }
     c->cpu_ns = cpu;
     c->wall_ns = now;
-    c->tick = self->ticks;
+    c->idle = idle;
     return idle;
 }
 
@@ -349,17 +358,19 @@ static void take_baseline(Sampler *self) {
 }
 
 static int sampler_init(Sampler *self, PyObject *args, PyObject *kwds) {
-    static char *kwlist[] = {"max_samples", "max_depth", "thread_ids", "idle_share", NULL};
+    static char *kwlist[] = {"max_samples", "max_depth", "thread_ids", "idle_share",
+                             "idle_window_ns", NULL};
     Py_ssize_t max_samples;
     int max_depth;
     PyObject *thread_ids = Py_None;
     double idle_share = 0.2;
+    long long idle_window_ns = 1000000;
     if (self->codes != NULL) {
         PyErr_SetString(PyExc_RuntimeError, "StackSampler cannot be initialised twice");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "ni|Od:StackSampler", kwlist, &max_samples,
-                                     &max_depth, &thread_ids, &idle_share)) {
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "ni|OdL:StackSampler", kwlist, &max_samples,
+                                     &max_depth, &thread_ids, &idle_share, &idle_window_ns)) {
         return -1;
     }
     if (max_samples < 0 || max_depth < 1 || max_depth > 100000) {
@@ -370,6 +381,7 @@ static int sampler_init(Sampler *self, PyObject *args, PyObject *kwds) {
     self->max_samples = max_samples;
     self->max_depth = max_depth;
     self->idle_share = idle_share;
+    self->idle_window_ns = idle_window_ns;
     if (thread_ids != Py_None) {
         PyObject *seq = PySequence_Fast(thread_ids, "thread_ids must be a sequence of ints or None");
         if (seq == NULL) {
@@ -530,7 +542,8 @@ static PyTypeObject StackSamplerType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "stepscope._native.StackSampler",
     .tp_basicsize = sizeof(Sampler),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "StackSampler(max_samples, max_depth, thread_ids=None, idle_share=0.2): "
+    .tp_doc = "StackSampler(max_samples, max_depth, thread_ids=None, idle_share=0.2, "
+              "idle_window_ns=1000000): "
               "bounded in-process stack samples of Python threads.",
     .tp_new = sampler_new,
     .tp_init = (initproc)sampler_init,

@@ -1,0 +1,384 @@
+"""The in-process stack sampler: a timing thread driving the C ``StackSampler`` (or its twin),
+and the ``ProfilerActivity.SAMPLING`` collector built on it.
+
+The timing thread sleeps exponentially distributed intervals (mean ``1 / rate_hz``) on an
+absolute schedule, so sample times are a Poisson process that cannot lock step with periodic work
+in the program; each tick takes one sample of every wanted thread.  A sample needs the GIL, which
+a busy thread only hands over after ``sys.getswitchinterval()`` (5 ms by default); to keep the
+rate at high frequencies the sampler lowers the switch interval to half a mean period while it
+runs (only when that is lower than the current value) and restores it afterwards.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import sys
+import threading
+from array import array
+from collections.abc import Iterable
+from dataclasses import dataclass
+from types import CodeType
+from typing import Any, Protocol
+
+from stepscope import clock
+from stepscope._ext import native
+from stepscope.collectors.base import Collector, WindowContext
+from stepscope.collectors.sampler_twin import PyStackSampler
+from stepscope.trace.model import TraceBuilder
+
+__all__ = [
+    "DEFAULT_MAX_DEPTH",
+    "DEFAULT_MAX_SAMPLES",
+    "DEFAULT_RATE_HZ",
+    "IDLE_CPU_SHARE",
+    "TRUNCATED_FRAME",
+    "Sampler",
+    "SamplerCollector",
+    "SamplerData",
+    "add_samples",
+    "make_backend",
+]
+
+log = logging.getLogger("stepscope")
+
+DEFAULT_RATE_HZ = 100.0
+DEFAULT_MAX_SAMPLES = 1_000_000
+DEFAULT_MAX_DEPTH = 127
+IDLE_CPU_SHARE = 0.2
+"""A thread that used less than this share of one CPU since its previous sample is idle."""
+IDLE_WINDOW_NS = 1_000_000
+"""Readings of a thread's CPU clock closer than this keep the previous idle verdict."""
+TRUNCATED_FRAME = "[truncated]"
+SAMPLER_THREAD_NAME = "stepscope-sampler"
+BACKENDS = ("native", "python")
+
+
+class _Backend(Protocol):
+    def sample(self) -> int: ...
+    def count(self) -> int: ...
+    def export(self) -> dict[str, Any]: ...
+
+
+def make_backend(
+    kind: str | None,
+    max_samples: int,
+    max_depth: int,
+    thread_ids: Iterable[int] | None,
+) -> tuple[str, _Backend]:
+    """A sampler object: ``native`` (C), ``python`` (the twin), or None for C when built."""
+    if kind not in (None, *BACKENDS):
+        raise ValueError(f"sampler backend must be one of {BACKENDS} or None, got {kind!r}")
+    ids = None if thread_ids is None else [int(t) for t in thread_ids]
+    mod = native()
+    if kind == "native" and mod is None:
+        raise RuntimeError("the C extension is not available; use backend='python'")
+    if kind != "python" and mod is not None:
+        return "native", mod.StackSampler(
+            max_samples, max_depth, ids, IDLE_CPU_SHARE, IDLE_WINDOW_NS
+        )
+    return "python", PyStackSampler(max_samples, max_depth, ids, IDLE_CPU_SHARE, IDLE_WINDOW_NS)
+
+
+@dataclass(frozen=True)
+class SamplerData:
+    """Everything one sampling run recorded (the backends' export, decoded into arrays)."""
+
+    codes: list[CodeType | None]
+    frame_code: array[int]
+    frame_line: array[int]
+    stack_parent: array[int]
+    stack_frame: array[int]
+    sample_tid: array[int]
+    sample_ts: array[int]
+    sample_stack: array[int]
+    sample_idle: array[int]
+    dropped: int
+    ticks: int
+    busy_ns: int
+
+    @classmethod
+    def from_export(cls, raw: dict[str, Any]) -> SamplerData:
+        """Decode a backend's ``export()``."""
+
+        def column(key: str, code: str) -> array[int]:
+            values = array(code)
+            values.frombytes(raw[key])
+            return values
+
+        tids = column("sample_tid", "q")
+        if not raw["native_tids"]:  # Python 3.10: thread idents, mapped while the threads live
+            idents = {t.ident: t.native_id for t in threading.enumerate() if t.native_id}
+            tids = array("q", (idents.get(t, t) for t in tids))
+        return cls(
+            codes=list(raw["codes"]),
+            frame_code=column("frame_code", "i"),
+            frame_line=column("frame_line", "i"),
+            stack_parent=column("stack_parent", "i"),
+            stack_frame=column("stack_frame", "i"),
+            sample_tid=tids,
+            sample_ts=column("sample_ts", "q"),
+            sample_stack=column("sample_stack", "i"),
+            sample_idle=column("sample_idle", "B"),
+            dropped=int(raw["dropped"]),
+            ticks=int(raw["ticks"]),
+            busy_ns=int(raw["busy_ns"]),
+        )
+
+    def __len__(self) -> int:
+        return len(self.sample_ts)
+
+    def stack_names(self, stack_id: int) -> tuple[tuple[str, str, int], ...]:
+        """(name, file, line) of each frame of a stack, root first."""
+        names: list[tuple[str, str, int]] = []
+        while stack_id >= 0:
+            fid = self.stack_frame[stack_id]
+            names.append((*code_label(self.codes[self.frame_code[fid]]), self.frame_line[fid]))
+            stack_id = self.stack_parent[stack_id]
+        names.reverse()
+        return tuple(names)
+
+
+def code_label(code: CodeType | None) -> tuple[str, str]:
+    """(function name, file) of a code object; the truncation marker for None."""
+    if code is None:
+        return TRUNCATED_FRAME, ""
+    return getattr(code, "co_qualname", code.co_name), code.co_filename
+
+
+def add_samples(builder: TraceBuilder, data: SamplerData, pid: int) -> int:
+    """Append a run's frames, stacks and samples to ``builder``; returns the sample count."""
+    labels = [code_label(code) for code in data.codes]
+    frames = [
+        builder.frame(labels[code][0], labels[code][1], line)
+        for code, line in zip(data.frame_code, data.frame_line, strict=True)
+    ]
+    parents, frame_of = data.stack_parent, data.stack_frame
+    stacks: dict[int, int] = {-1: -1}
+    for tid, ts, stack, idle in zip(
+        data.sample_tid, data.sample_ts, data.sample_stack, data.sample_idle, strict=True
+    ):
+        sid = stacks.get(stack)
+        if sid is None:
+            path: list[int] = []
+            node = stack
+            while node >= 0:
+                path.append(frames[frame_of[node]])
+                node = parents[node]
+            path.reverse()
+            sid = stacks[stack] = builder.stack(path)
+        builder.sample(pid, tid, ts, sid, 1, bool(idle))
+    return len(data)
+
+
+class Sampler:
+    """Samples the stacks of Python threads at ``rate_hz`` on a background timing thread."""
+
+    def __init__(
+        self,
+        rate_hz: float = DEFAULT_RATE_HZ,
+        *,
+        thread_ids: Iterable[int] | None = None,
+        max_samples: int = DEFAULT_MAX_SAMPLES,
+        max_depth: int = DEFAULT_MAX_DEPTH,
+        max_duration_s: float | None = None,
+        backend: str | None = None,
+        adjust_switch_interval: bool = True,
+        seed: int | None = None,
+    ) -> None:
+        if isinstance(rate_hz, bool) or not isinstance(rate_hz, (int, float)) or not rate_hz > 0:
+            raise ValueError(
+                f"rate_hz must be a positive number of samples per second, got {rate_hz!r}"
+            )
+        if rate_hz > 100_000:
+            raise ValueError(f"rate_hz={rate_hz} is above the supported 100000 samples per second")
+        if isinstance(max_samples, bool) or not isinstance(max_samples, int) or max_samples < 0:
+            raise ValueError(f"max_samples must be a non-negative int, got {max_samples!r}")
+        if isinstance(max_depth, bool) or not isinstance(max_depth, int) or max_depth < 1:
+            raise ValueError(f"max_depth must be a positive int, got {max_depth!r}")
+        if max_duration_s is not None and not max_duration_s > 0:
+            raise ValueError(f"max_duration_s must be positive or None, got {max_duration_s!r}")
+        self.rate_hz = float(rate_hz)
+        self.thread_ids = None if thread_ids is None else tuple(int(t) for t in thread_ids)
+        self.max_samples = max_samples
+        self.max_depth = max_depth
+        self.max_duration_s = max_duration_s
+        self.backend_kind = backend
+        self.adjust_switch_interval = adjust_switch_interval
+        self.seed = seed
+        self.backend_name = ""
+        self.truncated = False
+        """True when sampling stopped at ``max_duration_s`` before ``stop()``."""
+        self.errors = 0
+        self.error: str | None = None
+        self.started_ns = 0
+        self.stopped_ns = 0
+        self._backend: _Backend | None = None
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._running = threading.Event()
+        self._switch: tuple[float, float] | None = None
+
+    @property
+    def running(self) -> bool:
+        """Whether the timing thread is alive."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self) -> None:
+        """Start sampling (returns once the timing thread runs)."""
+        if self._thread is not None:
+            raise RuntimeError("this Sampler was already started; create a new one per run")
+        self.backend_name, self._backend = make_backend(
+            self.backend_kind, self.max_samples, self.max_depth, self.thread_ids
+        )
+        self._lower_switch_interval()
+        self.started_ns = clock.now_ns()
+        self._thread = threading.Thread(target=self._run, name=SAMPLER_THREAD_NAME, daemon=True)
+        self._thread.start()
+
+    def wait_running(self, timeout: float | None) -> bool:
+        """Wait until the timing thread is sampling; False on timeout."""
+        return self._running.wait(timeout)
+
+    def _run(self) -> None:
+        backend = self._backend
+        assert backend is not None
+        rng = random.Random(self.seed)
+        mean_ns = 1e9 / self.rate_hz
+        deadline = self.started_ns + int(self.max_duration_s * 1e9) if self.max_duration_s else None
+        now_ns, stop, expo = clock.now_ns, self._stop, rng.expovariate
+        # The GIL arrives late (up to a switch interval); draw shorter intervals by the running
+        # mean lateness so that the achieved rate stays close to rate_hz.
+        late_ns = 0.0
+        next_ns = now_ns() + int(expo(1.0) * mean_ns)
+        self._running.set()
+        while True:
+            wait_ns = next_ns - now_ns()
+            if (wait_ns > 0 and stop.wait(wait_ns / 1e9)) or stop.is_set():
+                return
+            now = now_ns()
+            if deadline is not None and now >= deadline:
+                self.truncated = True
+                return
+            try:
+                backend.sample()
+            except Exception as exc:  # never let the sampler break the program
+                self.errors += 1
+                self.error = f"{type(exc).__name__}: {exc}"
+                log.warning(
+                    "stepscope: the stack sampler failed (%s); sampling stopped", self.error
+                )
+                return
+            late_ns += (now - next_ns - late_ns) * 0.1
+            next_ns += int(expo(1.0) * max(mean_ns - late_ns, mean_ns * 0.1))
+            if next_ns <= now_ns():
+                # Still behind: restart the memoryless schedule from now rather than sample
+                # again at once, before the program could run.
+                next_ns = now_ns() + int(expo(1.0) * max(mean_ns - late_ns, mean_ns * 0.1))
+
+    def stop(self, timeout: float | None = None) -> SamplerData:
+        """Stop sampling and return what was recorded; TimeoutError if the thread hangs."""
+        if self._thread is None or self._backend is None:
+            raise RuntimeError("the Sampler was not started")
+        self._stop.set()
+        self._thread.join(timeout)
+        self.stopped_ns = clock.now_ns()
+        self._restore_switch_interval()
+        if self._thread.is_alive():
+            raise TimeoutError(f"the sampler thread did not stop within {timeout} s")
+        return SamplerData.from_export(self._backend.export())
+
+    def _lower_switch_interval(self) -> None:
+        current = sys.getswitchinterval()
+        wanted = 0.5 / self.rate_hz
+        if self.adjust_switch_interval and wanted < current:
+            sys.setswitchinterval(wanted)
+            self._switch = (current, sys.getswitchinterval())
+
+    def _restore_switch_interval(self) -> None:
+        if self._switch is not None:
+            previous, ours = self._switch
+            self._switch = None
+            if sys.getswitchinterval() == ours:  # untouched by anyone else meanwhile
+                sys.setswitchinterval(previous)
+
+    def describe(self, data: SamplerData) -> dict[str, Any]:
+        """Settings and counters of a finished run, for trace metadata."""
+        duration_s = max(self.stopped_ns - self.started_ns, 1) / 1e9
+        info: dict[str, Any] = {
+            "backend": self.backend_name,
+            "rate_hz": self.rate_hz,
+            "ticks": data.ticks,
+            "effective_rate_hz": round(data.ticks / duration_s, 1),
+            "samples": len(data),
+            "dropped": data.dropped,
+            "max_samples": self.max_samples,
+            "max_depth": self.max_depth,
+            "busy_ms": round(data.busy_ns / 1e6, 3),
+            "idle_cpu_share": IDLE_CPU_SHARE,
+        }
+        if self.truncated:
+            info["stopped_at_max_duration_s"] = self.max_duration_s
+        if self.errors:
+            info["error"] = self.error
+        return info
+
+
+class SamplerCollector(Collector):
+    """Statistical stacks of every (or chosen) thread, as the window's samples table."""
+
+    name = "sampler"
+
+    def __init__(
+        self,
+        rate_hz: float = DEFAULT_RATE_HZ,
+        *,
+        thread_ids: Iterable[int] | None = None,
+        max_samples: int = DEFAULT_MAX_SAMPLES,
+        max_depth: int = DEFAULT_MAX_DEPTH,
+        backend: str | None = None,
+        stop_timeout_s: float = 10.0,
+    ) -> None:
+        self._options: dict[str, Any] = {
+            "thread_ids": None if thread_ids is None else tuple(thread_ids),
+            "max_samples": max_samples,
+            "max_depth": max_depth,
+            "backend": backend,
+        }
+        Sampler(rate_hz, **self._options)  # validate the options now, not at the first window
+        self.rate_hz = rate_hz
+        self.stop_timeout_s = stop_timeout_s
+        self._sampler: Sampler | None = None
+        self._data: SamplerData | None = None
+
+    def start(self, ctx: WindowContext) -> None:
+        """Start the timing thread."""
+        self._data = None
+        self._sampler = Sampler(self.rate_hz, **self._options)
+        self._sampler.start()
+
+    def stop(self, ctx: WindowContext) -> None:
+        """Stop sampling; settings and counters go to the window's metadata."""
+        sampler, self._sampler = self._sampler, None
+        if sampler is None:
+            return
+        self._data = sampler.stop(self.stop_timeout_s)
+        ctx.metadata["stepscope_sampler"] = sampler.describe(self._data)
+        if self._data.dropped:
+            ctx.summary.append(
+                f"{self._data.dropped} stack samples dropped (max_samples={sampler.max_samples})"
+            )
+        if sampler.errors:
+            ctx.summary.append(f"stack sampler stopped early: {sampler.error}")
+
+    def collect(self, builder: TraceBuilder, ctx: WindowContext) -> None:
+        """Append the window's samples to the trace."""
+        data, self._data = self._data, None
+        if data is not None:
+            add_samples(builder, data, ctx.pid)
+
+    def close(self) -> None:
+        """Stop a timing thread still running."""
+        sampler, self._sampler = self._sampler, None
+        if sampler is not None and sampler.running:
+            sampler.stop(self.stop_timeout_s)
