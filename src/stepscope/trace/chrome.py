@@ -26,6 +26,12 @@ from typing import IO, Any
 from stepscope._ext import native
 from stepscope.atomic import atomic_output, ensure_parent
 from stepscope.trace.model import LABEL_BASE, Trace, TraceBuilder
+from stepscope.trace.sampled_spans import (
+    IDLE_FRAME,
+    SAMPLED_CATEGORY,
+    SAMPLED_TID_BASE,
+)
+from stepscope.trace.sampled_spans import sampled_flame_chart as _flame_chart
 
 __all__ = [
     "ChromeTraceError",
@@ -276,7 +282,9 @@ def _header(trace: Trace, base: int) -> bytes:
     return b"".join(parts)
 
 
-def _event_chunks(trace: Trace, shift: int, strings: list[bytes]) -> Iterator[bytes]:
+def _event_chunks(
+    trace: Trace, shift: int, strings: list[bytes], flame_chart: bool = False
+) -> Iterator[bytes]:
     """Every trace event as JSON text, each followed by ``,\\n``, in bounded chunks."""
 
     def label(v: int) -> bytes:
@@ -367,6 +375,50 @@ def _event_chunks(trace: Trace, shift: int, strings: list[bytes]) -> Iterator[by
             out.clear()
     if out:
         yield b"".join(out)
+    if flame_chart:
+        yield from _sampled_chunks(trace, shift, strings)
+
+
+def _sampled_chunks(trace: Trace, shift: int, strings: list[bytes]) -> Iterator[bytes]:
+    """The samples as a flame chart per thread (what Perfetto can show of them)."""
+    spans, tracks = _flame_chart(trace)
+    if not spans:
+        return
+    cat = json_bytes(SAMPLED_CATEGORY)
+    out: list[bytes] = []
+    for track in tracks:
+        pid, tid = trace.label(track.pid), json_bytes(track.track)
+        for name, args in (
+            ("thread_name", {"name": track.name}),
+            ("thread_sort_index", {"sort_index": _sort_index(track.tid)}),
+        ):
+            out.append(
+                b'{"ph":"M","cat":%b,"name":"%b","pid":%b,"tid":%b,"args":%b},\n'
+                % (cat, name.encode(), json_bytes(pid), tid, json_bytes(args))
+            )
+    idle = json_bytes(IDLE_FRAME)
+    for span in spans:
+        out.append(
+            b'{"ph":"X","cat":%b,"name":%b,"pid":%b,"tid":%b,"ts":%b,"dur":%b},\n'
+            % (
+                cat,
+                strings[span.name] if span.name >= 0 else idle,
+                json_bytes(trace.label(span.pid)),
+                json_bytes(span.track),
+                _micros(span.start_ns + shift).encode(),
+                _micros(span.dur_ns).encode(),
+            )
+        )
+        if len(out) >= CHUNK_EVENTS:
+            yield b"".join(out)
+            out.clear()
+    if out:
+        yield b"".join(out)
+
+
+def _sort_index(tid: int | str) -> int:
+    """Sort a thread's flame-chart track right after the thread."""
+    return tid + 1 if isinstance(tid, int) and 0 <= tid < SAMPLED_TID_BASE else SAMPLED_TID_BASE
 
 
 def _samples_sections(trace: Trace, shift: int) -> bytes:
@@ -415,8 +467,14 @@ def write_chrome_trace(
     *,
     gzip_level: int = 1,
     fsync: bool = False,
+    sampled_flame_chart: bool = True,
 ) -> WriteStats:
-    """Write ``trace`` to ``path`` (gzip if it ends in ``.gz``), atomically; returns sizes."""
+    """Write ``trace`` to ``path`` (gzip if it ends in ``.gz``), atomically; returns sizes.
+
+    Stack samples are written as the format's top-level ``stackFrames``/``samples`` and, with
+    ``sampled_flame_chart``, also as a flame chart of spans per thread (category
+    ``stepscope_sampled``), which is what Perfetto displays; the reader skips those spans.
+    """
     target = ensure_parent(path, "trace")
     use_gzip = target.name.endswith(".gz")
     if use_gzip and not 0 <= gzip_level <= 9:
@@ -430,7 +488,7 @@ def write_chrome_trace(
         try:
             sink.write(_header(trace, base))
             pending = b""
-            for chunk in _event_chunks(trace, shift, strings):
+            for chunk in _event_chunks(trace, shift, strings, sampled_flame_chart):
                 if pending:
                     sink.write(pending)
                 pending = chunk
@@ -554,6 +612,8 @@ def _read_events(events: list[Any], b: TraceBuilder, p: Path) -> dict[str, int]:
     for i, ev in enumerate(events):
         if not isinstance(ev, dict):
             raise ChromeTraceError(f"{p}: traceEvents[{i}] is not an object: {ev!r:.80}")
+        if ev.get("cat") == SAMPLED_CATEGORY:
+            continue  # drawn from the samples, which are read from the samples section
         ph = ev.get("ph")
         if ph == "X":
             b.span(

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+import sys
+from collections.abc import Collection, Iterable, Mapping
 
 from stepscope.atomic import atomic_output
 from stepscope.trace.model import Trace
@@ -12,8 +13,11 @@ from stepscope.trace.nesting import DEVICE_CATEGORIES, group_name, nest_spans
 __all__ = [
     "CPU_METRICS",
     "DEVICE_METRICS",
+    "collapsed_from_samples",
     "collapsed_from_spans",
     "frame_label",
+    "sample_frame_label",
+    "short_path",
     "write_collapsed",
 ]
 
@@ -26,6 +30,66 @@ DEVICE_METRICS = frozenset(
 def frame_label(name: str) -> str:
     """A frame name safe for the collapsed format (no ';', no line breaks)."""
     return " ".join(name.replace(";", ":").split()) or "?"
+
+
+def short_path(file: str) -> str:
+    """A source path without the longest ``sys.path`` entry it starts with (as py-spy shows it)."""
+    best = ""
+    for entry in sys.path:
+        root = entry.rstrip(os.sep) + os.sep if entry else ""
+        if root and file.startswith(root) and len(root) > len(best):
+            best = root
+    return file[len(best) :] if best else file
+
+
+def sample_frame_label(name: str, file: str) -> str:
+    """The collapsed-stack label of a sampled frame: ``function (path/module.py)``."""
+    return frame_label(f"{name} ({short_path(file)})" if file else name)
+
+
+def collapsed_from_samples(
+    trace: Trace,
+    *,
+    tids: Collection[int | str] | None = None,
+    include_idle: bool = True,
+    per_thread: bool = False,
+) -> dict[str, int]:
+    """Stacks of the trace's samples (root first, one frame per function) weighted by count.
+
+    ``tids`` keeps only those threads; ``include_idle=False`` drops samples of idle threads;
+    ``per_thread`` puts a ``thread <tid>`` frame at the root of each stack.
+    """
+    samples = trace.samples
+    stacks, frames = trace.tables["stacks"], trace.tables["frames"]
+    strings = trace.strings
+    frame_labels: dict[int, str] = {}
+    stack_keys: dict[int, str] = {}
+    totals: dict[str, int] = {}
+    for tid, stack, weight, idle in zip(
+        samples["tid"], samples["stack"], samples["weight"], samples["idle"], strict=True
+    ):
+        label = trace.label(tid)
+        if (tids is not None and label not in tids) or (idle and not include_idle):
+            continue
+        key = stack_keys.get(stack)
+        if key is None:
+            parts: list[str] = []
+            node = stack
+            while node >= 0:
+                fid = stacks["frame"][node]
+                text = frame_labels.get(fid)
+                if text is None:
+                    text = sample_frame_label(
+                        strings[frames["name"][fid]], strings[frames["file"][fid]]
+                    )
+                    frame_labels[fid] = text
+                parts.append(text)
+                node = stacks["parent"][node]
+            key = stack_keys[stack] = ";".join(reversed(parts)) or "[no Python frames]"
+        if per_thread:
+            key = f"thread {label};{key}"
+        totals[key] = totals.get(key, 0) + weight
+    return totals
 
 
 def collapsed_from_spans(
