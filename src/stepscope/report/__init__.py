@@ -1,0 +1,1 @@
+"""Renderers that turn recorded data into things people read (flame graphs, tables)."""
