@@ -1,0 +1,239 @@
+"""What one profiled call leaves behind: samples as a ``Trace``, per-function counts, outputs."""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from stepscope.report.flamegraph import write_flamegraph
+from stepscope.trace.model import Trace, TraceBuilder
+from stepscope.trace.speedscope import write_speedscope
+from stepscope.trace.stacks import (
+    collapsed_from_samples,
+    sample_frame_label,
+    write_collapsed,
+)
+
+__all__ = ["FunctionStats", "ProfileResult", "trim_stacks"]
+
+
+@dataclass(frozen=True)
+class FunctionStats:
+    """Samples attributed to one function (name and file)."""
+
+    name: str
+    file: str
+    self_samples: int
+    """Samples where the function was running (the leaf of the stack)."""
+    total_samples: int
+    """Samples where the function was on the stack (counted once per sample under recursion)."""
+    self_share: float
+    total_share: float
+
+    @property
+    def label(self) -> str:
+        """``name (path/module.py)``, as in collapsed stacks."""
+        return sample_frame_label(self.name, self.file)
+
+
+def trim_stacks(trace: Trace, anchors: set[tuple[str, str]]) -> Trace:
+    """A copy of the trace's samples whose stacks start below the last anchor frame.
+
+    Anchors are (function name, file) pairs; stacks without one are kept whole.
+    """
+    out = TraceBuilder(base_time_ns=trace.base_time_ns)
+    out.metadata.update(trace.metadata)
+    out.trace_name = trace.trace_name
+    for meta in trace.iter_meta():
+        out.meta_event(meta.name, meta.pid, meta.tid, dict(meta.args or {}))
+    stacks, frames, strings = trace.tables["stacks"], trace.tables["frames"], trace.strings
+    mapped: dict[int, int] = {-1: -1}
+    samples = trace.samples
+    for pid, tid, ts, stack, weight, idle in zip(
+        *(samples[c] for c in ("pid", "tid", "ts_ns", "stack", "weight", "idle")), strict=True
+    ):
+        sid = mapped.get(stack)
+        if sid is None:
+            path: list[tuple[str, str, int]] = []
+            node = stack
+            while node >= 0:
+                fid = stacks["frame"][node]
+                path.append(
+                    (
+                        strings[frames["name"][fid]],
+                        strings[frames["file"][fid]],
+                        frames["line"][fid],
+                    )
+                )
+                node = stacks["parent"][node]
+            path.reverse()
+            cut = max((i + 1 for i, f in enumerate(path) if (f[0], f[1]) in anchors), default=0)
+            sid = mapped[stack] = out.stack([out.frame(*f) for f in path[cut:]])
+        out.sample(trace.label(pid), trace.label(tid), ts, sid, weight, bool(idle))
+    return out.build()
+
+
+def _function_stats(trace: Trace, include_idle: bool) -> tuple[list[FunctionStats], int, int]:
+    stacks, frames = trace.tables["stacks"], trace.tables["frames"]
+    per_stack: dict[int, tuple[tuple[int, int] | None, set[tuple[int, int]]]] = {}
+    self_counts: dict[tuple[int, int], int] = {}
+    total_counts: dict[tuple[int, int], int] = {}
+    total = idle_total = 0
+    samples = trace.samples
+    for stack, weight, idle in zip(
+        samples["stack"], samples["weight"], samples["idle"], strict=True
+    ):
+        if idle:
+            idle_total += weight
+            if not include_idle:
+                continue
+        total += weight
+        entry = per_stack.get(stack)
+        if entry is None:
+            keys: set[tuple[int, int]] = set()
+            leaf: tuple[int, int] | None = None
+            node = stack
+            while node >= 0:
+                fid = stacks["frame"][node]
+                key = (frames["name"][fid], frames["file"][fid])
+                leaf = key if leaf is None else leaf
+                keys.add(key)
+                node = stacks["parent"][node]
+            entry = per_stack[stack] = (leaf, keys)
+        leaf_key, keys_on_stack = entry
+        if leaf_key is not None:
+            self_counts[leaf_key] = self_counts.get(leaf_key, 0) + weight
+        for key in keys_on_stack:
+            total_counts[key] = total_counts.get(key, 0) + weight
+    s = trace.strings
+    stats = [
+        FunctionStats(
+            s[key[0]],
+            s[key[1]],
+            self_counts.get(key, 0),
+            count,
+            self_counts.get(key, 0) / total if total else 0.0,
+            count / total if total else 0.0,
+        )
+        for key, count in total_counts.items()
+    ]
+    stats.sort(key=lambda f: (-f.self_samples, -f.total_samples, f.name))
+    return stats, total, idle_total
+
+
+@dataclass(frozen=True)
+class ProfileResult:
+    """The results of one ``FunctionProfiler.profile`` run."""
+
+    trace: Trace
+    """The samples (stacks start at the profiled function)."""
+    backend: str
+    """``inprocess`` or ``py-spy``."""
+    rate_hz: float
+    duration_s: float
+    """Wall time of the profiled call."""
+    run_id: int
+    tags: tuple[str, ...] = ()
+    include_idle: bool = True
+    truncated: bool = False
+    """Sampling stopped at ``max_profile_duration_sec`` before the call returned."""
+    function_raised: bool = False
+    dropped_samples: int = 0
+    fallback_reason: str | None = None
+    """Why the requested backend was not used, when the profiler fell back to another."""
+    functions: tuple[FunctionStats, ...] = field(init=False)
+    """Every sampled function, by self samples (most first)."""
+    total_samples: int = field(init=False)
+    idle_samples: int = field(init=False)
+    collapsed: dict[str, int] = field(init=False)
+    """Collapsed stacks (``a;b;c`` -> samples)."""
+
+    def __post_init__(self) -> None:
+        stats, total, idle = _function_stats(self.trace, self.include_idle)
+        object.__setattr__(self, "functions", tuple(stats))
+        object.__setattr__(self, "total_samples", total)
+        object.__setattr__(self, "idle_samples", idle)
+        collapsed = collapsed_from_samples(self.trace, include_idle=self.include_idle)
+        object.__setattr__(self, "collapsed", collapsed)
+
+    def top_self(self, n: int = 10) -> list[FunctionStats]:
+        """The ``n`` functions with the most self samples."""
+        return list(self.functions[:n])
+
+    def top_total(self, n: int = 10) -> list[FunctionStats]:
+        """The ``n`` functions with the most total (inclusive) samples."""
+        ranked = sorted(self.functions, key=lambda f: (-f.total_samples, -f.self_samples, f.name))
+        return ranked[:n]
+
+    def function(self, name: str) -> FunctionStats:
+        """Stats of a function by name (``fib``, ``Model.forward``) or label; KeyError if absent."""
+        for f in self.functions:
+            if name in (f.name, f.label) or f.name.rsplit(".", 1)[-1] == name:
+                return f
+        known = ", ".join(f.name for f in self.functions[:10])
+        raise KeyError(f"no samples of function {name!r}; the top functions are: {known}")
+
+    def summary(self) -> dict[str, Any]:
+        """Headline numbers as plain data."""
+        return {
+            "run_id": self.run_id,
+            "backend": self.backend,
+            "rate_hz": self.rate_hz,
+            "duration_s": round(self.duration_s, 6),
+            "total_samples": self.total_samples,
+            "idle_samples": self.idle_samples,
+            "dropped_samples": self.dropped_samples,
+            "truncated": self.truncated,
+            "tags": list(self.tags),
+        }
+
+    def table(self, n: int = 15) -> str:
+        """A top-``n`` table of functions by self samples, with total samples beside."""
+        head = (
+            f"{self.total_samples} samples ({self.idle_samples} idle) over {self.duration_s:.3f} s"
+            f" at {self.rate_hz:g} Hz, backend {self.backend}"
+        )
+        if self.tags:
+            head += f", tags {', '.join(self.tags)}"
+        lines = [head, f"{'self':>7} {'self%':>7} {'total':>7} {'total%':>7}  function"]
+        for f in self.top_self(n):
+            lines.append(
+                f"{f.self_samples:>7} {100 * f.self_share:>6.1f}% {f.total_samples:>7} "
+                f"{100 * f.total_share:>6.1f}%  {f.label}"
+            )
+        return "\n".join(lines)
+
+    def print_table(self, n: int = 15, file: IO[str] | None = None) -> None:
+        """Print :meth:`table`."""
+        print(self.table(n), file=file or sys.stdout)
+
+    def write_collapsed(self, path: str | os.PathLike[str]) -> int:
+        """Collapsed stacks file (flamegraph.pl input); returns the number of stacks."""
+        return write_collapsed(self.collapsed, path)
+
+    def write_speedscope(self, path: str | os.PathLike[str]) -> int:
+        """speedscope JSON; returns the number of thread profiles."""
+        name = f"stepscope run {self.run_id}"
+        return write_speedscope(self.trace, path, name=name, include_idle=self.include_idle)
+
+    def write_flamegraph(self, path: str | os.PathLike[str]) -> int:
+        """Flame graph SVG; returns the number of frames drawn."""
+        title = f"stepscope run {self.run_id}: {self.total_samples} samples ({self.backend})"
+        return write_flamegraph(self.collapsed, path, title=title)
+
+    def write_all(self, directory: str | os.PathLike[str], stem: str) -> dict[str, Path]:
+        """Write the collapsed stacks, speedscope JSON and flame graph into ``directory``."""
+        folder = Path(directory)
+        folder.mkdir(parents=True, exist_ok=True)
+        paths = {
+            "collapsed": folder / f"{stem}.collapsed.txt",
+            "speedscope": folder / f"{stem}.speedscope.json",
+            "flamegraph": folder / f"{stem}.svg",
+        }
+        self.write_collapsed(paths["collapsed"])
+        self.write_speedscope(paths["speedscope"])
+        self.write_flamegraph(paths["flamegraph"])
+        return paths
