@@ -89,6 +89,7 @@ class profile:
         flush_on_exit: bool = True,
         collectors: Iterable[Collector] = (),
         max_annotation_spans: int = 2_000_000,
+        sampling_rate_hz: float = 100.0,
         torch_ops: bool | None = None,
         step_on: str | Callable[..., Any] | None = None,
         strict: bool = False,
@@ -118,6 +119,8 @@ class profile:
         self.flush_on_exit = flush_on_exit
         self.torch_ops = torch_available() if torch_ops is None else torch_ops
         self.strict = strict
+        self.sampling_rate_hz = sampling_rate_hz
+        """Mean samples per second of ``ProfilerActivity.SAMPLING`` (exponentially jittered)."""
         self._step_trigger = StepTrigger(step_on, self.step) if step_on is not None else None
         self.collectors: list[Collector] = [AnnotationCollector(max_spans=max_annotation_spans)]
         self.collectors += self._requested_collectors()
@@ -192,7 +195,10 @@ class profile:
         if ProfilerActivity.SAMPLING in self.activities:
             found.append(
                 _optional_collector(
-                    "stepscope.collectors.sampler", "SamplerCollector", "ProfilerActivity.SAMPLING"
+                    "stepscope.collectors.sampler",
+                    "SamplerCollector",
+                    "ProfilerActivity.SAMPLING",
+                    rate_hz=self.sampling_rate_hz,
                 )
             )
         return found
