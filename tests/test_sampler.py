@@ -1,0 +1,386 @@
+"""The in-process stack sampler: C backend and twin, the SAMPLING collector, and sample outputs."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+import xml.etree.ElementTree as ET
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import stepscope
+from stepscope._ext import native
+from stepscope.collectors.sampler import (
+    SAMPLER_THREAD_NAME,
+    TRUNCATED_FRAME,
+    Sampler,
+    SamplerCollector,
+    SamplerData,
+    add_samples,
+    make_backend,
+)
+from stepscope.report.flamegraph import flamegraph_svg, write_flamegraph
+from stepscope.trace.chrome import read_chrome_trace, write_chrome_trace
+from stepscope.trace.model import Trace, TraceBuilder
+from stepscope.trace.sampled_spans import (
+    IDLE_FRAME,
+    SAMPLED_CATEGORY,
+    SAMPLED_TID_BASE,
+)
+from stepscope.trace.speedscope import SPEEDSCOPE_SCHEMA, speedscope_document, write_speedscope
+from stepscope.trace.stacks import collapsed_from_samples
+
+BACKENDS = [
+    "python",
+    pytest.param(
+        "native", marks=pytest.mark.skipif(native() is None, reason="C extension not built")
+    ),
+]
+
+
+# -- workloads -----------------------------------------------------------------------------------
+def hot(n: int) -> int:
+    total = 0
+    for i in range(n):
+        total += i * i
+    return total
+
+
+def cold(n: int) -> int:  # the same body as hot: per-iteration cost is equal
+    total = 0
+    for i in range(n):
+        total += i * i
+    return total
+
+
+def workload(seconds: float) -> None:
+    """Spends 70% of its time in hot() and 30% in cold()."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        hot(7000)
+        cold(3000)
+
+
+def park_outer(ready: threading.Event, release: threading.Event) -> None:
+    park_middle(ready, release)
+
+
+def park_middle(ready: threading.Event, release: threading.Event) -> None:
+    ready.set()
+    release.wait()
+
+
+def park_deep(depth: int, ready: threading.Event, release: threading.Event) -> None:
+    if depth:
+        park_deep(depth - 1, ready, release)
+    else:
+        ready.set()
+        release.wait()
+
+
+@pytest.fixture
+def parked() -> Iterator[threading.Thread]:
+    """A thread blocked in park_outer -> park_middle -> Event.wait."""
+    ready, release = threading.Event(), threading.Event()
+    thread = threading.Thread(target=park_outer, args=(ready, release), name="parked")
+    thread.start()
+    ready.wait(5)
+    yield thread
+    release.set()
+    thread.join(5)
+
+
+def sample_times(backend: str, tid: int, times: int, **options: int) -> SamplerData:
+    _, sampler = make_backend(backend, options.get("max_samples", 1000), 64, [tid])
+    for _ in range(times):
+        time.sleep(0.005)  # longer than the idle window, so each reading is judged
+        sampler.sample()
+    return SamplerData.from_export(sampler.export())
+
+
+# -- the backends --------------------------------------------------------------------------------
+def test_c_sampler_and_twin_record_identical_stacks(parked: threading.Thread) -> None:
+    if native() is None:
+        pytest.skip("C extension not built")
+    assert parked.native_id is not None
+    got = {}
+    for backend in ("native", "python"):
+        data = sample_times(backend, parked.native_id, 3)
+        got[backend] = [
+            (data.sample_tid[i], data.stack_names(data.sample_stack[i]), data.sample_idle[i])
+            for i in range(len(data))
+        ]
+    assert got["native"] == got["python"]
+    tid, stack, idle = got["python"][0]
+    assert tid == parked.native_id and idle == 1
+    names = [name for name, _, _ in stack]
+    assert names[names.index("park_outer") :][:2] == ["park_outer", "park_middle"]
+    assert names[-1] == "Condition.wait"  # blocked in Event.wait -> Condition.wait
+    assert stack[names.index("park_middle")][1] == __file__
+    assert stack[names.index("park_middle")][2] == park_middle.__code__.co_firstlineno + 2
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_all_parked_samples_are_idle_and_a_spinning_thread_is_busy(
+    backend: str, parked: threading.Thread
+) -> None:
+    stop = threading.Event()
+
+    def spin() -> None:
+        while not stop.is_set():
+            hot(100)
+
+    spinner = threading.Thread(target=spin)
+    spinner.start()
+    try:
+        assert parked.native_id and spinner.native_id
+        _, sampler = make_backend(backend, 1000, 64, [parked.native_id, spinner.native_id])
+        for _ in range(8):
+            time.sleep(0.01)
+            sampler.sample()
+        data = SamplerData.from_export(sampler.export())
+    finally:
+        stop.set()
+        spinner.join(5)
+    idle_by_thread: dict[int, list[int]] = {}
+    for tid, idle in zip(data.sample_tid, data.sample_idle, strict=True):
+        idle_by_thread.setdefault(tid, []).append(idle)
+    assert idle_by_thread[parked.native_id] == [1] * 8
+    assert sum(idle_by_thread[spinner.native_id]) <= 2  # a loaded machine may starve it briefly
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_deep_stacks_keep_the_innermost_frames_under_a_truncation_marker(backend: str) -> None:
+    ready, release = threading.Event(), threading.Event()
+    thread = threading.Thread(target=park_deep, args=(40, ready, release))
+    thread.start()
+    ready.wait(5)
+    try:
+        assert thread.native_id is not None
+        _, sampler = make_backend(backend, 10, 8, [thread.native_id])
+        sampler.sample()
+        data = SamplerData.from_export(sampler.export())
+    finally:
+        release.set()
+        thread.join(5)
+    names = [name for name, _, _ in data.stack_names(data.sample_stack[0])]
+    assert names[0] == TRUNCATED_FRAME and len(names) == 9
+    assert names[-2:] == ["Event.wait", "Condition.wait"] and names[1] == "park_deep"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_samples_past_the_budget_are_counted_as_dropped(
+    backend: str, parked: threading.Thread
+) -> None:
+    assert parked.native_id is not None
+    data = sample_times(backend, parked.native_id, 5, max_samples=2)
+    assert len(data) == 2 and data.dropped == 3 and data.ticks == 5
+
+
+def test_the_sampler_skips_its_own_thread_and_unwanted_threads(parked: threading.Thread) -> None:
+    _, sampler = make_backend(None, 100, 64, None)
+    sampler.sample()
+    data = SamplerData.from_export(sampler.export())
+    assert threading.get_native_id() not in set(data.sample_tid)  # the caller is not sampled
+    assert parked.native_id in set(data.sample_tid)
+    _, only_main = make_backend(None, 100, 64, [threading.get_native_id()])
+    assert only_main.sample() == 0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_both_backends_attribute_a_known_workload(backend: str) -> None:
+    sampler = Sampler(500, thread_ids=[threading.get_native_id()], backend=backend, seed=1)
+    sampler.start()
+    workload(0.5)
+    data = sampler.stop(5)
+    b = TraceBuilder()
+    add_samples(b, data, 1)
+    stacks = collapsed_from_samples(b.build())
+    total = sum(stacks.values())
+    hot_share = sum(v for k, v in stacks.items() if k.split(";")[-1].startswith("hot ")) / total
+    assert total >= 50, sampler.describe(data)
+    assert 0.6 <= hot_share <= 0.8, stacks
+    assert sampler.describe(data)["backend"] == backend
+
+
+def test_rate_and_schedule_give_roughly_the_asked_number_of_samples() -> None:
+    sampler = Sampler(200, thread_ids=[threading.get_native_id()], seed=3)
+    sampler.start()
+    workload(0.5)
+    data = sampler.stop(5)
+    # exponential intervals: ~100 expected; generous bounds for a shared 2-core machine
+    assert 40 <= data.ticks <= 160
+    gaps = [b - a for a, b in zip(data.sample_ts, data.sample_ts[1:], strict=False)]
+    assert len(set(gaps)) > len(gaps) // 2  # jittered, not periodic
+
+
+def test_switch_interval_is_lowered_for_high_rates_and_restored() -> None:
+    before = sys.getswitchinterval()
+    sampler = Sampler(1000, thread_ids=[threading.get_native_id()])
+    sampler.start()
+    during = sys.getswitchinterval()
+    sampler.stop(5)
+    assert during <= 0.0005 + 1e-9 < before
+    assert sys.getswitchinterval() == before
+    assert not any(t.name == SAMPLER_THREAD_NAME for t in threading.enumerate())
+
+
+def test_a_failing_backend_stops_sampling_without_breaking_the_program(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    sampler = Sampler(1000, thread_ids=[threading.get_native_id()], backend="python")
+    sampler.start()
+    backend = sampler._backend
+    assert backend is not None
+
+    def broken() -> int:
+        raise MemoryError("out of sample space")
+
+    backend.sample = broken  # type: ignore[method-assign]
+    workload(0.05)
+    data = sampler.stop(5)
+    assert sampler.errors == 1 and "out of sample space" in (sampler.error or "")
+    assert "stack sampler failed" in caplog.text and len(data) == 0
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"rate_hz": 0}, {"rate_hz": -5}, {"rate_hz": 1e6}, {"max_depth": 0}, {"max_samples": -1}],
+)
+def test_bad_sampler_options_are_rejected(options: dict[str, float]) -> None:
+    with pytest.raises(ValueError):
+        Sampler(**options)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="backend"):
+        make_backend("fortran", 1, 1, None)
+
+
+# -- the collector in a profile --------------------------------------------------------------------
+def test_sampling_activity_puts_samples_in_the_trace_and_the_chrome_file(tmp_path: Path) -> None:
+    with stepscope.profile(
+        activities=[stepscope.ProfilerActivity.SAMPLING, stepscope.ProfilerActivity.CPU],
+        sampling_rate_hz=400,
+    ) as prof:
+        for _ in range(3):
+            workload(0.1)
+            prof.step()
+    assert any(isinstance(c, SamplerCollector) for c in prof.collectors)
+    trace = prof.trace()
+    assert len(trace.samples) >= 20
+    info = trace.metadata["stepscope_sampler"]
+    assert info["rate_hz"] == 400 and info["samples"] == len(trace.samples)
+    assert {s.tid for s in trace.iter_samples()} == {threading.get_native_id()}
+    leaves = [s.stack[-1] for s in trace.iter_samples()]
+    assert leaves.count("hot") > leaves.count("cold") > 0
+
+    path = tmp_path / "t.pt.trace.json"
+    prof.export_chrome_trace(path)
+    doc = json.loads(path.read_text())
+    assert len(doc["samples"]) == len(trace.samples) and doc["stackFrames"]
+    flame = [e for e in doc["traceEvents"] if e.get("cat") == SAMPLED_CATEGORY]
+    spans = [e for e in flame if e["ph"] == "X"]
+    assert {e["tid"] for e in spans} == {SAMPLED_TID_BASE + threading.get_native_id()}
+    assert {"hot", "cold", "workload"} <= {e["name"] for e in spans}
+    names = [e for e in flame if e["ph"] == "M" and e["name"] == "thread_name"]
+    assert names and names[0]["args"]["name"].startswith("samples: ")
+
+    back = read_chrome_trace(path)  # the flame chart is derived: reading skips it
+    assert len(back.spans) == len(trace.spans)
+    assert [s.stack for s in back.iter_samples()] == [s.stack for s in trace.iter_samples()]
+
+
+def test_collector_rejects_bad_options_when_the_profile_is_built() -> None:
+    with pytest.raises(ValueError, match="rate_hz"):
+        stepscope.profile(activities=["SAMPLING"], sampling_rate_hz=0)
+
+
+# -- outputs from samples ---------------------------------------------------------------------------
+def synthetic_trace() -> Trace:
+    b = TraceBuilder(base_time_ns=0)
+    a, bb, c, d = (b.frame(n, f"/src/{n}.py", 1) for n in "abcd")
+    b.thread_name(1, 7, "worker")
+    ms = 1_000_000
+    b.sample(1, 7, 0, b.stack([a, bb]))
+    b.sample(1, 7, 10 * ms, b.stack([a, bb]))
+    b.sample(1, 7, 20 * ms, b.stack([a, c]))
+    b.sample(1, 7, 30 * ms, b.stack([d]), idle=True)
+    b.sample(1, 8, 5 * ms, b.stack([d]), weight=3)
+    return b.build()
+
+
+def test_flame_chart_merges_consecutive_samples_per_thread(tmp_path: Path) -> None:
+    path = tmp_path / "s.json"
+    write_chrome_trace(synthetic_trace(), path)
+    events = json.loads(path.read_text())["traceEvents"]
+    spans = sorted(
+        (e["tid"] - SAMPLED_TID_BASE, e["name"], e["ts"], e["dur"])
+        for e in events
+        if e.get("cat") == SAMPLED_CATEGORY and e["ph"] == "X"
+    )
+    assert spans == [
+        (7, IDLE_FRAME, 30_000.0, 10_000.0),
+        (7, "a", 0.0, 30_000.0),
+        (7, "b", 0.0, 20_000.0),
+        (7, "c", 20_000.0, 10_000.0),
+        (7, "d", 30_000.0, 10_000.0),
+        (8, "d", 5_000.0, 10_000.0),
+    ]
+    names = {e["args"]["name"] for e in events if e.get("cat") and e["name"] == "thread_name"}
+    assert names == {"samples: worker", "samples: thread 8"}
+    plain = tmp_path / "plain.json"
+    write_chrome_trace(synthetic_trace(), plain, sampled_flame_chart=False)
+    assert SAMPLED_CATEGORY not in plain.read_text()
+
+
+def test_collapsed_stacks_from_samples() -> None:
+    trace = synthetic_trace()
+    assert collapsed_from_samples(trace) == {
+        "a (/src/a.py);b (/src/b.py)": 2,
+        "a (/src/a.py);c (/src/c.py)": 1,
+        "d (/src/d.py)": 4,
+    }
+    assert collapsed_from_samples(trace, include_idle=False)["d (/src/d.py)"] == 3
+    assert collapsed_from_samples(trace, tids={8}, per_thread=True) == {"thread 8;d (/src/d.py)": 3}
+
+
+def test_speedscope_document_follows_the_file_format(tmp_path: Path) -> None:
+    doc = speedscope_document(synthetic_trace())
+    assert doc["$schema"] == SPEEDSCOPE_SCHEMA
+    frames = [f["name"] for f in doc["shared"]["frames"]]
+    assert sorted(frames) == ["a", "b", "c", "d"]
+    by_name = {p["name"]: p for p in doc["profiles"]}
+    worker = by_name["thread 7 (worker)"]
+    assert worker["type"] == "sampled" and worker["unit"] == "none"
+    assert [[frames[i] for i in s] for s in worker["samples"]] == [
+        ["a", "b"],
+        ["a", "b"],
+        ["a", "c"],
+        ["d"],
+    ]
+    assert by_name["thread 8"]["weights"] == [3] and by_name["thread 8"]["endValue"] == 3
+    assert doc["profiles"][doc["activeProfileIndex"]]["endValue"] == 4
+    assert write_speedscope(synthetic_trace(), tmp_path / "p.json", tids={8}) == 1
+    assert json.loads((tmp_path / "p.json").read_text())["profiles"][0]["name"] == "thread 8"
+
+
+def test_flame_graph_svg_widths_follow_the_counts(tmp_path: Path) -> None:
+    svg = flamegraph_svg({"main;work;hot": 3, "main;work;cold": 1, "main;<x&y>": 4}, width=1020)
+    root = ET.fromstring(svg)
+    ns = "{http://www.w3.org/2000/svg}"
+    widths = {}
+    for group in root.iter(f"{ns}g"):
+        title = group.find(f"{ns}title")
+        rect = group.find(f"{ns}rect")
+        assert title is not None and title.text and rect is not None
+        widths[title.text.split(" (")[0]] = float(rect.get("width", "0"))
+    assert widths["all"] == pytest.approx(1000)
+    assert widths["main"] == pytest.approx(1000)
+    assert widths["work"] == pytest.approx(500)
+    assert widths["hot"] == pytest.approx(3 * widths["cold"])
+    assert widths["<x&y>"] == pytest.approx(500)  # escaped in XML, intact once parsed
+    assert write_flamegraph({"a;b": 2}, tmp_path / "f.svg") == 3
+    with pytest.raises(ValueError, match="expected an int"):
+        flamegraph_svg({"a": -1})
