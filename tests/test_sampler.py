@@ -258,7 +258,7 @@ def test_bad_sampler_options_are_rejected(options: dict[str, float]) -> None:
         make_backend("fortran", 1, 1, None)
 
 
-# -- the collector in a profile --------------------------------------------------------------------
+# -- the collector in a profile ---------------------------------------------------------------
 def test_sampling_activity_puts_samples_in_the_trace_and_the_chrome_file(tmp_path: Path) -> None:
     with stepscope.profile(
         activities=[stepscope.ProfilerActivity.SAMPLING, stepscope.ProfilerActivity.CPU],
@@ -297,7 +297,7 @@ def test_collector_rejects_bad_options_when_the_profile_is_built() -> None:
         stepscope.profile(activities=["SAMPLING"], sampling_rate_hz=0)
 
 
-# -- outputs from samples ---------------------------------------------------------------------------
+# -- outputs from samples ---------------------------------------------------------------------
 def synthetic_trace() -> Trace:
     b = TraceBuilder(base_time_ns=0)
     a, bb, c, d = (b.frame(n, f"/src/{n}.py", 1) for n in "abcd")
