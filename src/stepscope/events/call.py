@@ -27,7 +27,7 @@ from stepscope.events.extractors import Binder, Extractor
 from stepscope.events.failures import report_failure
 from stepscope.steps import current_step
 
-__all__ = ["Call", "Spec", "recording", "recording_probe"]
+__all__ = ["Call", "Spec", "enabled_probe", "recording", "recording_probe"]
 
 
 def recording_probe() -> Callable[[], object]:
@@ -60,6 +60,19 @@ def error_message(exc: BaseException) -> str:
     except Exception:
         text = f"<unprintable {type(exc).__name__}>"
     return truncate(text, get_limits().max_chars)
+
+
+def enabled_probe(logger: logging.Logger) -> Callable[[int], object]:
+    """``level -> False | True | None``: the logger's cached answer (None: not cached yet).
+
+    ``logging`` keeps ``isEnabledFor`` answers in ``Logger._cache`` and clears that dict
+    whenever a level (or ``logging.disable``) changes, so reading it is always current.  For
+    loggers without it (another ``Logger`` class), ask ``isEnabledFor`` each time.
+    """
+    cache = getattr(logger, "_cache", None)
+    if isinstance(cache, dict) and type(logger).isEnabledFor is logging.Logger.isEnabledFor:
+        return cache.get
+    return logger.isEnabledFor
 
 
 class _RankCache:
@@ -101,11 +114,15 @@ def _reset_in_child() -> None:
 os.register_at_fork(after_in_child=_reset_in_child)
 
 
+LateHook = Callable[[tuple[Any, ...], dict[str, Any], BaseException], None]
+
+
 class Spec:
     """The configuration of one decorated function (or one context manager)."""
 
     __slots__ = (
         "binder",
+        "enabled",
         "error_level",
         "error_level_name",
         "extractors",
@@ -138,10 +155,20 @@ class Spec:
         self.error_level = logging.ERROR if log_exceptions else level
         self.error_level_name = logging.getLevelName(self.error_level)
         self.logger = logger
+        self.enabled = enabled_probe(logger)
         self.extractors = extractors
         self.binder = binder
         self.static = static
         self.file, self.line, self.func = where
+
+    def wanted(self) -> bool:
+        """Whether events or a span may be wanted (a cheap check; ``begin`` decides)."""
+        enabled = self.enabled(self.level) is not False and not self.logger.disabled
+        return enabled or bool(recording())
+
+    def hooks(self) -> tuple[Callable[[], bool], Callable[..., Call | None], LateHook, bool]:
+        """``(wanted, begin, late_exception, log_exceptions)``, bound once for a wrapper."""
+        return self.wanted, self.begin, self.late_exception, self.log_exceptions
 
     def begin(
         self, args: tuple[Any, ...], kwargs: dict[str, Any], activate: bool = True

@@ -14,7 +14,6 @@ from __future__ import annotations
 import functools
 import inspect
 import linecache
-import logging
 from collections.abc import AsyncGenerator, Callable, Generator
 from typing import Any
 
@@ -24,19 +23,6 @@ from stepscope.events.context import CURRENT
 __all__ = ["wrap"]
 
 SlowPath = Callable[[tuple[Any, ...], dict[str, Any]], Any]
-
-
-def enabled_probe(logger: logging.Logger) -> Callable[[int], object]:
-    """``level -> False | True | None``: the logger's cached answer (None: not cached yet).
-
-    ``logging`` keeps ``isEnabledFor`` answers in ``Logger._cache`` and clears that dict
-    whenever a level (or ``logging.disable``) changes, so reading it is always current.  For
-    loggers without it (another ``Logger`` class), ask ``isEnabledFor`` each time.
-    """
-    cache = getattr(logger, "_cache", None)
-    if isinstance(cache, dict) and type(logger).isEnabledFor is logging.Logger.isEnabledFor:
-        return cache.get
-    return logger.isEnabledFor
 
 
 def wrap(fn: Callable[..., Any], spec: Spec) -> Callable[..., Any]:
@@ -80,7 +66,7 @@ def _slow_path(fn: Callable[..., Any], spec: Spec) -> SlowPath:
 
 
 def _generic_wrapper(fn: Callable[..., Any], spec: Spec, slow: SlowPath) -> Callable[..., Any]:
-    enabled = enabled_probe(spec.logger)
+    enabled = spec.enabled
     logger = spec.logger
     level = spec.level
     late = spec.late_exception
@@ -198,7 +184,7 @@ def _generated_wrapper(
         fn,
         slow,
         spec.late_exception,
-        enabled_probe(spec.logger),
+        spec.enabled,
         spec.level,
         spec.logger,
         recording,
@@ -208,15 +194,10 @@ def _generated_wrapper(
 
 
 def _async_wrapper(fn: Callable[..., Any], spec: Spec) -> Callable[..., Any]:
-    enabled = enabled_probe(spec.logger)
-    logger = spec.logger
-    level = spec.level
-    begin = spec.begin
-    late = spec.late_exception
-    log_exceptions = spec.log_exceptions
+    wanted, begin, late, log_exceptions = spec.hooks()
 
     async def logged_coroutine(*args: Any, **kwargs: Any) -> Any:
-        if (enabled(level) is not False and not logger.disabled) or recording():
+        if wanted():
             call = begin(args, kwargs)
             if call is not None:
                 try:
@@ -238,16 +219,11 @@ def _async_wrapper(fn: Callable[..., Any], spec: Spec) -> Callable[..., Any]:
 
 
 def _generator_wrapper(fn: Callable[..., Any], spec: Spec) -> Callable[..., Any]:
-    enabled = enabled_probe(spec.logger)
-    logger = spec.logger
-    level = spec.level
-    begin = spec.begin
-    late = spec.late_exception
-    log_exceptions = spec.log_exceptions
+    wanted, begin, late, log_exceptions = spec.hooks()
 
     def logged_generator(*args: Any, **kwargs: Any) -> Generator[Any, Any, Any]:
         gen = fn(*args, **kwargs)
-        if (enabled(level) is not False and not logger.disabled) or recording():
+        if wanted():
             call = begin(args, kwargs, activate=False)
             if call is not None:
                 return (yield from _drive(gen, call))
@@ -302,18 +278,11 @@ def _drive(gen: Generator[Any, Any, Any], call: Call) -> Generator[Any, Any, Any
 
 
 def _async_generator_wrapper(fn: Callable[..., Any], spec: Spec) -> Callable[..., Any]:
-    enabled = enabled_probe(spec.logger)
-    logger = spec.logger
-    level = spec.level
-    begin = spec.begin
-    late = spec.late_exception
-    log_exceptions = spec.log_exceptions
+    wanted, begin, late, log_exceptions = spec.hooks()
 
     async def logged_async_generator(*args: Any, **kwargs: Any) -> AsyncGenerator[Any, Any]:
         agen = fn(*args, **kwargs)
-        call = None
-        if (enabled(level) is not False and not logger.disabled) or recording():
-            call = begin(args, kwargs, activate=False)
+        call = begin(args, kwargs, activate=False) if wanted() else None
         sent: Any = None
         thrown: BaseException | None = None
         while True:
