@@ -148,9 +148,12 @@ class FunctionProfiler:
             FunctionProfiler._lock.release()
 
     def _error(self, message: str, cause: BaseException | None = None) -> None:
-        """Raise with ``stop_at_error``, else warn and go on."""
+        """Raise with ``stop_at_error`` (the cause's class if it is ours), else warn and go on."""
         if self.stop_at_error:
-            raise FunctionProfilerError(message) from cause
+            kind = (
+                type(cause) if isinstance(cause, FunctionProfilerError) else FunctionProfilerError
+            )
+            raise kind(message) from cause
         log.warning("stepscope.sampling: %s; the function runs without profiling", message)
 
     def _settings(self) -> RunSettings:
