@@ -7,6 +7,7 @@ import contextvars
 import functools
 import inspect
 import itertools
+import json
 import logging
 import os
 import pickle
@@ -916,3 +917,33 @@ def test_events_land_in_the_trace_with_the_pure_python_twin(tmp_path: Path) -> N
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["42", "ok"]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_restarts_seq_with_new_span_ids(tmp_path: Path) -> None:
+    script = tmp_path / "fork.py"
+    script.write_text(
+        "import json, logging, os, sys\n"
+        "from stepscope import events\n"
+        "logger = logging.getLogger('fork'); logger.setLevel(logging.INFO)\n"
+        "h = logging.StreamHandler(sys.stdout); h.setFormatter(events.JsonFormatter())\n"
+        "logger.addHandler(h)\n"
+        "step = events.logged('step', logger=logger)(lambda: None)\n"
+        "step()\n"
+        "sys.stdout.flush()\n"
+        "pid = os.fork()\n"
+        "step()\n"
+        "sys.stdout.flush()\n"
+        "if pid == 0:\n"
+        "    os._exit(0)\n"
+        "os.waitpid(pid, 0)\n"
+    )
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    rows = [json.loads(line) for line in out.stdout.splitlines()]
+    parent_pid = rows[0]["pid"]
+    parent = [(r["seq"], r["span_id"][:8]) for r in rows if r["pid"] == parent_pid]
+    child = [(r["seq"], r["span_id"][:8]) for r in rows if r["pid"] != parent_pid]
+    assert [s for s, _ in parent] == [0, 1, 2, 3]
+    assert [s for s, _ in child] == [0, 1]
+    assert len({p for _, p in parent}) == 1 and {p for _, p in child}.isdisjoint({parent[0][1]})

@@ -119,7 +119,7 @@ def _generated_wrapper(
         params = list(inspect.signature(fn, follow_wrapped=False).parameters.values())
     except (TypeError, ValueError):
         return None
-    if any(p.name.startswith("_ss_") for p in params):
+    if any(p.name.startswith("_ss_") or p.name == "BaseException" for p in params):
         return None
     kind = inspect.Parameter
     head: list[str] = []
