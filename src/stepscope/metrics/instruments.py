@@ -109,7 +109,7 @@ class _Binder(Generic[S]):
             found = self.series.get(key)
             if found is not None:
                 return found
-            if len(self.series) >= limit:
+            if len(self.series) >= limit - 1:  # the overflow series counts toward the limit
                 self.overflowed += 1
                 key = OVERFLOW_LABELS
                 found = self.series.get(key)

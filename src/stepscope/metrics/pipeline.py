@@ -216,6 +216,7 @@ class Pipeline:
         self._cycles = 0
         self._ever_exported = False
         self._deadline_ns = 0
+        self._abandoned = False
         self._start_unix_ns = to_unix_ns(now_ns())
         self._make_sync()
         self.ring.set_waker(self._wake_soon)
@@ -469,12 +470,20 @@ class Pipeline:
         return self._closed
 
     def _abandon(self) -> None:
-        # the thread is stuck in an exporter: what it has not taken counts as dropped
-        leftover = sum(1 for item in list(self.ring.items) if item[0].drop_key == "metrics")
+        # the thread is stuck in an exporter: what it has not delivered counts as dropped, and
+        # whatever it reports later is ignored
+        self._abandoned = True
+        queued = sum(1 for item in list(self.ring.items) if item[0].drop_key == "metrics")
+        leftover = queued
         leftover += sum(s.pending_count() for s in self.registry.scalars())
         leftover += len(self.seed_records.pending)
+        self._accepted += queued
         self._drop("shutdown_timeout", leftover)
-        self._accepted += sum(1 for item in list(self.ring.items) if item[0].drop_key == "metrics")
+        for delivery in self._deliveries:
+            in_flight = delivery.offered - delivery.exported - delivery.spilled
+            in_flight -= sum(delivery.dropped.values())
+            delivery.drop("shutdown_timeout", in_flight)
+            leftover += in_flight
         LOGGER.warning(
             "stepscope.metrics: an exporter did not finish within the shutdown timeout; "
             "%d records were not exported",
@@ -603,6 +612,7 @@ class Pipeline:
                 "items waiting in the ring",
                 "",
                 (SeriesPoint((), float(len(self.ring))),),
+                "sum",
             ),
         ]
         step = current_step()
@@ -614,6 +624,7 @@ class Pipeline:
                     "the shared step counter",
                     "",
                     (SeriesPoint((), float(step)),),
+                    "max",
                 )
             )
         return [f for f in families if f.points]
@@ -752,7 +763,10 @@ class Pipeline:
         n = batch.record_count
         delivery.offered += n
         exporter = cast(Exporter, delivery.target)
-        if self._attempt(delivery, lambda timeout: exporter.export(batch, timeout), final):
+        delivered = self._attempt(delivery, lambda timeout: exporter.export(batch, timeout), final)
+        if self._abandoned:
+            return
+        if delivered:
             delivery.exported += n
             return
         entries: list[dict[str, Any]] = [
@@ -784,7 +798,12 @@ class Pipeline:
         n = len(records)
         delivery.offered += n
         sink = cast(RecordSink, delivery.target)
-        if self._attempt(delivery, lambda timeout: sink.write_records(records, timeout), final):
+        delivered = self._attempt(
+            delivery, lambda timeout: sink.write_records(records, timeout), final
+        )
+        if self._abandoned:
+            return
+        if delivered:
             delivery.exported += n
             return
         try:
@@ -839,6 +858,11 @@ class Pipeline:
     # ------------------------------------------------------------------ fork
 
     def _after_fork_child(self) -> None:
+        if self._closed:
+            # a finished pipeline stays finished; its exporters are not touched in the child
+            self._thread = None
+            self._make_sync()
+            return
         self._make_sync()
         self.ring.reset_after_fork()
         self.ring.set_waker(self._wake_soon)
@@ -857,7 +881,7 @@ class Pipeline:
             channel.take_pending()
             delivery.reset_after_fork()
             _after_fork_quietly(delivery.target)
-        if not self._closed and (self._deliveries or self._channels):
+        if self._deliveries or self._channels:
             self._ensure_thread()
 
 

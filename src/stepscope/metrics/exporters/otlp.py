@@ -153,7 +153,8 @@ class OtlpExporter(Exporter):
     """Pushes snapshots through an SDK ``MetricExporter`` (default: OTLP over HTTP/protobuf).
 
     ``endpoint`` is the full metrics URL (e.g. ``http://collector:4318/v1/metrics``); left as
-    None, the SDK reads ``OTEL_EXPORTER_OTLP_*`` environment variables.
+    None, the SDK reads ``OTEL_EXPORTER_OTLP_*`` environment variables.  ``timeout_s`` bounds
+    one export including the SDK's own retries.
     """
 
     name = "otlp"
@@ -165,41 +166,55 @@ class OtlpExporter(Exporter):
         exporter: MetricExporter | None = None,
         headers: dict[str, str] | None = None,
         resource_attributes: dict[str, str] | None = None,
+        timeout_s: float = 5.0,
     ) -> None:
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
         self.endpoint = endpoint
         self.headers = headers
+        self.timeout_s = timeout_s
         self._own_exporter = exporter is None
-        self._exporter = exporter if exporter is not None else self._make_exporter()
+        self._exporter = exporter
         self._attributes = dict(resource_attributes or {})
-        self.resource = self._make_resource()
+        self._resource: Resource | None = None
 
     def _make_exporter(self) -> MetricExporter:
         from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
 
-        exporter: MetricExporter = OTLPMetricExporter(endpoint=self.endpoint, headers=self.headers)
+        # the SDK exporter retries within its own timeout, not the one passed to export()
+        exporter: MetricExporter = OTLPMetricExporter(
+            endpoint=self.endpoint, headers=self.headers, timeout=self.timeout_s
+        )
         return exporter
 
-    def _make_resource(self) -> Resource:
-        attributes: dict[str, Any] = {"service.name": "stepscope", "process.pid": os.getpid()}
-        attributes.update(self._attributes)
-        return Resource.create(attributes)
+    @property
+    def resource(self) -> Resource:
+        """The OpenTelemetry resource (service name, pid, your attributes)."""
+        if self._resource is None:
+            attributes: dict[str, Any] = {"service.name": "stepscope", "process.pid": os.getpid()}
+            attributes.update(self._attributes)
+            self._resource = Resource.create(attributes)
+        return self._resource
 
     def export(self, batch: ExportBatch, timeout_s: float) -> None:
         """Send the snapshot; raise when the SDK exporter reports failure."""
         data = to_metrics_data(batch, self.resource)
+        if self._exporter is None:
+            self._exporter = self._make_exporter()
         result = self._exporter.export(data, timeout_millis=timeout_s * 1000)
         if result is not MetricExportResult.SUCCESS:
             raise OSError(f"OTLP export to {self.endpoint or 'the default endpoint'} failed")
 
     def after_fork_in_child(self) -> None:
-        """A child gets its own HTTP session and its pid in the resource."""
+        """A child gets its own HTTP session (made at its first export) and its pid."""
         if self._own_exporter:
-            self._exporter = self._make_exporter()
-        self.resource = self._make_resource()
+            self._exporter = None
+        self._resource = None
 
     def close(self) -> None:
         """Shut the SDK exporter down."""
-        self._exporter.shutdown(timeout_millis=2000)
+        if self._exporter is not None:
+            self._exporter.shutdown(timeout_millis=2000)
 
 
 class OtelMeterBridge(Exporter):
