@@ -266,7 +266,7 @@ def test_sampled_decorator_with_options_or_a_profiler(tmp_path: Path) -> None:
     result = profiler.profile_result
     assert result is not None and result.function("hot").total_samples > 0
     assert set(profiler.output_files) == {"collapsed", "speedscope", "flamegraph"}
-    assert all(stack.split(" (")[0].endswith("<locals>.decorated") for stack in result.collapsed)
+    assert all(stack.split(" (")[0].endswith("decorated") for stack in result.collapsed)
 
     shared = FunctionProfiler(sample_rate_hz=400)
     wrapped = sampled(profiler=shared)(workload)

@@ -74,6 +74,10 @@ def make_backend(
     if kind == "native" and mod is None:
         raise RuntimeError("the C extension is not available; use backend='python'")
     if kind != "python" and mod is not None:
+        if sys.version_info < (3, 11) and ids is not None:
+            # Before 3.11 the C sampler knows threads by ident (no native id in PyThreadState).
+            idents = {t.native_id: t.ident for t in threading.enumerate() if t.native_id}
+            ids = [idents.get(tid) or tid for tid in ids]
         return "native", mod.StackSampler(
             max_samples, max_depth, ids, IDLE_CPU_SHARE, IDLE_WINDOW_NS
         )
