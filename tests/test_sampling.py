@@ -117,6 +117,8 @@ def test_py_spy_backend_end_to_end(fmt: str) -> None:
     assert profiler.profile(workload, 0.6) == "done"
     result = profiler.profile_result
     assert result is not None
+    if result.fallback_reason and "ptrace denied" in result.fallback_reason:
+        pytest.skip(f"this machine does not let py-spy attach: {result.fallback_reason}")
     assert result.backend == "py-spy" and result.fallback_reason is None
     assert_seventy_percent(result)
     assert all(stack.startswith("workload (") for stack in result.collapsed)
