@@ -57,7 +57,7 @@ def flaky_backend() -> Iterator[ThreadingHTTPServer]:
     server: Any = ThreadingHTTPServer(("127.0.0.1", 0), FlakyBackend)
     server.requests = 0
     server.healthy_after = 10**9
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     yield server
     server.shutdown()

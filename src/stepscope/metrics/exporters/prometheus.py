@@ -469,7 +469,7 @@ class PrometheusEndpoint(Exporter):
         self.port = server.server_address[1]
         self._thread = threading.Thread(
             target=server.serve_forever,
-            kwargs={"poll_interval": 0.25},
+            kwargs={"poll_interval": 0.1},
             name="stepscope-prometheus",
             daemon=True,
         )
