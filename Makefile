@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: demo test lint bench native clean test-monitoring
+.PHONY: demo test lint bench native clean test-monitoring test-services
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -30,7 +30,11 @@ native: $(VENV)/.stamp-base
 demo: $(VENV)/.stamp-base native
 	$(PY) examples/train_loop.py
 
-test: $(VENV)/.stamp-test native
+# Real servers the metrics tests talk to (Prometheus, Pushgateway), installed where we can.
+test-services:
+	@bash scripts/install-test-services.sh
+
+test: $(VENV)/.stamp-test native test-services
 	$(PY) -m pytest -q
 	$(MAKE) --no-print-directory test-monitoring
 
