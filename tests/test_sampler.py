@@ -279,8 +279,10 @@ def test_sampling_activity_puts_samples_in_the_trace_and_the_chrome_file(tmp_pat
     assert len(trace.samples) >= 20
     info = trace.metadata["stepscope_sampler"]
     assert info["rate_hz"] == 400 and info["samples"] == len(trace.samples)
-    assert {s.tid for s in trace.iter_samples()} == {threading.get_native_id()}
-    leaves = [s.stack[-1] for s in trace.iter_samples()]
+    # every thread is sampled; threads other tests left running may appear too
+    main = threading.get_native_id()
+    assert main in {s.tid for s in trace.iter_samples()}
+    leaves = [s.stack[-1] for s in trace.iter_samples() if s.tid == main]
     assert leaves.count("hot") > leaves.count("cold") > 0
 
     path = tmp_path / "t.pt.trace.json"
@@ -289,8 +291,9 @@ def test_sampling_activity_puts_samples_in_the_trace_and_the_chrome_file(tmp_pat
     assert len(doc["samples"]) == len(trace.samples) and doc["stackFrames"]
     flame = [e for e in doc["traceEvents"] if e.get("cat") == SAMPLED_CATEGORY]
     spans = [e for e in flame if e["ph"] == "X"]
-    assert {e["tid"] for e in spans} == {SAMPLED_TID_BASE + threading.get_native_id()}
-    assert {"hot", "cold", "workload"} <= {e["name"] for e in spans}
+    main_track = SAMPLED_TID_BASE + main
+    assert main_track in {e["tid"] for e in spans}
+    assert {"hot", "cold", "workload"} <= {e["name"] for e in spans if e["tid"] == main_track}
     names = [e for e in flame if e["ph"] == "M" and e["name"] == "thread_name"]
     assert names and names[0]["args"]["name"].startswith("samples: ")
 

@@ -88,7 +88,8 @@ def child_processes() -> list[str]:
 
 def assert_seventy_percent(result: ProfileResult) -> None:
     assert result.total_samples >= 40, result.table()
-    assert result.function("workload").total_share == pytest.approx(1.0)
+    # a sample taken as the call starts or returns may miss the function's own frame
+    assert result.function("workload").total_share >= 0.97, result.table()
     assert 0.6 <= result.function("hot").total_share <= 0.8, result.table()
     assert 0.2 <= result.function("cold").total_share <= 0.4, result.table()
 
