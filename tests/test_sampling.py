@@ -150,22 +150,31 @@ def test_missing_py_spy_raises_with_stop_at_error_and_the_function_does_not_run(
     FunctionProfiler._lock.release()
 
 
-@needs_py_spy
-def test_py_spy_that_does_not_start_in_time_is_killed_and_replaced() -> None:
+def test_py_spy_that_does_not_start_in_time_is_killed_and_replaced(tmp_path: Path) -> None:
+    # A stand-in that never reports sampling: the timeout path, whatever the machine's load.
+    stuck = tmp_path / "py-spy"
+    stuck.write_text("#!/bin/sh\nexec sleep 30\n")
+    stuck.chmod(0o755)
     profiler = FunctionProfiler(
-        backend="py-spy", timeout_wait_for_running_sec=0.0005, sample_rate_hz=400
+        backend="py-spy",
+        py_spy_path=str(stuck),
+        timeout_wait_for_running_sec=0.2,
+        sample_rate_hz=400,
     )
     profiler.profile(workload, 0.2)
     result = profiler.profile_result
     assert result is not None and result.backend == "inprocess"
     assert result.fallback_reason and "did not start sampling within" in result.fallback_reason
-    assert "py-spy" not in child_processes()
+    assert "sleep" not in child_processes()
     strict = FunctionProfiler(
-        backend="py-spy", timeout_wait_for_running_sec=0.0005, stop_at_error=True
+        backend="py-spy",
+        py_spy_path=str(stuck),
+        timeout_wait_for_running_sec=0.2,
+        stop_at_error=True,
     )
     with pytest.raises(FunctionProfilerError, match="did not start sampling"):
         strict.profile(workload, 0.01)
-    assert "py-spy" not in child_processes()
+    assert "sleep" not in child_processes()
 
 
 def test_max_profile_duration_stops_sampling_but_not_the_function() -> None:
