@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from tests.sampling_workloads import hot, workload
 
 import stepscope
 from stepscope._ext import native
@@ -49,28 +50,6 @@ BACKENDS = [
 
 
 # -- workloads -----------------------------------------------------------------------------------
-def hot(n: int) -> int:
-    total = 0
-    for i in range(n):
-        total += i * i
-    return total
-
-
-def cold(n: int) -> int:  # the same body as hot: per-iteration cost is equal
-    total = 0
-    for i in range(n):
-        total += i * i
-    return total
-
-
-def workload(seconds: float) -> None:
-    """Spends 70% of its time in hot() and 30% in cold()."""
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        hot(7000)
-        cold(3000)
-
-
 def park_outer(ready: threading.Event, release: threading.Event) -> None:
     park_middle(ready, release)
 

@@ -7,12 +7,12 @@ import os
 import shutil
 import sys
 import threading
-import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.sampling_workloads import workload
 
 from stepscope.collectors.sampler import SAMPLER_THREAD_NAME
 from stepscope.sampling import (
@@ -23,29 +23,6 @@ from stepscope.sampling import (
     sampled,
 )
 from stepscope.sampling.pyspy import find_py_spy
-
-
-def hot(n: int) -> int:
-    total = 0
-    for i in range(n):
-        total += i * i
-    return total
-
-
-def cold(n: int) -> int:  # the same body as hot: per-iteration cost is equal
-    total = 0
-    for i in range(n):
-        total += i * i
-    return total
-
-
-def workload(seconds: float) -> str:
-    """Spends 70% of its time in hot() and 30% in cold()."""
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        hot(7000)
-        cold(3000)
-    return "done"
 
 
 def phases(first: float, second: float) -> None:
@@ -299,15 +276,15 @@ def test_outputs_collapsed_speedscope_svg_and_table(tmp_path: Path) -> None:
     lines = paths["collapsed"].read_text().splitlines()
     counts = {line.rsplit(" ", 1)[0]: int(line.rsplit(" ", 1)[1]) for line in lines}
     assert sum(counts.values()) == result.total_samples
-    assert max(counts, key=counts.__getitem__).endswith(";hot (test_sampling.py)")
+    assert max(counts, key=counts.__getitem__).endswith(";hot (sampling_workloads.py)")
     doc = json.loads(paths["speedscope"].read_text())
     assert sum(sum(p["weights"]) for p in doc["profiles"]) == result.total_samples
     assert {"workload", "hot", "cold"} <= {f["name"] for f in doc["shared"]["frames"]}
     svg = ET.parse(paths["flamegraph"]).getroot()
     titles = [t.text or "" for t in svg.iter("{http://www.w3.org/2000/svg}title")]
-    assert any(t.startswith("hot (test_sampling.py)") for t in titles)
+    assert any(t.startswith("hot (sampling_workloads.py)") for t in titles)
     table = result.table(5)
-    assert table.splitlines()[2].endswith("hot (test_sampling.py)")
+    assert table.splitlines()[2].endswith("hot (sampling_workloads.py)")
     assert f"{result.total_samples} samples" in table
 
 
