@@ -38,7 +38,8 @@ test: $(VENV)/.stamp-test native test-services
 	$(PY) -m pytest -q
 	$(MAKE) --no-print-directory test-monitoring
 
-# The function tracer's sys.monitoring path: its tests under Python 3.12 and 3.13, where present
+# The C parts that depend on the interpreter (the tracer's sys.monitoring path, the sampler's
+# frame walk, record_function): their tests under Python 3.12 and 3.13, where present
 # (pyenv versions or python3.X on PATH), each in its own .venv3XX; skipped where absent.
 test-monitoring:
 	@for v in 3.12 3.13; do \
@@ -54,8 +55,10 @@ test-monitoring:
 	    touch $$venv/.stamp-tracer || exit 1; \
 	  fi; \
 	  $$venv/bin/python setup.py -q build_ext --inplace 2>/dev/null || exit 1; \
-	  echo "== tracer tests under python$$v"; \
-	  $$venv/bin/python -m pytest -q -p no:cacheprovider tests/test_tracer*.py || exit 1; \
+	  echo "== tracer, sampler, annotation and profiler tests under python$$v"; \
+	  $$venv/bin/python -m pytest -q -p no:cacheprovider tests/test_tracer*.py \
+	    tests/test_sampler.py tests/test_annotations.py tests/test_clock.py \
+	    tests/test_profile.py || exit 1; \
 	done
 
 lint: $(VENV)/.stamp-test
