@@ -574,3 +574,20 @@ def test_otel_meter_bridge_with_in_memory_reader(
 def test_export_batch_accounting_property() -> None:
     batch = ExportBatch(0, 0, ())
     assert batch.record_count == 0
+
+
+def test_metrics_demo_example_runs() -> None:
+    example = Path(__file__).resolve().parents[1] / "examples" / "metrics_demo.py"
+    out = subprocess.run(
+        [sys.executable, str(example), "--port", "0", "--steps", "5", "--no-torch"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    lines = out.splitlines()
+    assert lines[0].startswith("# scraped http://127.0.0.1:")
+    assert "train_samples_total 320.0" in lines
+    assert "stepscope_step 5.0" in lines
+    assert any(line.startswith("train_loss ") for line in lines)
+    assert any(line.startswith('train_step_seconds_bucket{le="+Inf"} 5.0') for line in lines)

@@ -309,3 +309,20 @@ def test_channel_sink_failures_spill_and_full_ring_refuses(
     assert [json.loads(line)["data"] for line in spill.read_text().splitlines()] == [
         {"n": n} for n in range(4)
     ]
+
+
+def test_close_channel_delivers_then_refuses(pipelines: list[Pipeline], tmp_path: Path) -> None:
+    p = make(pipelines, tmp_path)
+    sink = ListSink()
+    closed: list[bool] = []
+    sink.close = lambda: closed.append(True)  # type: ignore[method-assign]
+    channel = p.open_channel("audit", sink)
+    for n in range(3):
+        channel.put(n)
+    assert p.close_channel("audit")
+    assert sink.records == [0, 1, 2] and closed == [True]
+    assert not channel.put(3)
+    assert p.ring.dropped(channel.drop_key) == 1
+    assert "audit" not in p.telemetry()["channels"]
+    assert p.close_channel("audit")  # closing twice is harmless
+    assert p.open_channel("audit", ListSink()) is not channel

@@ -9,12 +9,19 @@ from __future__ import annotations
 
 import time
 
-__all__ = ["CHUNK", "pause_for_others"]
+__all__ = ["RENDER_CHUNK", "SNAPSHOT_CHUNK", "pause_for_others"]
 
-CHUNK = 100
-"""Series handled between two pauses (about 0.3 ms of rendering)."""
+RENDER_CHUNK = 50
+"""Series rendered to the exposition format between two pauses (about 0.2 ms)."""
 
-_PAUSE_S = 50e-6
+SNAPSHOT_CHUNK = 1000
+"""Series snapshot by the export thread between two pauses (about 1 ms).
+
+Kept large on purpose: each pause is a GIL switch, and a steady stream of switches between two
+threads starves a third one (CPython only forces a switch for a thread that saw none for a whole
+switch interval), such as the endpoint's server thread."""
+
+_PAUSE_S = 200e-6
 
 
 def pause_for_others() -> None:

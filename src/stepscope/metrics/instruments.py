@@ -15,7 +15,7 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Generic, TypeVar
 
-from stepscope.metrics.cooperate import CHUNK, pause_for_others
+from stepscope.metrics.cooperate import SNAPSHOT_CHUNK, pause_for_others
 from stepscope.metrics.failures import report_failure
 from stepscope.metrics.points import (
     ExpHistogramValue,
@@ -227,7 +227,7 @@ class Counter(CounterSeries, _Base):
         """Current totals of all touched series."""
         points = []
         for i, s in enumerate(self.series()):
-            if i and i % CHUNK == 0:
+            if i and i % SNAPSHOT_CHUNK == 0:
                 pause()
             if s.touched():
                 points.append(SeriesPoint(s.labels, s.value()))
@@ -553,7 +553,7 @@ class Histogram(_Base):
         """Current buckets of all touched series."""
         points = []
         for i, s in enumerate(self.series()):
-            if i and i % CHUNK == 0:
+            if i and i % SNAPSHOT_CHUNK == 0:
                 pause()
             if s.touched():
                 points.append(SeriesPoint(s.labels, s.value()))

@@ -170,6 +170,7 @@ class _SeedRecords:
 
 
 InstrumentT = TypeVar("InstrumentT", Counter, Gauge, Histogram, Scalar)
+ExporterT = TypeVar("ExporterT", bound=Exporter)
 
 
 class Pipeline:
@@ -356,7 +357,7 @@ class Pipeline:
 
     # ------------------------------------------------------------------ exporters and channels
 
-    def add_exporter(self, exporter: Exporter, name: str | None = None) -> Exporter:
+    def add_exporter(self, exporter: ExporterT, name: str | None = None) -> ExporterT:
         """Start exporting to ``exporter`` (starts the export thread on first use)."""
         if not isinstance(exporter, Exporter):
             raise TypeError(
@@ -420,6 +421,24 @@ class Pipeline:
             self._channels[name] = (channel, _Delivery(name, sink, spill))
             self._ensure_thread()
             return channel
+
+    def close_channel(self, name: str, timeout_s: float | None = 10.0) -> bool:
+        """Deliver what the channel holds, then close it and its sink; True when all was delivered.
+
+        Records put on a closed channel are refused and counted as dropped.
+        """
+        found = self._channels.get(name)
+        if found is None:
+            return True
+        done = self.flush(timeout_s)
+        with self._cycle_lock, self._lock:
+            channel, delivery = found
+            channel.closed = True
+            self._channels.pop(name, None)
+            left = channel.take_pending()
+            delivery.drop("closed", len(left))
+        _close_quietly(delivery.target)
+        return done and not left
 
     # ------------------------------------------------------------------ control
 
@@ -1060,7 +1079,7 @@ def scalar(
     return get_pipeline().scalar(name, reduce, description, unit=unit, limit=limit)
 
 
-def add_exporter(exporter: Exporter, name: str | None = None) -> Exporter:
+def add_exporter(exporter: ExporterT, name: str | None = None) -> ExporterT:
     """Start exporting the process pipeline to ``exporter``."""
     return get_pipeline().add_exporter(exporter, name)
 

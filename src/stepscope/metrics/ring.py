@@ -119,21 +119,28 @@ class RecordSink(abc.ABC):
 class Channel:
     """A named lane through the ring: ``put(record)`` never blocks; the sink gets batches."""
 
-    __slots__ = ("_pending", "_ring", "drop_key", "name", "sink")
+    __slots__ = ("_pending", "_ring", "closed", "drop_key", "name", "sink")
 
     def __init__(self, name: str, sink: RecordSink, ring: Ring) -> None:
         self.name = name
         self.sink = sink
         self.drop_key = f"channel:{name}"
+        self.closed = False
         self._ring = ring
         self._pending: list[Any] = []
 
     def put(self, record: Any) -> bool:
         """Queue ``record`` for the sink; False (and counted as dropped) when the ring is full."""
+        if self.closed:
+            self._ring.count_drop(self.drop_key)
+            return False
         return self._ring.put(self, record)
 
     def _drain(self, record: Any, _unused: Any) -> None:
-        self._pending.append(record)
+        if self.closed:
+            self._ring.count_drop(self.drop_key)
+        else:
+            self._pending.append(record)
 
     def take_pending(self) -> list[Any]:
         """Records drained since the last call (export thread only)."""

@@ -38,7 +38,7 @@ from prometheus_client.metrics_core import (
 from prometheus_client.utils import floatToGoString
 
 from stepscope.clock import now_ns
-from stepscope.metrics.cooperate import CHUNK, pause_for_others
+from stepscope.metrics.cooperate import RENDER_CHUNK, pause_for_others
 from stepscope.metrics.exporters.base import Exporter
 from stepscope.metrics.failures import LOGGER
 from stepscope.metrics.points import (
@@ -85,16 +85,15 @@ def _help(family: Family) -> str:
 
 def _parts(family: Family) -> Iterator[tuple[Sequence[SeriesPoint], bool]]:
     points = family.points
-    for start in range(0, len(points), CHUNK):
-        yield points[start : start + CHUNK], start > 0
+    for start in range(0, len(points), RENDER_CHUNK):
+        yield points[start : start + RENDER_CHUNK], start > 0
 
 
 def _label_names(family: Family) -> list[str]:
     return sorted({k for p in family.points for k, _ in p.labels})
 
 
-def _metric(family: Family, name: str, points: Sequence[SeriesPoint]) -> Metric:
-    names = _label_names(family)
+def _metric(family: Family, name: str, points: Sequence[SeriesPoint], names: list[str]) -> Metric:
 
     def values(labels: Labels) -> list[str]:
         found = dict(labels)
@@ -128,14 +127,15 @@ def _metric(family: Family, name: str, points: Sequence[SeriesPoint]) -> Metric:
 
 
 def to_prometheus(families: Iterable[Family], namespace: str = "") -> Iterator[tuple[Metric, bool]]:
-    """prometheus_client metric families, at most ``CHUNK`` series each.
+    """prometheus_client metric families, at most ``RENDER_CHUNK`` series each.
 
     The flag says the metric continues the previous one (a family split into parts).
     """
     for family in families:
         name = prometheus_name(family.name, namespace)
+        names = _label_names(family)
         for points, continuation in _parts(family):
-            yield _metric(family, name, points), continuation
+            yield _metric(family, name, points, names), continuation
 
 
 class SnapshotCollector:
@@ -160,7 +160,8 @@ class _PausingCollector:
         for i, family in enumerate(self._families):
             if i:
                 pause_for_others()
-            yield _metric(family, prometheus_name(family.name, self._namespace), family.points)
+            name = prometheus_name(family.name, self._namespace)
+            yield _metric(family, name, family.points, _label_names(family))
 
 
 def _strip_header(text: bytes) -> bytes:
@@ -173,7 +174,7 @@ def _strip_header(text: bytes) -> bytes:
 def render(families: Sequence[Family], accept: str = "", namespace: str = "") -> tuple[bytes, str]:
     """Exposition bytes and content type for ``accept`` (text 0.0.4 or OpenMetrics).
 
-    Works in chunks of at most ``CHUNK`` series and pauses between chunks.
+    Works in chunks of at most ``RENDER_CHUNK`` series and pauses between chunks.
     """
     encoder, content_type = choose_encoder(accept)
     openmetrics = content_type.startswith("application/openmetrics-text")
@@ -196,7 +197,7 @@ def render(families: Sequence[Family], accept: str = "", namespace: str = "") ->
 
     pending_continuation = False
     for metric, continuation in to_prometheus(families, namespace):
-        if continuation or series >= CHUNK:
+        if continuation or series >= RENDER_CHUNK:
             flush_group(pending_continuation)
             pending_continuation = continuation
         group.append(metric)
