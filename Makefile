@@ -8,7 +8,7 @@ PIP := $(PY) -m pip --disable-pip-version-check -q
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
-	$(PIP) install --upgrade "setuptools>=68" wheel
+	$(PIP) install --upgrade "setuptools>=77" wheel
 
 # Base install (no extras): what `make demo` needs.
 $(VENV)/.stamp-base: pyproject.toml setup.py | $(PY)
