@@ -49,7 +49,7 @@ test-monitoring:
 	  venv=.venv$$(echo $$v | tr -d .); \
 	  if [ ! -f $$venv/.stamp-tracer ] || [ pyproject.toml -nt $$venv/.stamp-tracer ]; then \
 	    $$py -m venv $$venv && \
-	    $$venv/bin/python -m pip --disable-pip-version-check -q install "setuptools>=68" wheel \
+	    $$venv/bin/python -m pip --disable-pip-version-check -q install "setuptools>=77" wheel \
 	      pytest pytest-timeout coverage && \
 	    $$venv/bin/python -m pip --disable-pip-version-check -q install --no-deps -e . && \
 	    touch $$venv/.stamp-tracer || exit 1; \
