@@ -13,7 +13,7 @@ import re
 import threading
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 from stepscope.metrics.cooperate import SNAPSHOT_CHUNK, pause_for_others
 from stepscope.metrics.failures import report_failure
@@ -123,13 +123,20 @@ class _Binder(Generic[S]):
         return [root, *self.series.values()]
 
 
-class _Base:
+class _Base(Generic[S]):
     """What every instrument has: name, description, unit, kind, options and a series cap."""
 
     kind = ""
+    _binder: _Binder[S]
 
     def _init_base(
-        self, name: str, description: str, unit: str, limit: int, options: tuple[Any, ...]
+        self,
+        name: str,
+        description: str,
+        unit: str,
+        limit: int,
+        options: tuple[Any, ...],
+        make: Callable[[Labels], S],
     ) -> None:
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise ValueError(f"limit must be a positive int, got {limit!r}")
@@ -138,13 +145,34 @@ class _Base:
         self.unit = str(unit)
         self.limit = limit
         self.options = options
+        self._binder = _Binder(make)
+
+    def _root(self) -> S:
+        return cast(S, self)  # the instrument is its own unlabelled series
+
+    def bind(self, **labels: object) -> S:
+        """The series for ``labels`` (created once; call this outside the hot loop)."""
+        return self._binder.bind(self._root(), self.limit, labels)
+
+    def series(self) -> list[S]:
+        """Every series including the unlabelled one."""
+        return self._binder.all(self._root())
+
+    def _touched(self, pause: Callable[[], None]) -> tuple[SeriesPoint, ...]:
+        points = []
+        for i, s in enumerate(self.series()):
+            if i and i % SNAPSHOT_CHUNK == 0:
+                pause()
+            if cast(_Sharded, s).touched():
+                points.append(SeriesPoint(cast(_Sharded, s).labels, cast(Any, s).value()))
+        return tuple(points)
 
 
-# ----------------------------------------------------------------------------- counter
+# ----------------------------------------------------------------------------- sharded series
 
 
-class CounterSeries:
-    """One labelled series of a counter: a monotonically increasing total."""
+class _Sharded:
+    """A series kept as one cell per thread: only the owning thread writes its cell."""
 
     __slots__ = ("_cells", "_local", "_ring", "labels", "name")
     drop_key = "instrument"
@@ -154,7 +182,33 @@ class CounterSeries:
         self.labels = labels
         self._ring = ring
         self._local = threading.local()
-        self._cells: list[list[float]] = []
+        self._cells: list[list[Any]] = []
+
+    def _empty_cell(self) -> list[Any]:
+        raise NotImplementedError
+
+    def _new_cell(self) -> list[Any]:
+        cell = self._empty_cell()
+        self._local.cell = cell
+        self._cells.append(cell)
+        return cell
+
+    def touched(self) -> bool:
+        """Whether anything was ever recorded."""
+        return bool(self._cells)
+
+    def _reset(self) -> None:
+        self._local = threading.local()
+        self._cells = []
+
+
+# ----------------------------------------------------------------------------- counter
+
+
+class CounterSeries(_Sharded):
+    """One labelled series of a counter: a monotonically increasing total."""
+
+    __slots__ = ()
 
     def inc(self, amount: float = 1) -> None:
         """Add ``amount`` (>= 0; a number or a one-element tensor)."""
@@ -166,11 +220,8 @@ class CounterSeries:
         else:
             self._inc_other(amount)
 
-    def _new_cell(self) -> list[float]:
-        cell = [0.0]
-        self._local.cell = cell
-        self._cells.append(cell)
-        return cell
+    def _empty_cell(self) -> list[Any]:
+        return [0.0]
 
     def _inc_other(self, amount: object) -> None:
         try:
@@ -196,42 +247,21 @@ class CounterSeries:
         """The total so far (sum over threads)."""
         return float(sum(cell[0] for cell in list(self._cells)))
 
-    def touched(self) -> bool:
-        """Whether anything was ever recorded."""
-        return bool(self._cells)
 
-    def _reset(self) -> None:
-        self._local = threading.local()
-        self._cells = []
-
-
-class Counter(CounterSeries, _Base):
+class Counter(CounterSeries, _Base[CounterSeries]):
     """A counter; ``inc()`` records on its unlabelled series, ``bind(**labels)`` gives others."""
 
     kind = "counter"
 
     def __init__(self, name: str, description: str, unit: str, limit: int, ring: Ring) -> None:
-        self._init_base(name, description, unit, limit, ())
+        self._init_base(
+            name, description, unit, limit, (), lambda key: CounterSeries(name, key, ring)
+        )
         CounterSeries.__init__(self, name, (), ring)
-        self._binder: _Binder[CounterSeries] = _Binder(lambda key: CounterSeries(name, key, ring))
-
-    def bind(self, **labels: object) -> CounterSeries:
-        """The series for ``labels`` (created once; call this outside the hot loop)."""
-        return self._binder.bind(self, self.limit, labels)
-
-    def series(self) -> list[CounterSeries]:
-        """Every series including the unlabelled one."""
-        return self._binder.all(self)
 
     def family(self, pause: Callable[[], None]) -> Family:
         """Current totals of all touched series."""
-        points = []
-        for i, s in enumerate(self.series()):
-            if i and i % SNAPSHOT_CHUNK == 0:
-                pause()
-            if s.touched():
-                points.append(SeriesPoint(s.labels, s.value()))
-        return Family(self.name, "counter", self.description, self.unit, tuple(points))
+        return Family(self.name, "counter", self.description, self.unit, self._touched(pause))
 
 
 # ----------------------------------------------------------------------------- gauge
@@ -283,7 +313,7 @@ class GaugeSeries:
         self._lock = threading.Lock()
 
 
-class Gauge(GaugeSeries, _Base):
+class Gauge(GaugeSeries, _Base[GaugeSeries]):
     """A gauge; ``merge`` says how one endpoint combines the same series from several processes."""
 
     kind = "gauge"
@@ -293,18 +323,11 @@ class Gauge(GaugeSeries, _Base):
     ) -> None:
         if merge not in GAUGE_MERGES:
             raise ValueError(f"merge must be one of {GAUGE_MERGES}, got {merge!r}")
-        self._init_base(name, description, unit, limit, (merge,))
+        self._init_base(
+            name, description, unit, limit, (merge,), lambda key: GaugeSeries(name, key, ring)
+        )
         GaugeSeries.__init__(self, name, (), ring)
         self.merge = merge
-        self._binder: _Binder[GaugeSeries] = _Binder(lambda key: GaugeSeries(name, key, ring))
-
-    def bind(self, **labels: object) -> GaugeSeries:
-        """The series for ``labels`` (created once; call this outside the hot loop)."""
-        return self._binder.bind(self, self.limit, labels)
-
-    def series(self) -> list[GaugeSeries]:
-        """Every series including the unlabelled one."""
-        return self._binder.all(self)
 
     def family(self, pause: Callable[[], None]) -> Family:
         """Current values of all series that were set."""
@@ -318,30 +341,13 @@ class Gauge(GaugeSeries, _Base):
 # ----------------------------------------------------------------------------- histograms
 
 
-class _HistogramBase:
-    """What explicit and exponential histogram series share: per-thread cells and slow paths."""
+class _HistogramBase(_Sharded):
+    """What explicit and exponential histogram series share: the slow paths."""
 
-    __slots__ = ("_cells", "_local", "_ring", "labels", "name")
-    drop_key = "instrument"
-
-    def __init__(self, name: str, labels: Labels, ring: Ring) -> None:
-        self.name = name
-        self.labels = labels
-        self._ring = ring
-        self._local = threading.local()
-        self._cells: list[list[Any]] = []
+    __slots__ = ()
 
     def observe(self, value: float) -> None:
         """Record one observation (a number or a one-element tensor)."""
-        raise NotImplementedError
-
-    def _new_cell(self) -> list[Any]:
-        cell = self._empty_cell()
-        self._local.cell = cell
-        self._cells.append(cell)
-        return cell
-
-    def _empty_cell(self) -> list[Any]:
         raise NotImplementedError
 
     def _observe_other(self, value: object) -> None:
@@ -363,17 +369,9 @@ class _HistogramBase:
         else:
             _bad_value(self.name, ValueError("NaN observation ignored"))
 
-    def touched(self) -> bool:
-        """Whether anything was ever recorded."""
-        return bool(self._cells)
-
     def value(self) -> HistogramValue | ExpHistogramValue:
         """The merged state of all threads' cells."""
         raise NotImplementedError
-
-    def _reset(self) -> None:
-        self._local = threading.local()
-        self._cells = []
 
 
 class HistogramSeries(_HistogramBase):
@@ -502,7 +500,7 @@ class ExpHistogramSeries(_HistogramBase):
         )
 
 
-class Histogram(_Base):
+class Histogram(_Base[_HistogramBase]):
     """A histogram: explicit ``buckets``, or base-2 exponential ones (``exponential=True``)."""
 
     kind = "histogram"
@@ -535,30 +533,18 @@ class Histogram(_Base):
             def make(key: Labels) -> _HistogramBase:
                 return HistogramSeries(name, key, ring, bounds)
 
-        self._init_base(name, description, unit, limit, options)
+        self._init_base(name, description, unit, limit, options, make)
         self.exponential = exponential
-        self._root = make(())
-        self._binder: _Binder[_HistogramBase] = _Binder(make)
-        self.observe: Callable[[float], None] = self._root.observe
+        self._unlabelled = make(())
+        self.observe: Callable[[float], None] = self._unlabelled.observe
 
-    def bind(self, **labels: object) -> _HistogramBase:
-        """The series for ``labels`` (created once; call this outside the hot loop)."""
-        return self._binder.bind(self._root, self.limit, labels)
-
-    def series(self) -> list[_HistogramBase]:
-        """Every series including the unlabelled one."""
-        return self._binder.all(self._root)
+    def _root(self) -> _HistogramBase:
+        return self._unlabelled
 
     def family(self, pause: Callable[[], None]) -> Family:
         """Current buckets of all touched series."""
-        points = []
-        for i, s in enumerate(self.series()):
-            if i and i % SNAPSHOT_CHUNK == 0:
-                pause()
-            if s.touched():
-                points.append(SeriesPoint(s.labels, s.value()))
         kind: Kind = "exponential_histogram" if self.exponential else "histogram"
-        return Family(self.name, kind, self.description, self.unit, tuple(points))
+        return Family(self.name, kind, self.description, self.unit, self._touched(pause))
 
 
 def _check_buckets(buckets: Iterable[float]) -> tuple[float, ...]:
@@ -665,7 +651,7 @@ def _reduce(how: str, count: float, total: float, low: float, high: float, last:
     return last
 
 
-class Scalar(ScalarSeries, _Base):
+class Scalar(ScalarSeries, _Base[ScalarSeries]):
     """A per-step value (loss, throughput); ``reduce`` folds several values of one step."""
 
     kind = "scalar"
@@ -675,20 +661,16 @@ class Scalar(ScalarSeries, _Base):
     ) -> None:
         if reduce not in REDUCERS:
             raise ValueError(f"reduce must be one of {REDUCERS}, got {reduce!r}")
-        self._init_base(name, description, unit, limit, (reduce,))
+        self._init_base(
+            name,
+            description,
+            unit,
+            limit,
+            (reduce,),
+            lambda key: ScalarSeries(name, key, ring, reduce),
+        )
         ScalarSeries.__init__(self, name, (), ring, reduce)
         self.reduce = reduce
-        self._binder: _Binder[ScalarSeries] = _Binder(
-            lambda key: ScalarSeries(name, key, ring, reduce)
-        )
-
-    def bind(self, **labels: object) -> ScalarSeries:
-        """The series for ``labels`` (created once; call this outside the hot loop)."""
-        return self._binder.bind(self, self.limit, labels)
-
-    def series(self) -> list[ScalarSeries]:
-        """Every series including the unlabelled one."""
-        return self._binder.all(self)
 
     def family(self, pause: Callable[[], None]) -> Family:
         """The newest closed value of every series (a gauge for pull exporters)."""

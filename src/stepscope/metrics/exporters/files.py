@@ -88,15 +88,15 @@ class RotatingFile:
         self.path = self.path.with_name(f"{self.path.stem}.{os.getpid()}{self.path.suffix}")
 
 
-class JsonlExporter(Exporter):
-    """One JSON object per line: scalar points, seed-API records and changed series."""
+class _FileExporter(Exporter):
+    """An exporter appending the rows of each batch to a rotating file."""
 
-    name = "jsonl"
+    header = ""
 
     def __init__(
         self, path: str | os.PathLike[str], *, max_bytes: int = 64 << 20, backups: int = 3
     ) -> None:
-        self.file = RotatingFile(path, max_bytes, backups)
+        self.file = RotatingFile(path, max_bytes, backups, header=self.header)
         self._changes = ChangeFilter()
 
     @property
@@ -108,9 +108,11 @@ class JsonlExporter(Exporter):
         """Append the batch's rows."""
         lines = rows(batch, self._changes)
         if lines:
-            self.file.write(
-                "".join(json.dumps(r, separators=(",", ":"), default=str) + "\n" for r in lines)
-            )
+            self.file.write(self.format(lines))
+
+    def format(self, lines: list[dict[str, Any]]) -> str:
+        """The text for ``lines``."""
+        raise NotImplementedError
 
     def after_fork_in_child(self) -> None:
         """Write a per-process file in a forked child."""
@@ -120,6 +122,16 @@ class JsonlExporter(Exporter):
     def close(self) -> None:
         """Close the file."""
         self.file.close()
+
+
+class JsonlExporter(_FileExporter):
+    """One JSON object per line: scalar points, seed-API records and changed series."""
+
+    name = "jsonl"
+
+    def format(self, lines: list[dict[str, Any]]) -> str:
+        """One JSON object per line."""
+        return "".join(json.dumps(r, separators=(",", ":"), default=str) + "\n" for r in lines)
 
 
 CSV_COLUMNS = (
@@ -143,40 +155,18 @@ def _labels_cell(row: dict[str, Any]) -> str:
     return ";".join(f"{k}={v}" for k, v in sorted(labels.items()))
 
 
-class CsvExporter(Exporter):
+class CsvExporter(_FileExporter):
     """CSV with a fixed header (``CSV_COLUMNS``); histograms fill count/sum/min/max."""
 
     name = "csv"
+    header = ",".join(CSV_COLUMNS) + "\r\n"
 
-    def __init__(
-        self, path: str | os.PathLike[str], *, max_bytes: int = 64 << 20, backups: int = 3
-    ) -> None:
-        self.file = RotatingFile(path, max_bytes, backups, header=",".join(CSV_COLUMNS) + "\r\n")
-        self._changes = ChangeFilter()
-
-    @property
-    def path(self) -> Path:
-        """The file written now."""
-        return self.file.path
-
-    def export(self, batch: ExportBatch, timeout_s: float) -> None:
-        """Append the batch's rows."""
-        lines = rows(batch, self._changes)
-        if not lines:
-            return
+    def format(self, lines: list[dict[str, Any]]) -> str:
+        """CSV rows in ``CSV_COLUMNS`` order."""
         buf = io.StringIO()
         writer = csv.writer(buf)
         for row in lines:
             cells = dict(row)
             cells["labels"] = _labels_cell(row)
             writer.writerow(["" if cells.get(c) is None else cells[c] for c in CSV_COLUMNS])
-        self.file.write(buf.getvalue())
-
-    def after_fork_in_child(self) -> None:
-        """Write a per-process file in a forked child."""
-        self.file.after_fork_in_child()
-        self._changes.reset()
-
-    def close(self) -> None:
-        """Close the file."""
-        self.file.close()
+        return buf.getvalue()

@@ -50,21 +50,12 @@ class ChangeFilter:
 
 def _series_row(family: Family, labels: Labels, value: object) -> dict[str, Any]:
     row: dict[str, Any] = {"kind": family.kind, "name": family.name, "labels": dict(labels)}
+    if isinstance(value, (HistogramValue, ExpHistogramValue)):
+        row.update(count=value.count, sum=value.sum, min=value.min, max=value.max)
     if isinstance(value, HistogramValue):
-        row.update(
-            count=value.count,
-            sum=value.sum,
-            min=value.min,
-            max=value.max,
-            bounds=list(value.bounds),
-            counts=list(value.counts),
-        )
+        row.update(bounds=list(value.bounds), counts=list(value.counts))
     elif isinstance(value, ExpHistogramValue):
         row.update(
-            count=value.count,
-            sum=value.sum,
-            min=value.min,
-            max=value.max,
             scale=value.scale,
             zero_count=value.zero_count,
             positive={str(i): n for i, n in value.positive},
