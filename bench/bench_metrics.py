@@ -138,7 +138,14 @@ def instruments(report: Report, n: int) -> None:
 
     scalar = pipeline.scalar("bench_scalar")
     pipeline.ring.set_capacity(10 * n)
-    per_call(report, "scalar.record() (to the ring)", "stepscope", scalar.record, n, 0.3)
+    report.measure(
+        "scalar.record() (to the ring)",
+        "stepscope",
+        loop(scalar.record, n, (0.3,)),
+        repeat=7,
+        per_call=n,
+        setup=pipeline.ring.items.clear,  # every repetition starts with an empty ring
+    )
     pipeline.ring.drain()
     pipeline.shutdown()
     provider.shutdown()

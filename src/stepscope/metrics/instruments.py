@@ -591,7 +591,12 @@ class ScalarSeries:
             except TypeError as exc:
                 _bad_value(self.name, exc)
                 return
-        self._ring.put(self, step, value)
+        ring = self._ring
+        items = ring.items
+        if len(items) < ring.high_water:
+            items.append((self, step, value))
+        else:
+            ring.put(self, step, value)  # nearly full: wakes the export thread, or drops
 
     def _drain(self, step: int | None, value: float) -> None:
         acc = self._open.get(step)

@@ -26,12 +26,12 @@ DEFAULT_CAPACITY = 65536
 class Ring:
     """A bounded multi-producer, single-consumer queue that counts what it drops."""
 
-    __slots__ = ("_dropped", "_high_water", "_lock", "_wake", "capacity", "items")
+    __slots__ = ("_dropped", "_lock", "_wake", "capacity", "high_water", "items")
 
     def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
         self.items: deque[tuple[Any, Any, Any]] = deque()
         self.capacity = capacity
-        self._high_water = capacity * 3 // 4
+        self.high_water = capacity * 3 // 4
         self._dropped: dict[str, int] = {}
         self._lock = threading.Lock()
         self._wake: Callable[[], None] | None = None
@@ -42,7 +42,7 @@ class Ring:
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
             raise ValueError(f"ring capacity must be a positive int, got {capacity!r}")
         self.capacity = capacity
-        self._high_water = capacity * 3 // 4
+        self.high_water = capacity * 3 // 4
 
     def set_waker(self, wake: Callable[[], None] | None) -> None:
         """Called (from the producer) when the ring passes three quarters full."""
@@ -52,7 +52,7 @@ class Ring:
         """Queue one item; False (counted under ``target.drop_key``) when the ring is full."""
         items = self.items
         n = len(items)
-        if n < self._high_water:
+        if n < self.high_water:
             items.append((target, a, b))
             return True
         if n < self.capacity:
