@@ -8,16 +8,14 @@ re-raises instead.
 from __future__ import annotations
 
 import logging
-import threading
 
-__all__ = ["LOGGER", "is_strict", "report_failure", "set_strict"]
+from stepscope.failures import FailureLog
+
+__all__ = ["LOGGER", "failure_counts", "is_strict", "report_failure", "set_strict"]
 
 LOGGER = logging.getLogger("stepscope.metrics")
 
 _strict = False
-_logged: set[str] = set()
-_lock = threading.Lock()
-_counts: dict[str, int] = {}
 
 
 def set_strict(strict: bool) -> None:
@@ -31,33 +29,7 @@ def is_strict() -> bool:
     return _strict
 
 
-def report_failure(kind: str, key: str, exc: BaseException) -> None:
-    """Count a failure of ``kind`` and log it once per ``key``; re-raise in strict mode."""
-    with _lock:
-        _counts[kind] = _counts.get(kind, 0) + 1
-        first = key not in _logged
-        if first:
-            _logged.add(key)
-    if _strict:
-        raise exc
-    if first:
-        LOGGER.warning(
-            "stepscope.metrics: %s in %s: %s: %s (counted; further ones are not logged)",
-            kind.replace("_", " "),
-            key,
-            type(exc).__name__,
-            exc,
-        )
-
-
-def failure_counts() -> dict[str, int]:
-    """How many failures of each kind were reported in this process."""
-    with _lock:
-        return dict(_counts)
-
-
-def reset_after_fork() -> None:
-    """Give a forked child its own lock and zero counts."""
-    global _lock
-    _lock = threading.Lock()
-    _counts.clear()
+_log = FailureLog("stepscope.metrics", LOGGER, is_strict)
+report_failure = _log.report
+failure_counts = _log.counts
+reset_after_fork = _log.reset_in_child
