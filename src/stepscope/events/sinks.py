@@ -164,9 +164,9 @@ class JsonlHandler(logging.Handler):
         self.pipeline.flush(timeout_s)
 
     def close(self) -> None:
-        """Write what is queued, then close the file."""
+        """Write what is queued, close the channel and the file (later records count as dropped)."""
         if not self.pipeline.closed:
-            self.flush()
+            self.pipeline.close_channel(self.channel.name)
         self.sink.close()
         super().close()
 
