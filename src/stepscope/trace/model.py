@@ -347,7 +347,8 @@ class Trace:
         }
 
     def event_count(self) -> int:
-        """Number of Chrome ``traceEvents`` this trace writes (samples are stored separately)."""
+        """Number of events in the tables, as ``traceEvents`` (samples excluded: the writer puts
+        them in ``samples``, plus a flame chart it derives from them)."""
         return (
             len(self.spans)
             + len(self.instants)
