@@ -496,3 +496,22 @@ def test_counter_tracks_are_sampled_at_every_recorded_step() -> None:
     ]
     # start (step 2), the boundaries 2->3 and 3->4, and stop: four samples, growing by 10 a step
     assert [e.values["items"] for e in events] == [20.0, 30.0, 40.0, 50.0]
+
+
+def test_a_trace_that_cannot_be_written_does_not_stop_the_loop(tmp_path: Path, caplog: Any) -> None:
+    from stepscope.profiler.handlers import write_failures
+
+    out = tmp_path / "traces"
+    handler = trace_handler(out)
+    out.rmdir()
+    out.write_text("now a file, not a directory")  # every later write fails
+    before = write_failures().get("trace_write_error", 0)
+    with caplog.at_level(logging.WARNING, logger="stepscope"):
+        prof, _ = run_loop(6, schedule=schedule(wait=0, warmup=1, active=1), on_trace_ready=handler)
+    assert prof.step_num == 6
+    assert write_failures()["trace_write_error"] - before == 4  # 3 windows + the flushed warmup
+    assert sum("trace write error" in r.message for r in caplog.records) == 1
+    strict = profile(strict=True, on_trace_ready=handler)
+    strict.start()
+    with pytest.raises(OSError, match="cannot create the trace directory"):
+        strict.stop()

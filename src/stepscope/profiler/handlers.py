@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 from collections.abc import Callable
@@ -10,8 +11,16 @@ from typing import Any
 
 from stepscope import clock
 from stepscope.distributed import rank_and_world_size
+from stepscope.failures import FailureLog
 
-__all__ = ["default_worker_name", "tensorboard_trace_handler", "trace_handler"]
+__all__ = ["default_worker_name", "tensorboard_trace_handler", "trace_handler", "write_failures"]
+
+_failures = FailureLog("stepscope.profiler", logging.getLogger("stepscope"), lambda: False)
+
+
+def write_failures() -> dict[str, int]:
+    """How many trace files trace handlers could not write in this process."""
+    return _failures.counts()
 
 
 def default_worker_name() -> str:
@@ -34,20 +43,27 @@ def _make_dir(dir_name: Path) -> None:
 
 def trace_handler(
     dir_name: str | os.PathLike[str], worker_name: str | None = None, use_gzip: bool = False
-) -> Callable[[Any], str]:
+) -> Callable[[Any], str | None]:
     """``on_trace_ready`` writing ``{worker}.{unix_ns}.pt.trace.json[.gz]`` into ``dir_name``."""
     directory = Path(dir_name)
     _make_dir(directory)
     if worker_name is not None and (not worker_name or "/" in worker_name):
         raise ValueError(f"worker_name must be a non-empty file name part, got {worker_name!r}")
 
-    def handler(prof: Any) -> str:
-        _make_dir(directory)
+    def handler(prof: Any) -> str | None:
         worker = worker_name or default_worker_name()
         stamp = clock.to_unix_ns(clock.now_ns())
         name = f"{worker}.{stamp}.pt.trace.json" + (".gz" if use_gzip else "")
         path = directory / name
-        prof.export_chrome_trace(path)
+        try:
+            _make_dir(directory)
+            prof.export_chrome_trace(path)
+        except OSError as exc:
+            # A full disk or a vanished directory must not end a long training run.
+            if getattr(prof, "strict", False):
+                raise
+            _failures.report("trace_write_error", str(directory), exc)
+            return None
         return str(path)
 
     return handler
