@@ -52,15 +52,13 @@ def torch_available() -> bool:
 
 def _wall_offset_ns() -> int:
     """CLOCK_REALTIME minus stepscope's Unix time, from the tightest of a few paired readings."""
-    best: tuple[int, int] | None = None
+    readings = []
     for _ in range(5):
         before = clock.now_ns()
         wall = time.time_ns()
         after = clock.now_ns()
-        if best is None or after - before < best[0]:
-            best = (after - before, wall - clock.to_unix_ns((before + after) // 2))
-    assert best is not None
-    return best[1]
+        readings.append((after - before, wall - clock.to_unix_ns((before + after) // 2)))
+    return min(readings)[1]
 
 
 class TorchCollector(Collector):

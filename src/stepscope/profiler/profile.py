@@ -361,22 +361,22 @@ class profile:
 
     def prepare_trace(self) -> None:
         """Create the next window and let collectors get ready (WARMUP)."""
+        self._new_window()
+
+    def _new_window(self) -> WindowContext:
         self._broken.clear()
-        self._ctx = WindowContext(window=self._window_index)
+        ctx = self._ctx = WindowContext(window=self._window_index)
         self._window_first_step = self.step_num
-        ctx = self._ctx
         for collector in self.collectors:
             self._guarded(collector, "prepare", functools.partial(collector.prepare, ctx))
+        return ctx
 
     def start_trace(self) -> None:
         """Start recording the window (RECORD)."""
-        if self._ctx is None:
-            self.prepare_trace()
-        assert self._ctx is not None
+        ctx = self._ctx if self._ctx is not None else self._new_window()
         clock.refine()
         if self.execution_trace_observer is not None:
             self.execution_trace_observer.start()
-        ctx = self._ctx
         self._window_first_step = self.step_num
         ctx.start_ns = clock.now_ns()
         for collector in self.collectors:
