@@ -38,9 +38,11 @@ DEVICE_NAMES = {
 # Metadata torch writes that stepscope writes itself (or must not take from torch).
 TORCH_OWN_KEYS = frozenset({"trace_id", "traceName"})
 # Kineto bookkeeping args dropped in the merge: "Ev Idx" is the event's index in Kineto's own
-# list (meaningless once merged; HTA defaults it), "Record function id" 0 is the default.
+# list (meaningless once merged; HTA defaults it), "Record function id" 0 is the default, and a
+# "Concrete Inputs" list of empty strings only repeats how many inputs "Input Dims" has.
 KINETO_INDEX_ARG = "Ev Idx"
 RECORD_FUNCTION_ID_ARG = "Record function id"
+CONCRETE_INPUTS_ARG = "Concrete Inputs"
 
 
 def torch_available() -> bool:
@@ -204,3 +206,6 @@ def _drop_bookkeeping(trace: Trace) -> None:
             args.pop(KINETO_INDEX_ARG, None)
             if args.get(RECORD_FUNCTION_ID_ARG) == 0:
                 del args[RECORD_FUNCTION_ID_ARG]
+            concrete = args.get(CONCRETE_INPUTS_ARG)
+            if isinstance(concrete, list) and not any(concrete) and "Input Dims" in args:
+                del args[CONCRETE_INPUTS_ARG]
