@@ -591,3 +591,14 @@ def test_metrics_demo_example_runs() -> None:
     assert "stepscope_step 5.0" in lines
     assert any(line.startswith("train_loss ") for line in lines)
     assert any(line.startswith('train_step_seconds_bucket{le="+Inf"} 5.0') for line in lines)
+
+
+def test_jsonl_lines_stay_valid_json_when_a_value_is_nan() -> None:
+    from stepscope.metrics.exporters.files import JsonlExporter
+
+    text = JsonlExporter.format(None, [{"name": "loss", "value": float("nan")}])  # type: ignore[arg-type]
+
+    def reject(constant: str) -> None:
+        raise ValueError(f"non-standard JSON constant {constant}")
+
+    assert json.loads(text, parse_constant=reject) == {"name": "loss", "value": "NaN"}

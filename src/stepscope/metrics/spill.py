@@ -13,6 +13,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from stepscope.trace.chrome import json_bytes
+
 __all__ = ["SpillFile", "read_spill"]
 
 
@@ -40,9 +42,7 @@ class SpillFile:
     def write(self, entries: list[dict[str, Any]]) -> str | None:
         """Append ``entries``; None on success, else the reason they were not written."""
         try:
-            data = "".join(
-                json.dumps(e, separators=(",", ":"), default=str) + "\n" for e in entries
-            )
+            data = "".join(json_bytes(e).decode("utf-8") + "\n" for e in entries)
         except (TypeError, ValueError):
             return "unserialisable"
         raw = data.encode()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import os
 from pathlib import Path
 from typing import IO, Any
@@ -17,6 +16,7 @@ from typing import IO, Any
 from stepscope.metrics.exporters.base import Exporter
 from stepscope.metrics.exporters.rows import ChangeFilter, rows
 from stepscope.metrics.points import ExportBatch
+from stepscope.trace.chrome import json_bytes
 
 __all__ = ["CsvExporter", "JsonlExporter", "RotatingFile"]
 
@@ -131,7 +131,8 @@ class JsonlExporter(_FileExporter):
 
     def format(self, lines: list[dict[str, Any]]) -> str:
         """One JSON object per line."""
-        return "".join(json.dumps(r, separators=(",", ":"), default=str) + "\n" for r in lines)
+        # json_bytes: NaN/inf (a diverged loss) become strings, so every line stays valid JSON
+        return "".join(json_bytes(r).decode("utf-8") + "\n" for r in lines)
 
 
 CSV_COLUMNS = (
