@@ -10,13 +10,13 @@ windows (Python functions, annotations) in the same JSON shape: ``nodes`` with `
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import sys
 from typing import Any
 
 from stepscope import clock
 from stepscope.atomic import atomic_output, ensure_parent
+from stepscope.trace.chrome import json_bytes
 from stepscope.trace.model import Trace
 from stepscope.trace.nesting import nest_spans
 
@@ -167,5 +167,5 @@ class ExecutionTraceObserver:
             "finish_ts": clock.to_unix_ns(clock.now_ns()),
         }
         with atomic_output(self._output_file_path, what="execution trace") as fh:
-            fh.write(json.dumps(doc, default=str).encode("utf-8"))
+            fh.write(json_bytes(doc))
         self._nodes = []
