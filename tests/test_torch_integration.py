@@ -258,3 +258,33 @@ def test_reading_back_keeps_torch_events(tmp_path: Path) -> None:
     assert back.event_count() == prof.trace().event_count()
     spans: list[Span] = list(back.iter_spans())
     assert any(s.cat == "cpu_op" for s in spans)
+
+
+def test_distributed_info_comes_from_an_initialised_process_group(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    import socket as socket_module
+
+    dist = pytest.importorskip("torch.distributed")
+    if not dist.is_available():
+        pytest.skip("torch.distributed is not available in this build")
+    with socket_module.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    monkeypatch.delenv("RANK", raising=False)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        with (
+            profile(on_trace_ready=stepscope.trace_handler(tmp_path)) as prof,
+            record_function("step"),
+        ):
+            pass
+    finally:
+        dist.destroy_process_group()
+    info = prof.trace().distributed_info
+    assert info is not None
+    assert (info["backend"], info["rank"], info["world_size"]) == ("gloo", 0, 1)
+    assert info["pg_count"] >= 1
+    (name,) = os.listdir(tmp_path)
+    assert name.endswith(".pt.trace.json") and "_rank0." in name
+    assert '"rank": 0' in (tmp_path / name).read_text()
