@@ -9,6 +9,7 @@ torch's bytes for the same events.
 
 from __future__ import annotations
 
+import gc
 import json
 import tempfile
 import time
@@ -60,6 +61,7 @@ def run_torch(train: Any, options: dict[str, Any], out: Path) -> tuple[float, fl
     from torch.profiler import ProfilerActivity, profile
 
     prof = profile(activities=[ProfilerActivity.CPU], **options)
+    gc.collect()  # start every timed run from the same heap
     prof.start()
     start = time.perf_counter()
     train(prof.step)
@@ -74,6 +76,7 @@ def run_stepscope(train: Any, options: dict[str, Any], out: Path) -> tuple[float
     import stepscope
 
     prof = stepscope.profile(activities=[stepscope.ProfilerActivity.CPU], **options)
+    gc.collect()  # start every timed run from the same heap
     prof.start()
     start = time.perf_counter()
     train(prof.step)
@@ -95,11 +98,12 @@ def run(report: Report) -> None:
         report.note("torch not installed: train benchmark skipped")
         return
     steps = 20 if report.quick else 50
-    repeat = 3 if report.quick else 5
+    repeat = 3 if report.quick else 9
     train = make_workload(steps)
     train(None)  # warm up allocators and the autograd graph
     base = []
     for _ in range(repeat):
+        gc.collect()
         start = time.perf_counter()
         train(None)
         base.append(time.perf_counter() - start)
