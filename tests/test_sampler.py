@@ -230,7 +230,9 @@ def test_a_failing_backend_stops_sampling_without_breaking_the_program(
     workload(0.05)
     data = sampler.stop(5)
     assert sampler.errors == 1 and "out of sample space" in (sampler.error or "")
-    assert "stack sampler failed" in caplog.text and len(data) == 0
+    # sampling stopped at the failure: at most the few samples taken before the patch remain
+    # (a sampler that went on would have taken about 50 in these 50 ms)
+    assert "stack sampler failed" in caplog.text and len(data) < 25
 
 
 @pytest.mark.parametrize(
