@@ -56,11 +56,8 @@ def make_workload(steps: int) -> Callable[[Callable[[], None] | None], None]:
     return train
 
 
-def run_torch(train: Any, options: dict[str, Any], out: Path) -> tuple[float, float]:
+def timed_profile(prof: Any, train: Any, out: Path) -> tuple[float, float]:
     """(seconds of the profiled loop, seconds to stop and write the trace)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    prof = profile(activities=[ProfilerActivity.CPU], **options)
     gc.collect()  # start every timed run from the same heap
     prof.start()
     start = time.perf_counter()
@@ -71,19 +68,19 @@ def run_torch(train: Any, options: dict[str, Any], out: Path) -> tuple[float, fl
     return loop, time.perf_counter() - start - loop
 
 
+def run_torch(train: Any, options: dict[str, Any], out: Path) -> tuple[float, float]:
+    """torch.profiler with ``options``: (loop seconds, stop + export seconds)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    return timed_profile(profile(activities=[ProfilerActivity.CPU], **options), train, out)
+
+
 def run_stepscope(train: Any, options: dict[str, Any], out: Path) -> tuple[float, float]:
-    """(seconds of the profiled loop, seconds to stop and write the trace)."""
+    """stepscope with ``options``: (loop seconds, stop + export seconds)."""
     import stepscope
 
     prof = stepscope.profile(activities=[stepscope.ProfilerActivity.CPU], **options)
-    gc.collect()  # start every timed run from the same heap
-    prof.start()
-    start = time.perf_counter()
-    train(prof.step)
-    loop = time.perf_counter() - start
-    prof.stop()
-    prof.export_chrome_trace(out)
-    return loop, time.perf_counter() - start - loop
+    return timed_profile(prof, train, out)
 
 
 def event_count(path: Path) -> int:
