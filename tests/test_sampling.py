@@ -23,6 +23,8 @@ from stepscope.sampling import (
     sampled,
 )
 from stepscope.sampling.pyspy import find_py_spy
+from stepscope.sampling.result import trim_stacks
+from stepscope.trace.model import TraceBuilder
 
 
 def phases(first: float, second: float) -> None:
@@ -101,6 +103,23 @@ def test_py_spy_backend_end_to_end(fmt: str) -> None:
     assert_seventy_percent(result)
     assert all(stack.startswith("workload (") for stack in result.collapsed)
     assert "py-spy" not in child_processes()
+
+
+def test_samples_of_the_profiler_around_the_call_are_left_out_and_counted() -> None:
+    builder = TraceBuilder()
+    main, anchor = builder.frame("main", "app.py"), builder.frame("profile", "fp.py", 10)
+    stacks = {
+        "user": [main, anchor, builder.frame("workload", "w.py"), builder.frame("hot", "w.py")],
+        "starting": [main, anchor, builder.frame("_open", "fp.py", 50)],
+        "in the anchor": [main, anchor],
+        "no anchor": [main],
+    }
+    for weight, frames in enumerate(stacks.values(), 1):
+        builder.sample(1, 1, weight, builder.stack(frames), weight)
+    trimmed, own = trim_stacks(builder.build(), {("profile", "fp.py")})
+    assert own == 2 + 3
+    kept = [trimmed.stack_frames(s) for s in trimmed.samples["stack"]]
+    assert [names[:1] for names in kept] == [("workload",), ("main",)]
 
 
 def test_missing_py_spy_falls_back_to_inprocess(caplog: pytest.LogCaptureFixture) -> None:

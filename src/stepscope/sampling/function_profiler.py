@@ -200,8 +200,9 @@ class FunctionProfiler:
         try:
             trace, truncated, dropped = session.stop(self.timeout_wait_for_finished_sec)
             anchors = {(name, __file__) for name in _ANCHOR_NAMES}
+            trimmed, profiler_samples = trim_stacks(trace, anchors)
             result = ProfileResult(
-                trace=trim_stacks(trace, anchors),
+                trace=trimmed,
                 backend=session.backend,
                 rate_hz=self.sample_rate_hz,
                 duration_s=duration_s,
@@ -211,6 +212,7 @@ class FunctionProfiler:
                 truncated=truncated,
                 function_raised=raised,
                 dropped_samples=dropped,
+                profiler_samples=profiler_samples,
                 fallback_reason=fallback,
             )
             if self.output_dir is not None:

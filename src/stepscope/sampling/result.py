@@ -39,11 +39,15 @@ class FunctionStats:
         return sample_frame_label(self.name, self.file)
 
 
-def trim_stacks(trace: Trace, anchors: set[tuple[str, str]]) -> Trace:
+def trim_stacks(trace: Trace, anchors: set[tuple[str, str]]) -> tuple[Trace, int]:
     """A copy of the trace's samples whose stacks start below the last anchor frame.
 
-    Anchors are (function name, file) pairs; stacks without one are kept whole.
+    Anchors are (function name, file) pairs; stacks without one are kept whole. Samples taken
+    in the anchor's own file below the anchor (the profiler starting or stopping around the
+    call) are left out; their weight is returned beside the copy.
     """
+    anchor_files = {file for _, file in anchors}
+    own_weight = 0
     out = TraceBuilder(base_time_ns=trace.base_time_ns)
     out.metadata.update(trace.metadata)
     out.trace_name = trace.trace_name
@@ -71,9 +75,13 @@ def trim_stacks(trace: Trace, anchors: set[tuple[str, str]]) -> Trace:
                 node = stacks["parent"][node]
             path.reverse()
             cut = max((i + 1 for i, f in enumerate(path) if (f[0], f[1]) in anchors), default=0)
-            sid = mapped[stack] = out.stack([out.frame(*f) for f in path[cut:]])
+            own = cut > 0 and (cut == len(path) or path[cut][1] in anchor_files)
+            sid = mapped[stack] = -2 if own else out.stack([out.frame(*f) for f in path[cut:]])
+        if sid == -2:
+            own_weight += weight
+            continue
         out.sample(trace.label(pid), trace.label(tid), ts, sid, weight, bool(idle))
-    return out.build()
+    return out.build(), own_weight
 
 
 def _function_stats(trace: Trace, include_idle: bool) -> tuple[list[FunctionStats], int, int]:
@@ -142,6 +150,8 @@ class ProfileResult:
     """Sampling stopped at ``max_profile_duration_sec`` before the call returned."""
     function_raised: bool = False
     dropped_samples: int = 0
+    profiler_samples: int = 0
+    """Samples taken in the profiler's own code around the call (not in the totals)."""
     fallback_reason: str | None = None
     """Why the requested backend was not used, when the profiler fell back to another."""
     functions: tuple[FunctionStats, ...] = field(init=False)
@@ -186,6 +196,7 @@ class ProfileResult:
             "total_samples": self.total_samples,
             "idle_samples": self.idle_samples,
             "dropped_samples": self.dropped_samples,
+            "profiler_samples": self.profiler_samples,
             "truncated": self.truncated,
             "tags": list(self.tags),
         }
