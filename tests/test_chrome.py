@@ -21,7 +21,7 @@ from stepscope.trace import (
     read_chrome_trace,
     write_chrome_trace,
 )
-from stepscope.trace.chrome import format_spans_python, json_bytes
+from stepscope.trace.chrome import format_spans_python, json_bytes, spans_from_events_python
 
 
 def strict_load(path: Path) -> dict[str, Any]:
@@ -128,6 +128,79 @@ def test_c_span_formatter_matches_the_python_twin() -> None:
         ) == format_spans_python(cols, lo, hi, strings, trace.args, json_bytes, 17)
     with pytest.raises(IndexError):
         mod.format_spans(cols, 0, 10_000, strings, trace.args, json_bytes, 0)
+
+
+event_values = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**64), max_value=2**64),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.sampled_from([0, 1.0, -2.0, 2**62, 2**62 - 1, -(2**62), 9.3e15, 4.6e15, 1.5]),
+    st.text(max_size=3),
+    st.dictionaries(st.text(max_size=2), st.integers(), max_size=2),
+    st.lists(st.integers(), max_size=2),
+)
+chrome_events = st.one_of(
+    st.fixed_dictionaries(
+        {"ph": st.sampled_from(["X", "X", "X", "B", "i", "x"])},
+        optional={
+            key: event_values | st.sampled_from(["stepscope_sampled", "cpu_op"])
+            for key in ("name", "cat", "pid", "tid", "ts", "dur", "args")
+        },
+    ),
+    event_values,
+)
+
+
+@pytest.mark.skipif(native() is None, reason="C extension not built")
+@settings(max_examples=300, deadline=None)
+@given(events=st.lists(chrome_events, max_size=25))
+def test_c_event_reader_matches_the_python_twin(events: list[Any]) -> None:
+    mod = native()
+    assert mod is not None
+    tables: list[tuple[dict[str, int], list[str], list[Any]]] = [
+        ({"": 0, "seen": 1}, ["", "seen"], ["old"]) for _ in range(2)
+    ]
+    c_out = mod.spans_from_events(events, *tables[0], "stepscope_sampled")
+    py_out = spans_from_events_python(events, *tables[1], "stepscope_sampled")
+    assert c_out == py_out
+    assert tables[0][0] == tables[1][0] and tables[0][1] == tables[1][1]
+    assert [id(a) for a in tables[0][2]] == [id(a) for a in tables[1][2]]
+
+
+@pytest.mark.parametrize(
+    ("event", "message"),
+    [
+        ({"ph": "X", "name": "a", "ts": math.nan}, "ts must be a finite number"),
+        ({"ph": "X", "name": "a", "ts": 1, "dur": 1e300}, "dur must be a finite number"),
+        ({"ph": "X", "name": "a", "ts": 2**70}, "ts must be a finite number"),
+        ({"ph": "X", "name": "a", "ts": 1, "pid": 2**63}, "pid must be an integer"),
+        ({"ph": "X", "name": "a", "ts": 1, "tid": True}, "tid must be an integer"),
+    ],
+)
+def test_out_of_range_event_values_are_named(
+    tmp_path: Path, event: dict[str, Any], message: str
+) -> None:
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps({"traceEvents": [{"ph": "X", "name": "ok", "ts": 0}, event]}))
+    with pytest.raises(ChromeTraceError, match=rf"traceEvents\[1\]: {message}"):
+        read_chrome_trace(path)
+
+
+def test_spans_keep_file_order_across_int_and_string_labels(tmp_path: Path) -> None:
+    events = [
+        {"ph": "X", "name": "a", "pid": 1, "tid": 1, "ts": 1},
+        {"ph": "X", "name": "b", "pid": "GPU", "tid": 2.0, "ts": 2},
+        {"ph": "X", "name": "c", "ts": 3, "dur": 1.5},
+    ]
+    path = tmp_path / "order.json"
+    path.write_text(json.dumps(events))
+    spans = list(read_chrome_trace(path).iter_spans())
+    assert [(s.name, s.pid, s.tid, s.dur_ns) for s in spans] == [
+        ("a", 1, 1, 0),
+        ("b", "GPU", 2, 0),
+        ("c", 0, 0, 1500),
+    ]
 
 
 hostile_text = st.text(

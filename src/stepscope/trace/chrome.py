@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import itertools
 import json
 import math
 import os
 import queue
 import threading
 import zlib
+from array import array
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +28,7 @@ from typing import IO, Any
 
 from stepscope._ext import native
 from stepscope.atomic import atomic_output, ensure_parent
-from stepscope.trace.model import LABEL_BASE, Trace, TraceBuilder
+from stepscope.trace.model import LABEL_BASE, SPAN_COLUMNS, Trace, TraceBuilder
 from stepscope.trace.sampled_spans import (
     IDLE_FRAME,
     SAMPLED_CATEGORY,
@@ -533,21 +533,23 @@ def _load_bytes(path: Path) -> bytes:
 
 
 def _ns(value: Any, what: str, index: int, path: Path) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    ns = _plain_us(value)
+    if ns is None:
         raise ChromeTraceError(
-            f"{path}: traceEvents[{index}]: {what} must be a number of microseconds, got {value!r}"
+            f"{path}: traceEvents[{index}]: {what} must be a finite number of microseconds "
+            f"(|value| < {_MAX_US}), got {value!r}"
         )
-    return round(value * 1000)
+    return ns
 
 
 def _label(value: Any, what: str, index: int, path: Path) -> int | str:
-    if isinstance(value, bool) or not isinstance(value, (int, str)):
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
+    label = _plain_label(value)
+    if label is None:
         raise ChromeTraceError(
-            f"{path}: traceEvents[{index}]: {what} must be an integer or a string, got {value!r}"
+            f"{path}: traceEvents[{index}]: {what} must be an integer (|value| < 2**62) or a "
+            f"string, got {value!r}"
         )
-    return value
+    return label
 
 
 def _str(value: Any, what: str, index: int, path: Path) -> str:
@@ -627,76 +629,101 @@ def _read_document(p: Path, data: bytes) -> Trace:
     return b.build()
 
 
-_NONE_TYPE = type(None)
+# Largest |microseconds| whose nanoseconds fit the int64 time columns.
+_MAX_US = (2**63 - 1) // 1000
+_MAX_NS_FLOAT = 9.2e18
 
 
-def _bulk_spans(xs: list[dict[str, Any]], b: TraceBuilder) -> bool:
-    """Append plain ``X`` events column by column (the fast path for large traces).
+def _plain_us(value: Any) -> int | None:
+    """Nanoseconds of a plain time (int, or finite float in range), else None."""
+    if type(value) is int:
+        return value * 1000 if -_MAX_US <= value <= _MAX_US else None
+    if type(value) is float:
+        ns = value * 1000
+        return round(ns) if math.isfinite(ns) and abs(ns) < _MAX_NS_FLOAT else None
+    return None
 
-    Returns False, appending nothing, when any event is not plain (a string pid, a missing
-    ``ts`` ...): the caller then reads event by event, which names the bad event.
+
+def _plain_label(value: Any) -> int | str | None:
+    """A pid/tid as stored (an int in range, an integral float as int, a str), else None."""
+    if type(value) is float and value.is_integer():
+        value = int(value)
+    if type(value) is int:
+        return value if -LABEL_BASE <= value < LABEL_BASE else None
+    return value if type(value) is str else None
+
+
+def spans_from_events_python(
+    events: list[Any],
+    string_ids: dict[str, int],
+    strings: list[str],
+    args_store: list[Any],
+    skip_cat: str,
+) -> tuple[list[int], tuple[bytes, ...]]:
+    """Plain ``X`` events to span-column bytes, interning in place; the indices of the rest.
+
+    Twin of the C ``spans_from_events``: plain means a string or absent name and cat (not
+    ``skip_cat``), an integer or string pid/tid, finite ts/dur and object or absent args.
     """
-    names = [e.get("name") for e in xs]
-    cats = [e.get("cat") for e in xs]
-    pids = [e.get("pid", 0) for e in xs]
-    tids = [e.get("tid", 0) for e in xs]
-    starts: list[Any] = [e.get("ts") for e in xs]
-    durs = [e.get("dur", 0) for e in xs]
-    args = [e.get("args") for e in xs]
-    plain = (
-        set(map(type, names)) <= {str}
-        and set(map(type, cats)) <= {str, _NONE_TYPE}
-        and set(map(type, pids)) <= {int}
-        and set(map(type, tids)) <= {int}
-        and set(map(type, starts)) <= {int, float}
-        and set(map(type, durs)) <= {int, float}
-        and set(map(type, args)) <= {dict, _NONE_TYPE}
-    )
-    if not plain:
-        return False
-    if xs and not (
-        min(pids) >= -LABEL_BASE
-        and max(pids) < LABEL_BASE
-        and min(tids) >= -LABEL_BASE
-        and max(tids) < LABEL_BASE
-    ):
-        return False
-    b.extend_spans(
-        b.intern_many(names),
-        b.intern_many(cats),
-        pids,
-        tids,
-        [round(t * 1000) for t in starts],
-        [round(d * 1000) for d in durs],
-        b.add_args_many(args),
-    )
-    return True
+    cols = tuple(array(code) for _, code in SPAN_COLUMNS)
+    name_col, cat_col, pid_col, tid_col, start_col, dur_col, args_col = cols
+    rest: list[int] = []
 
+    def intern(text: str) -> int:
+        sid = string_ids.get(text)
+        if sid is None:
+            sid = string_ids[text] = len(strings)
+            strings.append(text)
+        return sid
 
-def _bulk_candidate(ev: Any) -> bool:
-    """An ``X`` event with integer pid/tid (most of them): read in bulk."""
-    return (
-        type(ev) is dict
-        and ev.get("ph") == "X"
-        and type(ev.get("pid", 0)) is int
-        and type(ev.get("tid", 0)) is int
-        and ev.get("cat") != SAMPLED_CATEGORY
-    )
+    for i, ev in enumerate(events):
+        if type(ev) is not dict or ev.get("ph") != "X":
+            rest.append(i)
+            continue
+        name, cat, args = ev.get("name"), ev.get("cat"), ev.get("args")
+        pid, tid = _plain_label(ev.get("pid", 0)), _plain_label(ev.get("tid", 0))
+        start = _plain_us(ev.get("ts"))
+        dur = _plain_us(ev.get("dur", 0))
+        if not (
+            (name is None or type(name) is str)
+            and (cat is None or (type(cat) is str and cat != skip_cat))
+            and pid is not None
+            and tid is not None
+            and start is not None
+            and dur is not None
+            and (args is None or type(args) is dict)
+        ):
+            rest.append(i)
+            continue
+        name_col.append(0 if name is None else intern(name))
+        cat_col.append(0 if cat is None else intern(cat))
+        pid_col.append(LABEL_BASE + intern(pid) if isinstance(pid, str) else pid)
+        tid_col.append(LABEL_BASE + intern(tid) if isinstance(tid, str) else tid)
+        start_col.append(start)
+        dur_col.append(dur)
+        if args is None:
+            args_col.append(-1)
+        else:
+            args_col.append(len(args_store))
+            args_store.append(args)
+    return rest, tuple(col.tobytes() for col in cols)
 
 
 def _read_events(events: list[Any], b: TraceBuilder, p: Path) -> dict[str, int]:
-    """Read runs of plain ``X`` events in bulk and the rest one by one, keeping file order."""
+    """Read the ``X`` events in bulk, then the rest one by one in file order.
+
+    Spans closed from ``B``/``E`` pairs come after the ``X`` spans; an ``X`` event the bulk
+    reader leaves is one the per-event reader skips or rejects with a clear error.
+    """
     skipped: dict[str, int] = {}
     open_begins: _OpenBegins = {}  # B events waiting for their E, per (pid, tid)
-    flags = [_bulk_candidate(ev) for ev in events]
-    position = 0
-    for bulk, run in itertools.groupby(flags):
-        size = sum(1 for _ in run)
-        chunk = events[position : position + size]
-        if not (bulk and _bulk_spans(chunk, b)):
-            indexed = list(zip(range(position, position + size), chunk, strict=True))
-            _read_event_list(indexed, b, p, skipped, open_begins)
-        position += size
+    mod = native()
+    reader: Callable[..., tuple[list[int], tuple[bytes, ...]]] = (
+        mod.spans_from_events if mod is not None else spans_from_events_python
+    )
+    rest, columns = reader(events, *b.bulk_tables(), SAMPLED_CATEGORY)
+    b.extend_span_bytes(columns)
+    _read_event_list([(i, events[i]) for i in rest], b, p, skipped, open_begins)
     unmatched = sum(len(s) for s in open_begins.values())
     if unmatched:
         skipped["B(unmatched)"] = unmatched

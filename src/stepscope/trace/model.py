@@ -477,6 +477,23 @@ class TraceBuilder:
         else:
             cols["args"].extend(args_refs)
 
+    def bulk_tables(self) -> tuple[dict[str, int], list[str], list[Any]]:
+        """The live string ids, strings and args store, for bulk readers that append in place."""
+        return self._string_ids, self._strings, self._args
+
+    def extend_span_bytes(self, columns: Sequence[bytes]) -> None:
+        """Append spans from the machine-order bytes of the seven span columns (interned ids)."""
+        cols = self._cols["spans"]
+        staged = []
+        for (name, code), data in zip(SPAN_COLUMNS, columns, strict=True):
+            column = array(code)
+            column.frombytes(data)
+            staged.append((cols[name], column))
+        if len({len(column) for _, column in staged}) > 1:
+            raise ValueError("extend_span_bytes: all columns must have the same length")
+        for dst, column in staged:
+            dst.extend(column)
+
     def add_args_many(self, many: Iterable[Mapping[str, Any] | None]) -> list[int]:
         """Store many args mappings (None = no args); their refs, for ``extend_spans``."""
         refs = []
@@ -662,11 +679,12 @@ class TraceBuilder:
                 if keep is not None:
                     values = [values[i] for i in keep]
                 if col in ("name", "cat", "series"):
-                    dst[col].extend(remap[v] for v in values)
+                    dst[col].extend(map(remap.__getitem__, values))
                 elif col in ("pid", "tid"):
-                    dst[col].extend(remap_label(v) for v in values)
+                    labelled = len(values) and max(values) >= LABEL_BASE
+                    dst[col].extend(map(remap_label, values) if labelled else values)
                 elif col in ("start_ns", "ts_ns"):
-                    dst[col].extend(v + shift for v in values)
+                    dst[col].extend(map(shift.__add__, values) if shift else values)
                 elif col == "args":
                     dst[col].extend(v + args_offset if v >= 0 else -1 for v in values)
                 else:
