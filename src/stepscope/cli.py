@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 # subcommand -> module defining ``add_arguments(parser)`` and ``run(args) -> int``
 SUBCOMMANDS: dict[str, str] = {
+    "run": "stepscope.run_cli",
     "kernels": "stepscope.kernels_cli",
 }
 
