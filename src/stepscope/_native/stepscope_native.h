@@ -18,5 +18,6 @@ int ss_annotations_init(PyObject *module);
 int ss_tracer_init(PyObject *module);
 int ss_sampler_init(PyObject *module);
 int ss_columns_init(PyObject *module);
+int ss_scan_init(PyObject *module);
 
 #endif

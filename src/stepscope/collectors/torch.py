@@ -37,12 +37,6 @@ DEVICE_NAMES = {
 }
 # Metadata torch writes that stepscope writes itself (or must not take from torch).
 TORCH_OWN_KEYS = frozenset({"trace_id", "traceName"})
-# Kineto bookkeeping args dropped in the merge: "Ev Idx" is the event's index in Kineto's own
-# list (meaningless once merged; HTA defaults it), "Record function id" 0 is the default, and a
-# "Concrete Inputs" list of empty strings only repeats how many inputs "Input Dims" has.
-KINETO_INDEX_ARG = "Ev Idx"
-RECORD_FUNCTION_ID_ARG = "Record function id"
-CONCRETE_INPUTS_ARG = "Concrete Inputs"
 
 
 def torch_available() -> bool:
@@ -155,10 +149,9 @@ class TorchCollector(Collector):
         os.close(fd)
         try:
             prof.kineto_results.save(tmp)
-            trace = read_chrome_trace(tmp)
+            trace = read_chrome_trace(tmp, drop_kineto_bookkeeping=True)
         finally:
             os.unlink(tmp)
-        _drop_bookkeeping(trace)
         skip_spans = self._duplicate_annotations(trace) if self._bridged else set()
         skip_meta = self._own_names(trace, ctx.pid)
         builder.add_trace(
@@ -197,15 +190,3 @@ class TorchCollector(Collector):
                 self._prof.__exit__(None, None, None)
             finally:
                 self._prof = None
-
-
-def _drop_bookkeeping(trace: Trace) -> None:
-    """Remove Kineto's bookkeeping args (in place: the trace was just read for this merge)."""
-    for args in trace.args:
-        if isinstance(args, dict):
-            args.pop(KINETO_INDEX_ARG, None)
-            if args.get(RECORD_FUNCTION_ID_ARG) == 0:
-                del args[RECORD_FUNCTION_ID_ARG]
-            concrete = args.get(CONCRETE_INPUTS_ARG)
-            if isinstance(concrete, list) and not any(concrete) and "Input Dims" in args:
-                del args[CONCRETE_INPUTS_ARG]

@@ -28,7 +28,9 @@ from typing import IO, Any
 
 from stepscope._ext import native
 from stepscope.atomic import atomic_output, ensure_parent
+from stepscope.trace.kineto import drop_bookkeeping
 from stepscope.trace.model import LABEL_BASE, SPAN_COLUMNS, Trace, TraceBuilder
+from stepscope.trace.raw_args import RawArgs
 from stepscope.trace.sampled_spans import (
     IDLE_FRAME,
     SAMPLED_CATEGORY,
@@ -123,6 +125,8 @@ _encode_compact = _compact_encoder()
 
 def json_bytes(value: Any, *, pretty_separators: bool = False) -> bytes:
     """Serialize any value as valid, UTF-8 JSON (NaN/inf as strings, odd types as strings)."""
+    if type(value) is RawArgs and not pretty_separators:
+        return value.raw
     if _encode_compact is not None and not pretty_separators:
         try:
             return _encode_compact(value).encode("utf-8")
@@ -570,14 +574,20 @@ def _args(value: Any, index: int, path: Path) -> Mapping[str, Any] | None:
     return value
 
 
-def read_chrome_trace(path: str | os.PathLike[str]) -> Trace:
-    """Load a ``.json`` or ``.json.gz`` Chrome trace (stepscope's or torch.profiler's)."""
+def read_chrome_trace(
+    path: str | os.PathLike[str], *, drop_kineto_bookkeeping: bool = False
+) -> Trace:
+    """Load a ``.json`` or ``.json.gz`` Chrome trace (stepscope's or torch.profiler's).
+
+    ``drop_kineto_bookkeeping`` leaves Kineto's bookkeeping keys out of ``X`` events' args
+    (see ``stepscope.trace.kineto``), as a merge of torch's trace into stepscope's does.
+    """
     p = Path(path)
     data = _load_bytes(p)
     # Parsing allocates one container per event: with the cyclic GC on, a large heap (torch
     # loaded) is rescanned many times over.  Nothing parsed here can form a cycle.
     with _gc_paused():
-        return _read_document(p, data)
+        return _read_document(p, data, drop_kineto_bookkeeping)
 
 
 @contextlib.contextmanager
@@ -591,9 +601,9 @@ def _gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _read_document(p: Path, data: bytes) -> Trace:
+def _loads(p: Path, data: bytes) -> Any:
     try:
-        doc = json.loads(data)
+        return json.loads(data)
     except json.JSONDecodeError as exc:
         hint = " (the file looks truncated)" if exc.pos >= len(data) - 1 else ""
         raise ChromeTraceError(
@@ -602,6 +612,44 @@ def _read_document(p: Path, data: bytes) -> Trace:
         ) from None
     except UnicodeDecodeError as exc:
         raise ChromeTraceError(f"{p}: not UTF-8 text at byte {exc.start}: {exc.reason}") from None
+
+
+_EventsRead = tuple[Any, TraceBuilder, list[tuple[int, Any]], tuple[bytes, ...]]
+
+
+def _scan_events(p: Path, data: bytes, drop: bool) -> _EventsRead:
+    """(document, builder, events left for the per-event reader, span columns of the rest).
+
+    The C scanner reads ``X`` events without building their objects (args stay JSON text);
+    its twin is ``json.loads`` and ``spans_from_events``, used when it is absent or declines.
+    """
+    mod = native()
+    if mod is not None:
+        b = TraceBuilder(base_time_ns=0)
+        scanned = mod.scan_trace(
+            data, *b.bulk_tables(), SAMPLED_CATEGORY, RawArgs, json.loads, drop
+        )
+        if scanned is not None:
+            head, rest, columns = scanned
+            return _loads(p, head), b, rest, columns
+    doc = _loads(p, data)
+    events = doc.get("traceEvents") if isinstance(doc, dict) else doc
+    if not isinstance(events, list):
+        return doc, TraceBuilder(base_time_ns=0), [], ()
+    if drop:
+        for ev in events:
+            if type(ev) is dict and ev.get("ph") == "X" and type(ev.get("args")) is dict:
+                drop_bookkeeping(ev["args"])
+    b = TraceBuilder(base_time_ns=0)
+    reader: Callable[..., tuple[list[int], tuple[bytes, ...]]] = (
+        mod.spans_from_events if mod is not None else spans_from_events_python
+    )
+    indices, columns = reader(events, *b.bulk_tables(), SAMPLED_CATEGORY)
+    return doc, b, [(i, events[i]) for i in indices], columns
+
+
+def _read_document(p: Path, data: bytes, drop: bool) -> Trace:
+    doc, b, rest, columns = _scan_events(p, data, drop)
     if isinstance(doc, list):
         doc = {"traceEvents": doc}
     if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
@@ -612,7 +660,7 @@ def _read_document(p: Path, data: bytes) -> Trace:
     base = doc.get("baseTimeNanoseconds", 0)
     if isinstance(base, bool) or not isinstance(base, int):
         raise ChromeTraceError(f"{p}: baseTimeNanoseconds must be an integer, got {base!r}")
-    b = TraceBuilder(base_time_ns=base)
+    b.base_time_ns = base
     b.trace_name = doc.get("traceName") if isinstance(doc.get("traceName"), str) else None
     b.display_time_unit = str(doc.get("displayTimeUnit", "ms"))
     props = doc.get("deviceProperties", [])
@@ -622,7 +670,7 @@ def _read_document(p: Path, data: bytes) -> Trace:
     for key, value in doc.items():
         if key not in RESERVED_KEYS:
             b.metadata[key] = value
-    skipped = _read_events(doc["traceEvents"], b, p)
+    skipped = _read_events(rest, columns, b, p)
     _read_samples(doc, b, p)
     if skipped:
         b.metadata["stepscope_skipped_events"] = skipped
@@ -709,21 +757,19 @@ def spans_from_events_python(
     return rest, tuple(col.tobytes() for col in cols)
 
 
-def _read_events(events: list[Any], b: TraceBuilder, p: Path) -> dict[str, int]:
-    """Read the ``X`` events in bulk, then the rest one by one in file order.
+def _read_events(
+    rest: list[tuple[int, Any]], columns: tuple[bytes, ...], b: TraceBuilder, p: Path
+) -> dict[str, int]:
+    """Add the bulk-read ``X`` spans, then read the rest one by one in file order.
 
     Spans closed from ``B``/``E`` pairs come after the ``X`` spans; an ``X`` event the bulk
-    reader leaves is one the per-event reader skips or rejects with a clear error.
+    readers leave is one the per-event reader skips or rejects with a clear error.
     """
     skipped: dict[str, int] = {}
     open_begins: _OpenBegins = {}  # B events waiting for their E, per (pid, tid)
-    mod = native()
-    reader: Callable[..., tuple[list[int], tuple[bytes, ...]]] = (
-        mod.spans_from_events if mod is not None else spans_from_events_python
-    )
-    rest, columns = reader(events, *b.bulk_tables(), SAMPLED_CATEGORY)
-    b.extend_span_bytes(columns)
-    _read_event_list([(i, events[i]) for i in rest], b, p, skipped, open_begins)
+    if columns:
+        b.extend_span_bytes(columns)
+    _read_event_list(rest, b, p, skipped, open_begins)
     unmatched = sum(len(s) for s in open_begins.values())
     if unmatched:
         skipped["B(unmatched)"] = unmatched

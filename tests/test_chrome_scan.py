@@ -1,0 +1,228 @@
+"""The C scanner of Chrome traces gives the same trace as its twin (json.loads + bulk columns)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from stepscope._ext import native
+from stepscope.trace import Trace, chrome, read_chrome_trace, write_chrome_trace
+from stepscope.trace.raw_args import RawArgs
+
+pytestmark = pytest.mark.skipif(native() is None, reason="C extension not built")
+
+
+def snapshot(trace: Trace) -> dict[str, Any]:
+    """Everything a trace holds, with args as plain dicts."""
+    return {
+        "base": trace.base_time_ns,
+        "strings": list(trace.strings),
+        "tables": {
+            name: {c: list(t[c]) for c in t.column_names()} for name, t in trace.tables.items()
+        },
+        "args": [dict(a) if a is not None else None for a in trace.args],
+        "metadata": dict(trace.metadata),
+        "name": trace.trace_name,
+    }
+
+
+def both_ways(
+    path: Path, monkeypatch: pytest.MonkeyPatch, drop: bool = False
+) -> tuple[Trace, Trace]:
+    scanned = read_chrome_trace(path, drop_kineto_bookkeeping=drop)
+    with monkeypatch.context() as m:
+        m.setattr(chrome, "native", lambda: None)
+        twin = read_chrome_trace(path, drop_kineto_bookkeeping=drop)
+    return scanned, twin
+
+
+KINETO_LIKE = {
+    "schemaVersion": 1,
+    "deviceProperties": [],
+    "record_shapes": 1,
+    "baseTimeNanoseconds": 1_790_000_000_000_000_000,
+    "traceEvents": [
+        {"ph": "M", "name": "process_name", "ts": 1.5, "pid": 7, "tid": 0, "args": {"name": "py"}},
+        {
+            "ph": "X",
+            "cat": "cpu_op",
+            "name": "aten::addmm",
+            "pid": 7,
+            "tid": 7,
+            "ts": 4480253043910.2,
+            "dur": 0.27,
+            "args": {
+                "External id": 5,
+                "Record function id": 0,
+                "Ev Idx": 4,
+                "Concrete Inputs": ["", "", "1"],
+                "Input Dims": [[64, 256], [], []],
+                "Input type": ["float", "", "Scalar"],
+            },
+        },
+        {
+            "ph": "X",
+            "cat": "cpu_op",
+            "name": "aten::mm",
+            "pid": 7,
+            "tid": 7,
+            "ts": 12,
+            "dur": 3,
+            "args": {"Concrete Inputs": ["", ""], "Input Dims": [[1], [1]], "Ev Idx": 5},
+        },
+        {
+            "ph": "X",
+            "cat": "user_annotation",
+            "name": 'step "é" \u00e9',
+            "pid": 7,
+            "tid": "GPU 0",
+            "ts": 13,
+            "dur": 1,
+            "args": {"Record function id": 3},
+        },
+        {"ph": "s", "id": 1, "pid": 7, "tid": 7, "ts": 12, "cat": "fwdbwd", "name": "fwdbwd"},
+        {
+            "ph": "f",
+            "id": 1,
+            "pid": 7,
+            "tid": 7,
+            "ts": 14,
+            "cat": "fwdbwd",
+            "name": "fwdbwd",
+            "bp": "e",
+        },
+        {"ph": "i", "s": "t", "name": "mark", "pid": 7, "tid": 7, "ts": 15},
+        {"ph": "X", "name": "no args", "ts": 16.0005, "pid": 7.0, "tid": 7},
+        {"ph": "X", "name": None, "cat": None, "ts": -3, "args": None},
+        {"ph": "X", "name": "sampled", "cat": "stepscope_sampled", "ts": 1},
+    ],
+    "traceName": "t.json",
+}
+
+
+@pytest.mark.parametrize("indent", [None, 2, 4])
+@pytest.mark.parametrize("drop", [False, True])
+def test_a_kineto_like_trace_reads_the_same_both_ways(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, indent: int | None, drop: bool
+) -> None:
+    path = tmp_path / "k.json"
+    path.write_text(json.dumps(KINETO_LIKE, indent=indent, ensure_ascii=indent is None))
+    scanned, twin = both_ways(path, monkeypatch, drop)
+    assert snapshot(scanned) == snapshot(twin)
+    assert any(isinstance(a, RawArgs) for a in scanned.args)
+    addmm = next(s for s in scanned.iter_spans() if s.name == "aten::addmm")
+    assert addmm.args is not None
+    if drop:
+        assert "Ev Idx" not in addmm.args and "Record function id" not in addmm.args
+        assert addmm.args["Concrete Inputs"] == ["", "", "1"]
+        mm = next(s for s in scanned.iter_spans() if s.name == "aten::mm")
+        assert mm.args == {"Input Dims": [[1], [1]]}
+    else:
+        assert addmm.args["Ev Idx"] == 4
+
+
+def test_raw_args_are_written_compact_and_unchanged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "k.json"
+    path.write_text(json.dumps(KINETO_LIKE, indent=2))
+    scanned, twin = both_ways(path, monkeypatch, drop=True)
+    write_chrome_trace(scanned, tmp_path / "a.json")
+    write_chrome_trace(twin, tmp_path / "b.json")
+    a, b = (json.loads((tmp_path / f).read_text()) for f in ("a.json", "b.json"))
+    a.pop("traceName"), b.pop("traceName")
+    assert a == b
+    assert '"Input Dims":[[64,256],[],[]]' in (tmp_path / "a.json").read_text()
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"traceEvents": [{"ph": "X", "name": "a", "ts": 1, "args": {"k": tru}}]}',
+        '{"traceEvents": [{"ph": "X", "name": "a", "ts": NaN}]}',
+        '{"traceEvents": [{"ph": "X", "name": "a\\x", "ts": 1}]}',
+        '{"traceEvents": [{"ph": "X", "name": "a", "ts": 1}',
+        '{"traceEvents": [{"ph": "X", "name": "a", "ts": 1, "args": {"k": "\xff"}}]}',
+    ],
+)
+def test_what_the_scanner_declines_gets_the_ordinary_errors(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str
+) -> None:
+    path = tmp_path / "bad.json"
+    path.write_bytes(text.encode("latin-1"))
+    outcomes = []
+    for use_native in (True, False):
+        with monkeypatch.context() as m:
+            if not use_native:
+                m.setattr(chrome, "native", lambda: None)
+            try:
+                outcomes.append(snapshot(read_chrome_trace(path)))
+            except chrome.ChromeTraceError as exc:
+                outcomes.append(str(exc))
+    assert outcomes[0] == outcomes[1]
+
+
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=4),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3)
+    ),
+    max_leaves=6,
+)
+events = st.fixed_dictionaries(
+    {"ph": st.sampled_from(["X", "X", "X", "s", "i", "M"])},
+    optional={
+        "name": st.text(max_size=5) | st.none() | st.integers(),
+        "cat": st.sampled_from(["cpu_op", "stepscope_sampled", ""]) | st.none(),
+        "pid": st.integers(-(2**63), 2**63) | st.text(max_size=3) | st.floats(allow_nan=False),
+        "tid": st.integers(-5, 5) | st.sampled_from([1.0, 2.5, "GPU"]),
+        "ts": st.integers(-(2**64), 2**64) | st.floats(allow_nan=False),
+        "dur": st.integers(0, 10**6) | st.floats(0, 1e6) | st.none(),
+        "args": st.dictionaries(
+            st.sampled_from(["Ev Idx", "Record function id", "Concrete Inputs", "Input Dims", "k"]),
+            json_values,
+            max_size=4,
+        )
+        | st.none()
+        | st.integers(),
+        "id": st.integers(0, 5),
+    },
+)
+
+
+@settings(
+    max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    doc_events=st.lists(events, max_size=12), indent=st.sampled_from([None, 1]), drop=st.booleans()
+)
+def test_any_event_list_reads_the_same_both_ways(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    doc_events: list[Any],
+    indent: int | None,
+    drop: bool,
+) -> None:
+    path = tmp_path / "h.json"
+    path.write_text(
+        json.dumps({"traceEvents": doc_events, "other": [1, {"a": None}]}, indent=indent)
+    )
+    outcomes = []
+    for use_native in (True, False):
+        with monkeypatch.context() as m:
+            if not use_native:
+                m.setattr(chrome, "native", lambda: None)
+            try:
+                outcomes.append(snapshot(read_chrome_trace(path, drop_kineto_bookkeeping=drop)))
+            except chrome.ChromeTraceError as exc:
+                outcomes.append(str(exc))
+    assert outcomes[0] == outcomes[1]
