@@ -41,6 +41,22 @@ def both_ways(
     return scanned, twin
 
 
+def outcomes_both_ways(
+    path: Path, monkeypatch: pytest.MonkeyPatch, drop: bool = False
+) -> list[dict[str, Any] | str]:
+    """The trace (as a snapshot) or the error message, scanned and by the twin."""
+    outcomes: list[dict[str, Any] | str] = []
+    for use_native in (True, False):
+        with monkeypatch.context() as m:
+            if not use_native:
+                m.setattr(chrome, "native", lambda: None)
+            try:
+                outcomes.append(snapshot(read_chrome_trace(path, drop_kineto_bookkeeping=drop)))
+            except chrome.ChromeTraceError as exc:
+                outcomes.append(str(exc))
+    return outcomes
+
+
 KINETO_LIKE = {
     "schemaVersion": 1,
     "deviceProperties": [],
@@ -155,15 +171,7 @@ def test_what_the_scanner_declines_gets_the_ordinary_errors(
 ) -> None:
     path = tmp_path / "bad.json"
     path.write_bytes(text.encode("latin-1"))
-    outcomes = []
-    for use_native in (True, False):
-        with monkeypatch.context() as m:
-            if not use_native:
-                m.setattr(chrome, "native", lambda: None)
-            try:
-                outcomes.append(snapshot(read_chrome_trace(path)))
-            except chrome.ChromeTraceError as exc:
-                outcomes.append(str(exc))
+    outcomes = outcomes_both_ways(path, monkeypatch)
     assert outcomes[0] == outcomes[1]
 
 
@@ -216,13 +224,5 @@ def test_any_event_list_reads_the_same_both_ways(
     path.write_text(
         json.dumps({"traceEvents": doc_events, "other": [1, {"a": None}]}, indent=indent)
     )
-    outcomes = []
-    for use_native in (True, False):
-        with monkeypatch.context() as m:
-            if not use_native:
-                m.setattr(chrome, "native", lambda: None)
-            try:
-                outcomes.append(snapshot(read_chrome_trace(path, drop_kineto_bookkeeping=drop)))
-            except chrome.ChromeTraceError as exc:
-                outcomes.append(str(exc))
+    outcomes = outcomes_both_ways(path, monkeypatch, drop)
     assert outcomes[0] == outcomes[1]

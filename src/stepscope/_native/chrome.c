@@ -3,50 +3,12 @@
  * Strings arrive pre-escaped (JSON literals with their quotes) from the trace's string table; args
  * are rendered here when they hold plain JSON values, else by the Python fallback.  The output is
  * byte-identical to the Python twin. */
-#include "stepscope_native.h"
+#include "trace_values.h"
 
-#include <math.h>
-#include <string.h>
-
-#define LABEL_BASE ((int64_t)1 << 62)
-
-typedef struct {
-    char *data;
-    size_t len;
-    size_t cap;
-} Buffer;
-
-static int buf_reserve(Buffer *b, size_t extra) {
-    if (b->len + extra <= b->cap) {
-        return 0;
-    }
-    size_t cap = b->cap ? b->cap : 4096;
-    while (cap < b->len + extra) {
-        cap *= 2;
-    }
-    char *data = PyMem_Realloc(b->data, cap);
-    if (data == NULL) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    b->data = data;
-    b->cap = cap;
-    return 0;
-}
-
-static inline int buf_put(Buffer *b, const char *s, size_t n) {
-    if (buf_reserve(b, n) < 0) {
-        return -1;
-    }
-    memcpy(b->data + b->len, s, n);
-    b->len += n;
-    return 0;
-}
-
-#define PUT_LITERAL(b, s) buf_put((b), (s), sizeof(s) - 1)
+#define PUT_LITERAL(b, s) ss_buffer_put((b), (s), sizeof(s) - 1)
 
 /* Writes an unsigned decimal; caller reserved room. */
-static inline void put_u64(Buffer *b, uint64_t v) {
+static inline void put_u64(SsBuffer *b, uint64_t v) {
     char tmp[24];
     int n = 0;
     do {
@@ -58,8 +20,8 @@ static inline void put_u64(Buffer *b, uint64_t v) {
     }
 }
 
-static int put_i64(Buffer *b, int64_t v) {
-    if (buf_reserve(b, 24) < 0) {
+static int put_i64(SsBuffer *b, int64_t v) {
+    if (ss_buffer_reserve(b, 24) < 0) {
         return -1;
     }
     if (v < 0) {
@@ -72,8 +34,8 @@ static int put_i64(Buffer *b, int64_t v) {
 }
 
 /* ns as microseconds with exactly three decimals. */
-static int put_micros(Buffer *b, int64_t ns) {
-    if (buf_reserve(b, 28) < 0) {
+static int put_micros(SsBuffer *b, int64_t ns) {
+    if (ss_buffer_reserve(b, 28) < 0) {
         return -1;
     }
     uint64_t mag;
@@ -92,16 +54,16 @@ static int put_micros(Buffer *b, int64_t ns) {
     return 0;
 }
 
-static int put_bytes_obj(Buffer *b, PyObject *obj) {
+static int put_bytes_obj(SsBuffer *b, PyObject *obj) {
     char *s;
     Py_ssize_t n;
     if (PyBytes_AsStringAndSize(obj, &s, &n) < 0) {
         return -1;
     }
-    return buf_put(b, s, (size_t)n);
+    return ss_buffer_put(b, s, (size_t)n);
 }
 
-static int put_string_id(Buffer *b, PyObject *strings, int64_t id) {
+static int put_string_id(SsBuffer *b, PyObject *strings, int64_t id) {
     if (id < 0 || id >= PyList_GET_SIZE(strings)) {
         PyErr_Format(PyExc_IndexError, "string id %lld is not in the string table", (long long)id);
         return -1;
@@ -109,7 +71,7 @@ static int put_string_id(Buffer *b, PyObject *strings, int64_t id) {
     return put_bytes_obj(b, PyList_GET_ITEM(strings, id));
 }
 
-static int put_label(Buffer *b, PyObject *strings, int64_t v) {
+static int put_label(SsBuffer *b, PyObject *strings, int64_t v) {
     if (v >= LABEL_BASE) {
         return put_string_id(b, strings, v - LABEL_BASE);
     }
@@ -120,16 +82,16 @@ static int put_label(Buffer *b, PyObject *strings, int64_t v) {
 /* Compact JSON for the plain values args usually hold (exact dict/list/tuple/str/int/float/bool/
  * None).  Returns 1 when rendered, 0 when the value needs the Python path (other types, NaN,
  * unpaired surrogates, huge ints), -1 on error.  Output equals json_bytes() for those values. */
-static int put_json(Buffer *b, PyObject *v, int depth);
+static int put_json(SsBuffer *b, PyObject *v, int depth);
 
-static int put_json_string(Buffer *b, PyObject *s) {
+static int put_json_string(SsBuffer *b, PyObject *s) {
     Py_ssize_t n;
     const char *utf8 = PyUnicode_AsUTF8AndSize(s, &n);
     if (utf8 == NULL) {
         PyErr_Clear(); /* unpaired surrogates: the Python path replaces them */
         return 0;
     }
-    if (buf_reserve(b, (size_t)n * 6 + 2) < 0) {
+    if (ss_buffer_reserve(b, (size_t)n * 6 + 2) < 0) {
         return -1;
     }
     static const char hex[] = "0123456789abcdef";
@@ -162,19 +124,19 @@ static int put_json_string(Buffer *b, PyObject *s) {
     return 1;
 }
 
-static int put_json_items(Buffer *b, PyObject *seq, int depth) {
+static int put_json_items(SsBuffer *b, PyObject *seq, int depth) {
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     PyObject **items = PySequence_Fast_ITEMS(seq);
-    if (buf_put(b, "[", 1) < 0) return -1;
+    if (ss_buffer_put(b, "[", 1) < 0) return -1;
     for (Py_ssize_t i = 0; i < n; i++) {
-        if (i && buf_put(b, ",", 1) < 0) return -1;
+        if (i && ss_buffer_put(b, ",", 1) < 0) return -1;
         int r = put_json(b, items[i], depth + 1);
         if (r <= 0) return r;
     }
-    return buf_put(b, "]", 1) < 0 ? -1 : 1;
+    return ss_buffer_put(b, "]", 1) < 0 ? -1 : 1;
 }
 
-static int put_json(Buffer *b, PyObject *v, int depth) {
+static int put_json(SsBuffer *b, PyObject *v, int depth) {
     if (depth > 32) {
         return 0;
     }
@@ -194,7 +156,7 @@ static int put_json(Buffer *b, PyObject *v, int depth) {
         if (!isfinite(x)) return 0;
         char *text = PyOS_double_to_string(x, 'r', 0, Py_DTSF_ADD_DOT_0, NULL);
         if (text == NULL) return -1;
-        int r = buf_put(b, text, strlen(text));
+        int r = ss_buffer_put(b, text, strlen(text));
         PyMem_Free(text);
         return r < 0 ? -1 : 1;
     }
@@ -205,24 +167,24 @@ static int put_json(Buffer *b, PyObject *v, int depth) {
         Py_ssize_t pos = 0;
         PyObject *key, *value;
         int first = 1;
-        if (buf_put(b, "{", 1) < 0) return -1;
+        if (ss_buffer_put(b, "{", 1) < 0) return -1;
         while (PyDict_Next(v, &pos, &key, &value)) {
             if (!PyUnicode_CheckExact(key)) return 0;
-            if (!first && buf_put(b, ",", 1) < 0) return -1;
+            if (!first && ss_buffer_put(b, ",", 1) < 0) return -1;
             first = 0;
             int r = put_json_string(b, key);
             if (r <= 0) return r;
-            if (buf_put(b, ":", 1) < 0) return -1;
+            if (ss_buffer_put(b, ":", 1) < 0) return -1;
             r = put_json(b, value, depth + 1);
             if (r <= 0) return r;
         }
-        return buf_put(b, "}", 1) < 0 ? -1 : 1;
+        return ss_buffer_put(b, "}", 1) < 0 ? -1 : 1;
     }
     return 0;
 }
 
 /* Args of one event: the C renderer, or the Python fallback for what it does not handle. */
-static int put_args(Buffer *b, PyObject *args_obj, PyObject *fallback) {
+static int put_args(SsBuffer *b, PyObject *args_obj, PyObject *fallback) {
     size_t mark = b->len;
     int r = put_json(b, args_obj, 0);
     if (r != 0) {
@@ -272,7 +234,7 @@ static PyObject *format_spans(PyObject *self, PyObject *args) {
     static const Py_ssize_t sizes[7] = {4, 4, 8, 8, 8, 8, 4};
     Column c[7];
     memset(c, 0, sizeof(c));
-    Buffer out = {NULL, 0, 0};
+    SsBuffer out = {NULL, 0, 0};
     PyObject *result = NULL;
     for (int i = 0; i < 7; i++) {
         if (get_column(PyTuple_GET_ITEM(cols, i), &c[i], sizes[i], names[i]) < 0) {
@@ -294,7 +256,7 @@ static PyObject *format_spans(PyObject *self, PyObject *args) {
     const int64_t *pid = c[2].view.buf, *tid = c[3].view.buf;
     const int64_t *start = c[4].view.buf, *dur = c[5].view.buf;
     const int32_t *ref = c[6].view.buf;
-    if (buf_reserve(&out, (size_t)(hi - lo) * 120 + 64) < 0) {
+    if (ss_buffer_reserve(&out, (size_t)(hi - lo) * 120 + 64) < 0) {
         goto done;
     }
     for (Py_ssize_t i = lo; i < hi; i++) {

@@ -3,40 +3,9 @@
  * Plain "X" events (string or absent name and cat, integer or string pid/tid, finite numeric ts/dur,
  * object or absent args) are interned and appended to column buffers; the indices of all other events are
  * returned for the validating per-event reader.  The result is identical to the Python twin. */
-#include "stepscope_native.h"
+#include "trace_values.h"
 
-#include <math.h>
-#include <string.h>
-
-#define LABEL_BASE ((int64_t)1 << 62)
-
-typedef struct {
-    char *data;
-    size_t len;
-    size_t cap;
-} Column;
-
-static int col_push(Column *c, const void *value, size_t size) {
-    if (c->len + size > c->cap) {
-        size_t cap = c->cap ? c->cap * 2 : 4096;
-        while (cap < c->len + size) {
-            cap *= 2;
-        }
-        char *data = PyMem_Realloc(c->data, cap);
-        if (data == NULL) {
-            PyErr_NoMemory();
-            return -1;
-        }
-        c->data = data;
-        c->cap = cap;
-    }
-    memcpy(c->data + c->len, value, size);
-    c->len += size;
-    return 0;
-}
-
-/* Id of a string in the builder's table, added when new; -1 with an exception on failure. */
-static int64_t intern(PyObject *text, PyObject *ids, PyObject *strings) {
+int64_t ss_intern(PyObject *text, PyObject *ids, PyObject *strings) {
     PyObject *found = PyDict_GetItemWithError(ids, text);
     if (found != NULL) {
         return PyLong_AsLongLong(found);
@@ -54,6 +23,46 @@ static int64_t intern(PyObject *text, PyObject *ids, PyObject *strings) {
     return failed ? -1 : (int64_t)sid;
 }
 
+int ss_span_append(SsBuffer cols[7], PyObject *ids, PyObject *strings, PyObject *name, PyObject *cat,
+                   int64_t pid, PyObject *pid_label, int64_t tid, PyObject *tid_label, int64_t start,
+                   int64_t dur, int32_t args_ref) {
+    int64_t name_id = name == NULL ? 0 : ss_intern(name, ids, strings);
+    int64_t cat_id = cat == NULL ? 0 : ss_intern(cat, ids, strings);
+    int64_t pid_id = pid_label == NULL ? 0 : ss_intern(pid_label, ids, strings);
+    int64_t tid_id = tid_label == NULL ? 0 : ss_intern(tid_label, ids, strings);
+    if (name_id < 0 || cat_id < 0 || pid_id < 0 || tid_id < 0) {
+        return -1;
+    }
+    if (pid_label != NULL) {
+        pid = LABEL_BASE + pid_id;
+    }
+    if (tid_label != NULL) {
+        tid = LABEL_BASE + tid_id;
+    }
+    uint32_t name32 = (uint32_t)name_id, cat32 = (uint32_t)cat_id;
+    if (ss_buffer_put(&cols[0], &name32, 4) < 0 || ss_buffer_put(&cols[1], &cat32, 4) < 0 ||
+        ss_buffer_put(&cols[2], &pid, 8) < 0 || ss_buffer_put(&cols[3], &tid, 8) < 0 ||
+        ss_buffer_put(&cols[4], &start, 8) < 0 || ss_buffer_put(&cols[5], &dur, 8) < 0 ||
+        ss_buffer_put(&cols[6], &args_ref, 4) < 0) {
+        return -1;
+    }
+    return 0;
+}
+
+PyObject *ss_span_columns(const SsBuffer cols[7]) {
+    PyObject *columns = PyTuple_New(7);
+    for (int c = 0; columns != NULL && c < 7; c++) {
+        PyObject *data =
+            PyBytes_FromStringAndSize(cols[c].data ? cols[c].data : "", (Py_ssize_t)cols[c].len);
+        if (data == NULL) {
+            Py_CLEAR(columns);
+            break;
+        }
+        PyTuple_SET_ITEM(columns, c, data);
+    }
+    return columns;
+}
+
 /* A pid/tid: 0 when absent, an integer (or integral float) in range, or a string label (left in
  * *label, to be interned once the whole event is known plain); 1 = ok, 0 = not plain, -1 = error. */
 static int read_label(PyObject *event, PyObject *key, int64_t *out, PyObject **label) {
@@ -68,26 +77,17 @@ static int read_label(PyObject *event, PyObject *key, int64_t *out, PyObject **l
         return 1;
     }
     if (PyFloat_CheckExact(value)) {
-        double v = PyFloat_AS_DOUBLE(value);
-        if (!(v == floor(v) && v >= -(double)LABEL_BASE && v < (double)LABEL_BASE)) {
-            return 0;
-        }
-        *out = (int64_t)v;
-        return 1;
+        return ss_label_from_double(PyFloat_AS_DOUBLE(value), out);
     }
     if (!PyLong_CheckExact(value)) {
         return 0;
     }
     int overflow = 0;
     long long v = PyLong_AsLongLongAndOverflow(value, &overflow);
-    if (overflow || v < -LABEL_BASE || v >= LABEL_BASE) {
-        return 0;
-    }
     if (v == -1 && PyErr_Occurred()) {
         return -1;
     }
-    *out = v;
-    return 1;
+    return !overflow && ss_label_from_int(v, out);
 }
 
 /* Microseconds (int or finite float) to rounded nanoseconds, as Python's round(value * 1000). */
@@ -98,28 +98,22 @@ static int read_us(PyObject *event, PyObject *key, int required, int64_t *out) {
         return PyErr_Occurred() ? -1 : !required;
     }
     if (PyFloat_CheckExact(value)) {
-        double ns = PyFloat_AS_DOUBLE(value) * 1000.0;
-        if (!isfinite(ns) || fabs(ns) >= 9.2e18) {
-            return 0;
-        }
-        *out = (int64_t)nearbyint(ns); /* round half to even, like round() */
-        return 1;
+        return ss_us_double_to_ns(PyFloat_AS_DOUBLE(value), out);
     }
     if (PyLong_CheckExact(value)) {
         int overflow = 0;
         long long v = PyLong_AsLongLongAndOverflow(value, &overflow);
-        if (overflow || v > INT64_MAX / 1000 || v < -(INT64_MAX / 1000)) {
-            return 0;
+        if (v == -1 && PyErr_Occurred()) {
+            return -1;
         }
-        *out = (int64_t)v * 1000;
-        return 1;
+        return !overflow && ss_us_int_to_ns(v, out);
     }
     return 0;
 }
 
 /* Appends one event's columns; 1 = appended, 0 = not plain (nothing appended), -1 = error. */
 static int read_plain(PyObject *event, PyObject *const keys[8], PyObject *skip_cat, PyObject *ids,
-                      PyObject *strings, PyObject *args_store, Column cols[7]) {
+                      PyObject *strings, PyObject *args_store, SsBuffer cols[7]) {
     if (!PyDict_CheckExact(event)) {
         return 0;
     }
@@ -175,25 +169,6 @@ static int read_plain(PyObject *event, PyObject *const keys[8], PyObject *skip_c
     if (args != NULL && !PyDict_CheckExact(args)) {
         return 0;
     }
-    int64_t name_id = name == NULL ? 0 : intern(name, ids, strings);
-    int64_t cat_id = cat == NULL ? 0 : intern(cat, ids, strings);
-    if (name_id < 0 || cat_id < 0) {
-        return -1;
-    }
-    if (pid_label != NULL) {
-        int64_t sid = intern(pid_label, ids, strings);
-        if (sid < 0) {
-            return -1;
-        }
-        pid = LABEL_BASE + sid;
-    }
-    if (tid_label != NULL) {
-        int64_t sid = intern(tid_label, ids, strings);
-        if (sid < 0) {
-            return -1;
-        }
-        tid = LABEL_BASE + sid;
-    }
     int32_t args_ref = -1;
     if (args != NULL) {
         args_ref = (int32_t)PyList_GET_SIZE(args_store);
@@ -201,14 +176,10 @@ static int read_plain(PyObject *event, PyObject *const keys[8], PyObject *skip_c
             return -1;
         }
     }
-    uint32_t name32 = (uint32_t)name_id, cat32 = (uint32_t)cat_id;
-    if (col_push(&cols[0], &name32, 4) < 0 || col_push(&cols[1], &cat32, 4) < 0 ||
-        col_push(&cols[2], &pid, 8) < 0 || col_push(&cols[3], &tid, 8) < 0 ||
-        col_push(&cols[4], &start, 8) < 0 || col_push(&cols[5], &dur, 8) < 0 ||
-        col_push(&cols[6], &args_ref, 4) < 0) {
-        return -1;
-    }
-    return 1;
+    return ss_span_append(cols, ids, strings, name, cat, pid, pid_label, tid, tid_label, start, dur,
+                          args_ref) < 0
+               ? -1
+               : 1;
 }
 
 static PyObject *spans_from_events(PyObject *self, PyObject *call_args) {
@@ -220,7 +191,7 @@ static PyObject *spans_from_events(PyObject *self, PyObject *call_args) {
     }
     static const char *key_names[8] = {"ph", "name", "cat", "pid", "tid", "ts", "dur", "args"};
     PyObject *keys[8] = {NULL};
-    Column cols[7];
+    SsBuffer cols[7];
     memset(cols, 0, sizeof(cols));
     PyObject *rest = PyList_New(0);
     PyObject *result = NULL;
@@ -250,17 +221,9 @@ static PyObject *spans_from_events(PyObject *self, PyObject *call_args) {
             Py_DECREF(index);
         }
     }
-    PyObject *columns = PyTuple_New(7);
+    PyObject *columns = ss_span_columns(cols);
     if (columns == NULL) {
         goto done;
-    }
-    for (int c = 0; c < 7; c++) {
-        PyObject *data = PyBytes_FromStringAndSize(cols[c].data ? cols[c].data : "", (Py_ssize_t)cols[c].len);
-        if (data == NULL) {
-            Py_DECREF(columns);
-            goto done;
-        }
-        PyTuple_SET_ITEM(columns, c, data);
     }
     result = PyTuple_Pack(2, rest, columns);
     Py_DECREF(columns);

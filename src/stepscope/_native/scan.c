@@ -7,40 +7,12 @@
  * document is not a well-formed object with a traceEvents list, it returns None and the caller
  * parses it the ordinary way (which also words the error).  The ordinary path is the twin: both
  * give the same trace. */
-#include "stepscope_native.h"
+#include "trace_values.h"
 
 #include <errno.h>
-#include <math.h>
 #include <stdlib.h>
-#include <string.h>
 
-#define LABEL_BASE ((int64_t)1 << 62)
 #define MAX_MEMBERS 64 /* args members kept on the stack; more go to the heap */
-
-typedef struct {
-    char *data;
-    size_t len;
-    size_t cap;
-} Out;
-
-static int out_put(Out *o, const void *s, size_t n) {
-    if (o->len + n > o->cap) {
-        size_t cap = o->cap ? o->cap * 2 : 4096;
-        while (cap < o->len + n) {
-            cap *= 2;
-        }
-        char *data = PyMem_Realloc(o->data, cap);
-        if (data == NULL) {
-            PyErr_NoMemory();
-            return -1;
-        }
-        o->data = data;
-        o->cap = cap;
-    }
-    memcpy(o->data + o->len, s, n);
-    o->len += n;
-    return 0;
-}
 
 typedef struct {
     const char *p;
@@ -133,9 +105,45 @@ static int skip_literal(Cursor *c, const char *word) {
     return 0;
 }
 
+/* Consumes `open`; 1 = items follow, 0 = it closed at once (consumed), -1 = not there. */
+static int enter(Cursor *c, char open, char close) {
+    if (c->p >= c->end || *c->p != open) return -1;
+    c->p++;
+    skip_ws(c);
+    if (c->p < c->end && *c->p == close) {
+        c->p++;
+        return 0;
+    }
+    return 1;
+}
+
+/* After an item: 1 = a comma (another item follows), 0 = `close` (consumed), -1 = bad JSON. */
+static int next_item(Cursor *c, char close) {
+    skip_ws(c);
+    if (c->p < c->end && (*c->p == ',' || *c->p == close)) {
+        return *c->p++ == ',';
+    }
+    return -1;
+}
+
+/* A member's key and its colon; *key, *len = the key's text, *plain = ASCII without escapes. */
+static int member_key(Cursor *c, const char **key, size_t *len, int *plain) {
+    skip_ws(c);
+    *key = c->p + 1;
+    if (skip_string(c, plain) < 0) return -1;
+    *len = (size_t)(c->p - 1 - *key);
+    skip_ws(c);
+    if (c->p >= c->end || *c->p != ':') return -1;
+    c->p++;
+    skip_ws(c);
+    return 0;
+}
+
 /* Any JSON value (strict; NaN/Infinity are not taken).  0 / -1. */
 static int skip_value(Cursor *c, int depth) {
-    int plain, is_int;
+    int plain, is_int, more;
+    const char *key;
+    size_t len;
     if (depth > 200) return -1;
     skip_ws(c);
     if (c->p >= c->end) return -1;
@@ -143,50 +151,15 @@ static int skip_value(Cursor *c, int depth) {
     case '"':
         return skip_string(c, &plain);
     case '{':
-        c->p++;
-        skip_ws(c);
-        if (c->p < c->end && *c->p == '}') {
-            c->p++;
-            return 0;
+        for (more = enter(c, '{', '}'); more == 1; more = next_item(c, '}')) {
+            if (member_key(c, &key, &len, &plain) < 0 || skip_value(c, depth + 1) < 0) return -1;
         }
-        for (;;) {
-            skip_ws(c);
-            if (skip_string(c, &plain) < 0) return -1;
-            skip_ws(c);
-            if (c->p >= c->end || *c->p != ':') return -1;
-            c->p++;
-            if (skip_value(c, depth + 1) < 0) return -1;
-            skip_ws(c);
-            if (c->p < c->end && *c->p == ',') {
-                c->p++;
-                continue;
-            }
-            if (c->p < c->end && *c->p == '}') {
-                c->p++;
-                return 0;
-            }
-            return -1;
-        }
+        return more;
     case '[':
-        c->p++;
-        skip_ws(c);
-        if (c->p < c->end && *c->p == ']') {
-            c->p++;
-            return 0;
-        }
-        for (;;) {
+        for (more = enter(c, '[', ']'); more == 1; more = next_item(c, ']')) {
             if (skip_value(c, depth + 1) < 0) return -1;
-            skip_ws(c);
-            if (c->p < c->end && *c->p == ',') {
-                c->p++;
-                continue;
-            }
-            if (c->p < c->end && *c->p == ']') {
-                c->p++;
-                return 0;
-            }
-            return -1;
         }
+        return more;
     case 't':
         return skip_literal(c, "true");
     case 'f':
@@ -199,7 +172,7 @@ static int skip_value(Cursor *c, int depth) {
 }
 
 /* Copies the JSON text [from, to) without whitespace outside strings. */
-static int put_compact(Out *o, const char *from, const char *to) {
+static int put_compact(SsBuffer *o, const char *from, const char *to) {
     const char *run = from;
     int in_string = 0;
     for (const char *p = from; p < to; p++) {
@@ -213,11 +186,11 @@ static int put_compact(Out *o, const char *from, const char *to) {
         } else if (ch == '"') {
             in_string = 1;
         } else if (ch == ' ' || ch == '\n' || ch == '\r' || ch == '\t') {
-            if (out_put(o, run, (size_t)(p - run)) < 0) return -1;
+            if (ss_buffer_put(o, run, (size_t)(p - run)) < 0) return -1;
             run = p + 1;
         }
     }
-    return out_put(o, run, (size_t)(to - run));
+    return ss_buffer_put(o, run, (size_t)(to - run));
 }
 
 typedef struct {
@@ -243,7 +216,7 @@ static int all_empty_strings(const char *p, const char *end) {
     return 1;
 }
 
-/* Whether a top-level args member is Kineto bookkeeping (see collectors/torch.py). */
+/* Whether a top-level args member is Kineto bookkeeping (the twin: trace/kineto.py). */
 static int is_bookkeeping(const Member *m, const Member *all, Py_ssize_t count) {
     if (key_is(m, "Ev Idx")) return 1;
     if (key_is(m, "Record function id")) {
@@ -259,53 +232,34 @@ static int is_bookkeeping(const Member *m, const Member *all, Py_ssize_t count) 
 
 /* The args object at c->p as compact text; *members = how many are kept.  0 / -1 (bad JSON, or
  * no memory with MemoryError set). */
-static int read_args(Cursor *c, int drop, Out *o, Py_ssize_t *members) {
+static int read_args(Cursor *c, int drop, SsBuffer *o, Py_ssize_t *members) {
     Member local[MAX_MEMBERS], *all = local;
     Py_ssize_t count = 0, cap = MAX_MEMBERS;
     int plain, r = -1;
     const char *start = c->p;
-    c->p++;
-    skip_ws(c);
-    if (c->p < c->end && *c->p == '}') {
-        c->p++;
-    } else {
-        for (;;) {
-            Member m;
-            skip_ws(c);
-            m.key = c->p + 1;
-            if (skip_string(c, &plain) < 0) goto out;
-            m.key_end = c->p - 1;
-            skip_ws(c);
-            if (c->p >= c->end || *c->p != ':') goto out;
-            c->p++;
-            skip_ws(c);
-            m.value = c->p;
-            if (skip_value(c, 1) < 0) goto out;
-            m.value_end = c->p;
-            if (count == cap) {
-                Member *grown = PyMem_Malloc((size_t)cap * 2 * sizeof(Member));
-                if (grown == NULL) {
-                    PyErr_NoMemory();
-                    goto out;
-                }
-                memcpy(grown, all, (size_t)count * sizeof(Member));
-                if (all != local) PyMem_Free(all);
-                all = grown;
-                cap *= 2;
+    int more;
+    for (more = enter(c, '{', '}'); more == 1; more = next_item(c, '}')) {
+        Member m;
+        size_t key_len;
+        if (member_key(c, &m.key, &key_len, &plain) < 0) goto out;
+        m.key_end = m.key + key_len;
+        m.value = c->p;
+        if (skip_value(c, 1) < 0) goto out;
+        m.value_end = c->p;
+        if (count == cap) {
+            Member *grown = PyMem_Malloc((size_t)cap * 2 * sizeof(Member));
+            if (grown == NULL) {
+                PyErr_NoMemory();
+                goto out;
             }
-            all[count++] = m;
-            skip_ws(c);
-            if (c->p < c->end && *c->p == ',') {
-                c->p++;
-                continue;
-            }
-            if (c->p < c->end && *c->p == '}') {
-                c->p++;
-                break;
-            }
-            goto out;
+            memcpy(grown, all, (size_t)count * sizeof(Member));
+            if (all != local) PyMem_Free(all);
+            all = grown;
+            cap *= 2;
         }
+        all[count++] = m;
     }
+    if (more < 0) goto out;
     o->len = 0;
     if (!drop) {
         *members = count;
@@ -313,17 +267,17 @@ static int read_args(Cursor *c, int drop, Out *o, Py_ssize_t *members) {
         goto out;
     }
     Py_ssize_t kept = 0;
-    if (out_put(o, "{", 1) < 0) goto out;
+    if (ss_buffer_put(o, "{", 1) < 0) goto out;
     for (Py_ssize_t i = 0; i < count; i++) {
         if (is_bookkeeping(&all[i], all, count)) continue;
-        if ((kept && out_put(o, ",", 1) < 0) || out_put(o, "\"", 1) < 0 ||
-            out_put(o, all[i].key, (size_t)(all[i].key_end - all[i].key)) < 0 ||
-            out_put(o, "\":", 2) < 0 || put_compact(o, all[i].value, all[i].value_end) < 0)
+        if ((kept && ss_buffer_put(o, ",", 1) < 0) || ss_buffer_put(o, "\"", 1) < 0 ||
+            ss_buffer_put(o, all[i].key, (size_t)(all[i].key_end - all[i].key)) < 0 ||
+            ss_buffer_put(o, "\":", 2) < 0 || put_compact(o, all[i].value, all[i].value_end) < 0)
             goto out;
         kept++;
     }
     *members = kept;
-    r = out_put(o, "}", 1);
+    r = ss_buffer_put(o, "}", 1);
 out:
     if (all != local) PyMem_Free(all);
     return r;
@@ -346,57 +300,37 @@ static int token_is(const Token *t, const char *text) {
 
 /* One event; its members' text in *ev, its args' compact text in *args.  1 = an X event,
  * 0 = another value, -1 = bad JSON. */
-static int read_event(Cursor *c, int drop, Out *args, Event *ev) {
-    int plain;
+static int read_event(Cursor *c, int drop, SsBuffer *args, Event *ev) {
+    int plain, more;
     memset(ev, 0, sizeof(*ev));
     if (c->p >= c->end || *c->p != '{') {
         return skip_value(c, 0) < 0 ? -1 : 0;
     }
-    c->p++;
-    skip_ws(c);
-    if (c->p < c->end && *c->p == '}') {
-        c->p++;
-        return 0;
-    }
-    for (;;) {
-        skip_ws(c);
-        const char *key = c->p + 1;
-        if (skip_string(c, &plain) < 0) return -1;
-        size_t key_len = plain ? (size_t)(c->p - 1 - key) : 0; /* escaped keys match nothing */
-        skip_ws(c);
-        if (c->p >= c->end || *c->p != ':') return -1;
-        c->p++;
-        skip_ws(c);
+    for (more = enter(c, '{', '}'); more == 1; more = next_item(c, '}')) {
+        const char *key;
+        size_t key_len;
+        if (member_key(c, &key, &key_len, &plain) < 0) return -1;
+        if (!plain) key_len = 0; /* escaped keys match nothing */
         Token value = {c->p, NULL};
 #define KEY(s) (key_len == sizeof(s) - 1 && memcmp(key, s, key_len) == 0)
         if (KEY("args") && c->p < c->end && *c->p == '{') {
             if (read_args(c, drop, args, &ev->members) < 0) return -1;
             ev->args = 1;
-        } else {
-            if (skip_value(c, 1) < 0) return -1;
-            value.end = c->p;
-            if (KEY("ph")) ev->ph = value;
-            else if (KEY("name")) ev->name = value;
-            else if (KEY("cat")) ev->cat = value;
-            else if (KEY("pid")) ev->pid = value;
-            else if (KEY("tid")) ev->tid = value;
-            else if (KEY("ts")) ev->ts = value;
-            else if (KEY("dur")) ev->dur = value;
-            else if (KEY("args")) ev->args = token_is(&value, "null") ? 0 : -1;
-        }
-#undef KEY
-        skip_ws(c);
-        if (c->p < c->end && *c->p == ',') {
-            c->p++;
             continue;
         }
-        if (c->p < c->end && *c->p == '}') {
-            c->p++;
-            break;
-        }
-        return -1;
+        if (skip_value(c, 1) < 0) return -1;
+        value.end = c->p;
+        if (KEY("ph")) ev->ph = value;
+        else if (KEY("name")) ev->name = value;
+        else if (KEY("cat")) ev->cat = value;
+        else if (KEY("pid")) ev->pid = value;
+        else if (KEY("tid")) ev->tid = value;
+        else if (KEY("ts")) ev->ts = value;
+        else if (KEY("dur")) ev->dur = value;
+        else if (KEY("args")) ev->args = token_is(&value, "null") ? 0 : -1;
+#undef KEY
     }
-    return token_is(&ev->ph, "\"X\"");
+    return more < 0 ? -1 : token_is(&ev->ph, "\"X\"");
 }
 
 /* The str of a JSON string token (json.loads for escapes and non-ASCII); NULL with an error. */
@@ -417,86 +351,47 @@ static PyObject *decode_string(const Token *t, PyObject *loads) {
     return value;
 }
 
-/* An integer token to int64; 0 when it does not fit. */
-static int parse_int(const char *p, const char *end, int64_t *out) {
-    char buf[24];
-    size_t n = (size_t)(end - p);
-    if (n == 0 || n > 19) return 0;
-    memcpy(buf, p, n);
-    buf[n] = 0;
-    errno = 0;
-    long long v = strtoll(buf, NULL, 10);
-    if (errno == ERANGE) return 0;
-    *out = v;
-    return 1;
-}
-
-/* A float token as Python's float(); 0 when it is not one. */
-static int parse_double(const char *p, const char *end, double *out) {
+/* A number token as json.loads reads it: an integer (*is_int) in *i, else a float in *d.
+ * 0 when it is not a number, or an integer beyond 64 bits. */
+static int parse_number(const Token *t, int *is_int, long long *i, double *d) {
+    Cursor c = {t->start, t->end};
     char buf[64];
-    size_t n = (size_t)(end - p);
-    if (n >= sizeof(buf)) return 0;
-    memcpy(buf, p, n);
+    size_t n = (size_t)(t->end - t->start);
+    if (t->start == NULL || skip_number(&c, is_int) < 0 || c.p != t->end || n >= sizeof(buf)) {
+        return 0;
+    }
+    memcpy(buf, t->start, n);
     buf[n] = 0;
-    double v = PyOS_string_to_double(buf, NULL, NULL);
-    if (v == -1.0 && PyErr_Occurred()) {
+    if (*is_int) {
+        errno = 0;
+        *i = strtoll(buf, NULL, 10);
+        return errno != ERANGE;
+    }
+    *d = PyOS_string_to_double(buf, NULL, NULL);
+    if (*d == -1.0 && PyErr_Occurred()) {
         PyErr_Clear();
         return 0;
     }
-    *out = v;
     return 1;
 }
 
 /* Microseconds to ns as round(value * 1000) on json's int or float; 1 ok, 0 not plain. */
 static int parse_us(const Token *t, int64_t *out) {
-    Cursor c = {t->start, t->end};
     int is_int;
-    if (t->start == NULL || skip_number(&c, &is_int) < 0 || c.p != t->end) return 0;
-    if (is_int) {
-        int64_t v;
-        if (!parse_int(t->start, t->end, &v) || v > INT64_MAX / 1000 || v < -(INT64_MAX / 1000))
-            return 0;
-        *out = v * 1000;
-        return 1;
-    }
-    double v;
-    if (!parse_double(t->start, t->end, &v)) return 0;
-    double ns = v * 1000.0;
-    if (!isfinite(ns) || fabs(ns) >= 9.2e18) return 0;
-    *out = (int64_t)nearbyint(ns);
-    return 1;
+    long long i;
+    double d;
+    if (!parse_number(t, &is_int, &i, &d)) return 0;
+    return is_int ? ss_us_int_to_ns(i, out) : ss_us_double_to_ns(d, out);
 }
 
 /* A numeric pid/tid: an integer in range or an integral float; 1 ok, 0 not plain. */
 static int parse_number_label(const Token *t, int64_t *out) {
-    Cursor c = {t->start, t->end};
     int is_int;
-    if (skip_number(&c, &is_int) < 0 || c.p != t->end) return 0;
-    if (is_int) {
-        int64_t v;
-        if (!parse_int(t->start, t->end, &v) || v < -LABEL_BASE || v >= LABEL_BASE) return 0;
-        *out = v;
-        return 1;
-    }
-    double v;
-    if (!parse_double(t->start, t->end, &v)) return 0;
-    if (!(v == floor(v) && v >= -(double)LABEL_BASE && v < (double)LABEL_BASE)) return 0;
-    *out = (int64_t)v;
-    return 1;
+    long long i;
+    double d;
+    if (!parse_number(t, &is_int, &i, &d)) return 0;
+    return is_int ? ss_label_from_int(i, out) : ss_label_from_double(d, out);
 }
-
-static int64_t intern(PyObject *text, PyObject *ids, PyObject *strings) {
-    PyObject *found = PyDict_GetItemWithError(ids, text);
-    if (found != NULL) return PyLong_AsLongLong(found);
-    if (PyErr_Occurred()) return -1;
-    Py_ssize_t sid = PyList_GET_SIZE(strings);
-    PyObject *key = PyLong_FromSsize_t(sid);
-    if (key == NULL) return -1;
-    int failed = PyDict_SetItem(ids, text, key) < 0 || PyList_Append(strings, text) < 0;
-    Py_DECREF(key);
-    return failed ? -1 : (int64_t)sid;
-}
-
 
 /* A string-or-null member as a str (NULL for null or absent); 1 ok, 0 another type, -1 error. */
 static int optional_string(const Token *t, PyObject *loads, PyObject **out) {
@@ -521,11 +416,11 @@ static int read_label(const Token *t, PyObject *loads, int64_t *out, PyObject **
 
 /* Appends an X event the per-event reader would accept; 1 done, 0 left to that reader (it skips
  * or rejects the event), -1 error. */
-static int add_span(const Event *ev, const Out *args, PyObject *ids, PyObject *strings,
+static int add_span(const Event *ev, const SsBuffer *args, PyObject *ids, PyObject *strings,
                     PyObject *args_store, PyObject *raw_type, PyObject *skip_cat, PyObject *loads,
-                    Out cols[7]) {
+                    SsBuffer cols[7]) {
     PyObject *name = NULL, *cat = NULL, *pid_label = NULL, *tid_label = NULL;
-    int64_t pid, tid, start, dur = 0, name_id = 0, cat_id = 0;
+    int64_t pid, tid, start, dur = 0;
     int r = optional_string(&ev->name, loads, &name);
     if (r == 1) r = optional_string(&ev->cat, loads, &cat);
     if (r == 1 && cat != NULL) {
@@ -537,44 +432,26 @@ static int add_span(const Event *ev, const Out *args, PyObject *ids, PyObject *s
     if (r == 1) r = parse_us(&ev->ts, &start);
     if (r == 1 && ev->dur.start != NULL) r = parse_us(&ev->dur, &dur);
     if (r == 1 && ev->args < 0) r = 0;
-    /* interned only once the event is known good, so a rejected one leaves no trace */
-    if (r == 1 && name != NULL && (name_id = intern(name, ids, strings)) < 0) r = -1;
-    if (r == 1 && cat != NULL && (cat_id = intern(cat, ids, strings)) < 0) r = -1;
-    if (r == 1 && pid_label != NULL) {
-        int64_t sid = intern(pid_label, ids, strings);
-        if (sid < 0) r = -1;
-        pid = LABEL_BASE + sid;
-    }
-    if (r == 1 && tid_label != NULL) {
-        int64_t sid = intern(tid_label, ids, strings);
-        if (sid < 0) r = -1;
-        tid = LABEL_BASE + sid;
-    }
-    Py_XDECREF(name);
-    Py_XDECREF(cat);
-    Py_XDECREF(pid_label);
-    Py_XDECREF(tid_label);
-    if (r != 1) return r;
     int32_t ref = -1;
-    if (ev->args == 1) {
+    if (r == 1 && ev->args == 1) {
         PyObject *raw = PyBytes_FromStringAndSize(args->data, (Py_ssize_t)args->len);
         PyObject *count = raw ? PyLong_FromSsize_t(ev->members) : NULL;
         PyObject *wrapped = count ? PyObject_CallFunctionObjArgs(raw_type, raw, count, NULL) : NULL;
         Py_XDECREF(raw);
         Py_XDECREF(count);
-        if (wrapped == NULL) return -1;
         ref = (int32_t)PyList_GET_SIZE(args_store);
-        int failed = PyList_Append(args_store, wrapped);
-        Py_DECREF(wrapped);
-        if (failed) return -1;
+        if (wrapped == NULL || PyList_Append(args_store, wrapped) < 0) r = -1;
+        Py_XDECREF(wrapped);
     }
-    uint32_t name32 = (uint32_t)name_id, cat32 = (uint32_t)cat_id;
-    if (out_put(&cols[0], &name32, 4) < 0 || out_put(&cols[1], &cat32, 4) < 0 ||
-        out_put(&cols[2], &pid, 8) < 0 || out_put(&cols[3], &tid, 8) < 0 ||
-        out_put(&cols[4], &start, 8) < 0 || out_put(&cols[5], &dur, 8) < 0 ||
-        out_put(&cols[6], &ref, 4) < 0)
-        return -1;
-    return 1;
+    /* interned only once the event is known good, so a rejected one leaves no trace */
+    if (r == 1 && ss_span_append(cols, ids, strings, name, cat, pid, pid_label, tid, tid_label,
+                                 start, dur, ref) < 0)
+        r = -1;
+    Py_XDECREF(name);
+    Py_XDECREF(cat);
+    Py_XDECREF(pid_label);
+    Py_XDECREF(tid_label);
+    return r;
 }
 
 static PyObject *scan_trace(PyObject *self, PyObject *call_args) {
@@ -587,8 +464,8 @@ static PyObject *scan_trace(PyObject *self, PyObject *call_args) {
         return NULL;
     }
     Cursor c = {view.buf, (const char *)view.buf + view.len};
-    Out args = {NULL, 0, 0};
-    Out cols[7];
+    SsBuffer args = {NULL, 0, 0};
+    SsBuffer cols[7];
     memset(cols, 0, sizeof(cols));
     PyObject *rest = PyList_New(0), *result = NULL;
     const char *list_start = NULL, *list_end = NULL;
@@ -608,107 +485,67 @@ static PyObject *scan_trace(PyObject *self, PyObject *call_args) {
         }
     }
     skip_ws(&c);
-    if (c.p >= c.end || *c.p != '{') goto not_scannable;
-    c.p++;
-    skip_ws(&c);
-    if (c.p < c.end && *c.p == '}') goto not_scannable;
-    for (;;) {
-        skip_ws(&c);
-        const char *key = c.p + 1;
-        if (skip_string(&c, &plain) < 0) goto not_scannable;
-        size_t key_len = (size_t)(c.p - 1 - key);
-        skip_ws(&c);
-        if (c.p >= c.end || *c.p != ':') goto not_scannable;
-        c.p++;
-        skip_ws(&c);
-        if (key_len == 11 && memcmp(key, "traceEvents", 11) == 0 && c.p < c.end && *c.p == '[') {
-            if (list_start != NULL) goto not_scannable; /* a repeated key: json.loads decides */
-            list_start = c.p;
-            c.p++;
+    int more;
+    for (more = enter(&c, '{', '}'); more == 1; more = next_item(&c, '}')) {
+        const char *key;
+        size_t key_len;
+        if (member_key(&c, &key, &key_len, &plain) < 0) goto not_scannable;
+        if (!(key_len == 11 && memcmp(key, "traceEvents", 11) == 0 && c.p < c.end && *c.p == '[')) {
+            if (skip_value(&c, 0) < 0) goto not_scannable;
+            continue;
+        }
+        if (list_start != NULL) goto not_scannable; /* a repeated key: json.loads decides */
+        list_start = c.p;
+        Py_ssize_t index = 0;
+        int more_events;
+        for (more_events = enter(&c, '[', ']'); more_events == 1;
+             more_events = next_item(&c, ']'), index++) {
             skip_ws(&c);
-            Py_ssize_t index = 0;
-            if (c.p < c.end && *c.p == ']') {
-                c.p++;
-            } else {
-                for (;; index++) {
-                    skip_ws(&c);
-                    const char *event_start = c.p;
-                    Event ev;
-                    int kind = read_event(&c, drop, &args, &ev);
-                    if (kind < 0) goto not_scannable;
-                    if (kind == 1) {
-                        kind = add_span(&ev, &args, ids, strings, args_store, raw_type, skip_cat,
-                                        loads, cols);
-                        if (kind < 0) {
-                            if (PyErr_ExceptionMatches(PyExc_MemoryError)) goto done;
-                            PyErr_Clear(); /* a string json.loads refused: the ordinary parse words it */
-                            goto not_scannable;
-                        }
-                    }
-                    if (kind == 0) {
-                        PyObject *text = PyUnicode_DecodeUTF8(event_start, c.p - event_start, NULL);
-                        PyObject *event = text ? PyObject_CallOneArg(loads, text) : NULL;
-                        Py_XDECREF(text);
-                        if (event == NULL) {
-                            PyErr_Clear(); /* bad text: the ordinary parse words it */
-                            goto not_scannable;
-                        }
-                        PyObject *pair = Py_BuildValue("(nN)", index, event);
-                        if (pair == NULL || PyList_Append(rest, pair) < 0) {
-                            Py_XDECREF(pair);
-                            goto done;
-                        }
-                        Py_DECREF(pair);
-                    }
-                    skip_ws(&c);
-                    if (c.p < c.end && *c.p == ',') {
-                        c.p++;
-                        continue;
-                    }
-                    if (c.p < c.end && *c.p == ']') {
-                        c.p++;
-                        break;
-                    }
+            const char *event_start = c.p;
+            Event ev;
+            int kind = read_event(&c, drop, &args, &ev);
+            if (kind < 0) goto not_scannable;
+            if (kind == 1) {
+                kind = add_span(&ev, &args, ids, strings, args_store, raw_type, skip_cat, loads, cols);
+                if (kind < 0) {
+                    if (PyErr_ExceptionMatches(PyExc_MemoryError)) goto done;
+                    PyErr_Clear(); /* a string json.loads refused: the ordinary parse words it */
                     goto not_scannable;
                 }
             }
-            list_end = c.p;
-        } else if (skip_value(&c, 0) < 0) {
-            goto not_scannable;
+            if (kind == 0) {
+                PyObject *text = PyUnicode_DecodeUTF8(event_start, c.p - event_start, NULL);
+                PyObject *event = text ? PyObject_CallOneArg(loads, text) : NULL;
+                Py_XDECREF(text);
+                if (event == NULL) {
+                    PyErr_Clear(); /* bad text: the ordinary parse words it */
+                    goto not_scannable;
+                }
+                PyObject *pair = Py_BuildValue("(nN)", index, event);
+                if (pair == NULL || PyList_Append(rest, pair) < 0) {
+                    Py_XDECREF(pair);
+                    goto done;
+                }
+                Py_DECREF(pair);
+            }
         }
-        skip_ws(&c);
-        if (c.p < c.end && *c.p == ',') {
-            c.p++;
-            continue;
-        }
-        if (c.p < c.end && *c.p == '}') {
-            c.p++;
-            break;
-        }
-        goto not_scannable;
+        if (more_events < 0) goto not_scannable;
+        list_end = c.p;
     }
+    if (more != 0) goto not_scannable; /* not an object, or a bad one (an empty one has no list) */
     skip_ws(&c);
     if (c.p != c.end || list_start == NULL) goto not_scannable;
     {
         const char *base = view.buf;
-        Out head = {NULL, 0, 0};
-        if (out_put(&head, base, (size_t)(list_start - base)) < 0 || out_put(&head, "[]", 2) < 0 ||
-            out_put(&head, list_end, (size_t)(c.end - list_end)) < 0) {
+        SsBuffer head = {NULL, 0, 0};
+        if (ss_buffer_put(&head, base, (size_t)(list_start - base)) < 0 || ss_buffer_put(&head, "[]", 2) < 0 ||
+            ss_buffer_put(&head, list_end, (size_t)(c.end - list_end)) < 0) {
             PyMem_Free(head.data);
             goto done;
         }
         PyObject *head_bytes = PyBytes_FromStringAndSize(head.data, (Py_ssize_t)head.len);
         PyMem_Free(head.data);
-        PyObject *columns = head_bytes ? PyTuple_New(7) : NULL;
-        for (int k = 0; columns && k < 7; k++) {
-            PyObject *data = PyBytes_FromStringAndSize(cols[k].data ? cols[k].data : "",
-                                                       (Py_ssize_t)cols[k].len);
-            if (data == NULL) {
-                Py_CLEAR(columns);
-                break;
-            }
-            PyTuple_SET_ITEM(columns, k, data);
-        }
+        PyObject *columns = head_bytes ? ss_span_columns(cols) : NULL;
         if (columns != NULL) {
             result = PyTuple_Pack(3, head_bytes, rest, columns);
         }

@@ -12,7 +12,7 @@ pid and tid columns hold integers; a foreign trace's string pid/tid (Kineto writ
 from __future__ import annotations
 
 from array import array
-from collections.abc import Container, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Container, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, NamedTuple
@@ -404,11 +404,6 @@ class TraceBuilder:
             self._string_ids[text] = sid
         return sid
 
-    def intern_many(self, texts: Iterable[str | None]) -> list[int]:
-        """Ids of many strings at once (None counts as the empty string)."""
-        ids, intern = self._string_ids, self.intern
-        return [0 if t is None else ids[t] if t in ids else intern(t) for t in texts]
-
     def encode_label(self, value: int | str) -> int:
         """Encode a pid/tid (int, or string label) for a column."""
         if isinstance(value, str):
@@ -493,20 +488,6 @@ class TraceBuilder:
             raise ValueError("extend_span_bytes: all columns must have the same length")
         for dst, column in staged:
             dst.extend(column)
-
-    def add_args_many(self, many: Iterable[Mapping[str, Any] | None]) -> list[int]:
-        """Store many args mappings (None = no args); their refs, for ``extend_spans``."""
-        refs = []
-        store = self._args
-        for args in many:
-            if args is None:
-                refs.append(-1)
-            else:
-                if not isinstance(args, Mapping):
-                    raise TypeError(f"args must be a mapping or None, got {type(args).__name__}")
-                refs.append(len(store))
-                store.append(args)
-        return refs
 
     def add_args(self, args: Mapping[str, Any]) -> int:
         """Store an args mapping and return its ref (for ``extend_spans``)."""
