@@ -84,6 +84,21 @@ def _bad_value(instrument: str, exc: Exception) -> None:
     report_failure("invalid_value", f"metric {instrument!r}", exc)
 
 
+_INF = math.inf
+
+
+def _fits(instrument: str, value: object) -> bool:
+    """Whether a stored int converts to a float (else it is counted as a bad value)."""
+    if value.__class__ is not int:
+        return True
+    try:
+        float(value)  # type: ignore[arg-type]
+    except OverflowError as exc:
+        _bad_value(instrument, exc)
+        return False
+    return True
+
+
 S = TypeVar("S")
 
 
@@ -212,13 +227,21 @@ class CounterSeries(_Sharded):
 
     def inc(self, amount: float = 1) -> None:
         """Add ``amount`` (>= 0; a number or a one-element tensor)."""
-        if amount.__class__ in NUMBERS and amount >= 0:
+        if amount.__class__ in NUMBERS and 0 <= amount < _INF:
             try:
                 self._local.cell[0] += amount
             except AttributeError:
-                self._new_cell()[0] += amount
+                self._add_new(amount)
+            except OverflowError as exc:  # an int too large for a float
+                _bad_value(self.name, exc)
         else:
             self._inc_other(amount)
+
+    def _add_new(self, amount: float) -> None:
+        try:
+            self._new_cell()[0] += amount
+        except OverflowError as exc:
+            _bad_value(self.name, exc)
 
     def _empty_cell(self) -> list[Any]:
         return [0.0]
@@ -235,10 +258,12 @@ class CounterSeries(_Sharded):
             self._apply(number)
 
     def _apply(self, number: float) -> None:
-        if number >= 0:
+        if 0 <= number < _INF:
             self.inc(number)
         else:
-            _bad_value(self.name, ValueError(f"a counter only goes up; inc({number!r}) ignored"))
+            _bad_value(
+                self.name, ValueError(f"a counter only goes up by finite steps; inc({number!r})")
+            )
 
     def _drain(self, _op: int, value: float) -> None:
         self._apply(value)
@@ -298,7 +323,13 @@ class GaugeSeries:
                 _bad_value(self.name, exc)
                 return
         with self._lock:
-            self._value = amount if self._value is None else self._value + amount
+            try:
+                value = amount if self._value is None else self._value + amount
+                if value.__class__ is int:
+                    float(value)  # OverflowError when too large for any exporter
+                self._value = value
+            except (OverflowError, TypeError) as exc:
+                _bad_value(self.name, exc)
 
     def dec(self, amount: float = 1) -> None:
         """Subtract ``amount``."""
@@ -332,7 +363,7 @@ class Gauge(GaugeSeries, _Base[GaugeSeries]):
     def family(self, pause: Callable[[], None]) -> Family:
         """Current values of all series that were set."""
         raws = [(s.labels, s.raw()) for s in self.series()]
-        raws = [(labels, raw) for labels, raw in raws if raw is not None]
+        raws = [(labels, raw) for labels, raw in raws if raw is not None and _fits(self.name, raw)]
         values = resolve([raw for _, raw in raws])
         points = tuple(SeriesPoint(labels, v) for (labels, _), v in zip(raws, values, strict=True))
         return Family(self.name, "gauge", self.description, self.unit, points, self.merge)
@@ -390,8 +421,12 @@ class HistogramSeries(_HistogramBase):
                 cell = self._local.cell
             except AttributeError:
                 cell = self._new_cell()
+            try:
+                cell[0] += value
+            except OverflowError as exc:
+                _bad_value(self.name, exc)
+                return
             cell[3 + bisect_left(self._bounds, value)] += 1
-            cell[0] += value
             if value < cell[1]:
                 cell[1] = value
             if value > cell[2]:
@@ -449,7 +484,11 @@ class ExpHistogramSeries(_HistogramBase):
                 cell = self._local.cell
             except AttributeError:
                 cell = self._new_cell()
-            cell[0] += value
+            try:
+                cell[0] += value
+            except OverflowError as exc:
+                _bad_value(self.name, exc)
+                return
             if value < cell[1]:
                 cell[1] = value
             if value > cell[2]:
@@ -599,6 +638,7 @@ class ScalarSeries:
             ring.put(self, step, value)  # nearly full: wakes the export thread, or drops
 
     def _drain(self, step: int | None, value: float) -> None:
+        value = float(value)  # an int too large raises here, before it touches the step
         acc = self._open.get(step)
         if acc is None:
             self._open[step] = [1, value, value, value, value]

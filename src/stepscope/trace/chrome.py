@@ -28,6 +28,7 @@ from typing import IO, Any
 
 from stepscope._ext import native
 from stepscope.atomic import atomic_output, ensure_parent
+from stepscope.text import clean_text
 from stepscope.trace.kineto import drop_bookkeeping
 from stepscope.trace.model import LABEL_BASE, SPAN_COLUMNS, Trace, TraceBuilder
 from stepscope.trace.raw_args import RawArgs
@@ -84,8 +85,7 @@ def _utf8(text: str) -> bytes:
     try:
         return text.encode("utf-8")
     except UnicodeEncodeError:
-        cleaned = text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
-        return cleaned.encode("utf-8")
+        return clean_text(text).encode("utf-8")
 
 
 def _finite(value: Any) -> Any:

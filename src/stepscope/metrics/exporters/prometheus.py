@@ -20,8 +20,10 @@ import gzip
 import http.client
 import json
 import os
+import re
 import socket
 import threading
+import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -40,7 +42,7 @@ from prometheus_client.utils import floatToGoString
 from stepscope.clock import now_ns
 from stepscope.metrics.cooperate import RENDER_CHUNK, pause_for_others
 from stepscope.metrics.exporters.base import Exporter
-from stepscope.metrics.failures import LOGGER
+from stepscope.metrics.failures import LOGGER, report_failure
 from stepscope.metrics.points import (
     ExpHistogramValue,
     ExportBatch,
@@ -53,6 +55,7 @@ from stepscope.metrics.points import (
     family_from_json,
     family_to_json,
 )
+from stepscope.text import clean_text
 
 __all__ = [
     "PrometheusEndpoint",
@@ -60,6 +63,7 @@ __all__ = [
     "SnapshotCollector",
     "merge_processes",
     "prometheus_name",
+    "prometheus_names",
     "render",
     "to_prometheus",
 ]
@@ -78,9 +82,37 @@ def prometheus_name(name: str, namespace: str = "") -> str:
     return f"_{out}" if out[:1].isdigit() else out
 
 
+def prometheus_names(families: Sequence[Family], namespace: str = "") -> list[str]:
+    """Exposition names for ``families``, distinct even when their names clean to the same one.
+
+    Of families whose names collide (``train.loss``, ``train-loss``, ``train_loss``), the one
+    already written as cleaned keeps the name (else the first by original name); the others get
+    ``_`` and 8 hex digits of the CRC-32 of their original name, so a name never depends on
+    registration order.
+    """
+    cleaned = [prometheus_name(f.name, namespace) for f in families]
+    by_name: dict[str, list[int]] = {}
+    for i, name in enumerate(cleaned):
+        by_name.setdefault(name, []).append(i)
+    taken = set(by_name)
+    for name, members in by_name.items():
+        if len(members) < 2:
+            continue
+        exact = [i for i in members if families[i].name == name]
+        keep = exact[0] if exact else min(members, key=lambda i: families[i].name)
+        for i in members:
+            if i != keep:
+                tagged = f"{name}_{zlib.crc32(clean_text(families[i].name).encode()):08x}"
+                while tagged in taken:
+                    tagged += "_"
+                taken.add(tagged)
+                cleaned[i] = tagged
+    return cleaned
+
+
 def _help(family: Family) -> str:
     text = family.description or family.name
-    return f"{text} (unit: {family.unit})" if family.unit else text
+    return clean_text(f"{text} (unit: {family.unit})" if family.unit else text)
 
 
 def _parts(family: Family) -> Iterator[tuple[Sequence[SeriesPoint], bool]]:
@@ -97,7 +129,7 @@ def _metric(family: Family, name: str, points: Sequence[SeriesPoint], names: lis
 
     def values(labels: Labels) -> list[str]:
         found = dict(labels)
-        return [found.get(n, "") for n in names]
+        return [clean_text(found.get(n, "")) for n in names]
 
     doc = _help(family)
     if family.kind == "counter":
@@ -131,8 +163,8 @@ def to_prometheus(families: Iterable[Family], namespace: str = "") -> Iterator[t
 
     The flag says the metric continues the previous one (a family split into parts).
     """
-    for family in families:
-        name = prometheus_name(family.name, namespace)
+    families = list(families)
+    for family, name in zip(families, prometheus_names(families, namespace), strict=True):
         names = _label_names(family)
         for points, continuation in _parts(family):
             yield _metric(family, name, points, names), continuation
@@ -157,10 +189,10 @@ class _PausingCollector:
         self._namespace = namespace
 
     def collect(self) -> Iterator[Metric]:
-        for i, family in enumerate(self._families):
+        names = prometheus_names(self._families, self._namespace)
+        for i, (family, name) in enumerate(zip(self._families, names, strict=True)):
             if i:
                 pause_for_others()
-            name = prometheus_name(family.name, self._namespace)
             yield _metric(family, name, family.points, _label_names(family))
 
 
@@ -169,6 +201,24 @@ def _strip_header(text: bytes) -> bytes:
         end = text.find(b"\n")
         text = b"" if end < 0 else text[end + 1 :]
     return text
+
+
+def _encode(encoder: Callable[[Any], bytes], group: list[Metric]) -> bytes:
+    """The group's exposition; a metric that cannot be rendered is left out and counted."""
+    with contextlib.suppress(Exception):
+        return encoder(SnapshotCollector(group))
+    eof = b"# EOF\n"
+    parts = []
+    for metric in group:
+        try:
+            parts.append(encoder(SnapshotCollector([metric])).removesuffix(eof))
+        except Exception as exc:
+            report_failure("render_error", f"prometheus family {metric.name!r}", exc)
+    return b"".join(parts) + (eof if parts and group and _is_openmetrics(encoder) else b"")
+
+
+def _is_openmetrics(encoder: Callable[[Any], bytes]) -> bool:
+    return encoder is not choose_encoder("")[0]
 
 
 def render(families: Sequence[Family], accept: str = "", namespace: str = "") -> tuple[bytes, str]:
@@ -187,7 +237,7 @@ def render(families: Sequence[Family], accept: str = "", namespace: str = "") ->
         nonlocal series
         if not group:
             return
-        text = encoder(SnapshotCollector(group))
+        text = _encode(encoder, group)
         if openmetrics and text.endswith(eof):
             text = text[: -len(eof)]
         out.append(_strip_header(text) if continuation else text)
@@ -355,6 +405,23 @@ class _Merger:
 # ---------------------------------------------------------------------- the endpoint
 
 
+_LABEL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _checked(family: Family) -> Family:
+    """A pushed family as it came, or ValueError when it holds text or values it must not."""
+    texts = [family.name, family.description, family.unit, family.merge]
+    for point in family.points:
+        for key, value in point.labels:
+            if not _LABEL_NAME.fullmatch(key):
+                raise ValueError(f"family {family.name!r}: bad label name {key!r}")
+            texts.append(value)
+    for text in texts:
+        if clean_text(text) != text:
+            raise ValueError(f"family {family.name!r}: text that is not valid UTF-8")
+    return family
+
+
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     endpoint: PrometheusEndpoint
@@ -405,7 +472,7 @@ class _Handler(BaseHTTPRequestHandler):
             if not 0 < length <= _MAX_PUSH_BYTES:
                 raise ValueError(f"bad Content-Length {length}")
             payload = json.loads(self.rfile.read(length))
-            families = [family_from_json(f) for f in payload["families"]]
+            families = [_checked(family_from_json(f)) for f in payload["families"]]
             pid = int(payload["pid"])
             final = bool(payload.get("final", False))
         except (ValueError, KeyError, TypeError) as exc:

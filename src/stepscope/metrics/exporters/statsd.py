@@ -10,11 +10,13 @@ Graphite-style tags in the name (``name;k=v``).
 
 from __future__ import annotations
 
+import math
 import re
 import socket
 from typing import Literal
 
 from stepscope.metrics.exporters.base import Exporter
+from stepscope.metrics.failures import report_failure
 from stepscope.metrics.points import (
     ExpHistogramValue,
     ExportBatch,
@@ -23,20 +25,30 @@ from stepscope.metrics.points import (
     Labels,
     SummaryValue,
 )
+from stepscope.text import clean_text
 
 __all__ = ["StatsdExporter", "pack"]
 
-_UNSAFE = re.compile(r"[:|@#,;=\s]")
+_UNSAFE = re.compile(r"[:|@#,;=\s\x00-\x1f\x7f]")
+_MAX_LINE = 65000
+"""Longest line sent (a UDP datagram holds at most 65,507 bytes); longer ones are skipped."""
 
 
 def _clean(text: str) -> str:
-    return _UNSAFE.sub("_", text)
+    return _UNSAFE.sub("_", clean_text(text))
 
 
 def _number(value: float) -> str:
     if value == int(value) and abs(value) < 1e15:
         return str(int(value))
     return repr(float(value))
+
+
+def _finite(value: object) -> bool:
+    try:
+        return math.isfinite(value)  # type: ignore[arg-type]
+    except (TypeError, OverflowError):
+        return False
 
 
 def pack(lines: list[str], max_datagram: int) -> list[bytes]:
@@ -69,6 +81,12 @@ class StatsdExporter(Exporter):
         max_datagram: int = 1432,
         include_telemetry: bool = False,
     ) -> None:
+        if not isinstance(host, str) or not host:
+            raise TypeError(f"host must be a non-empty str, got {host!r}")
+        if isinstance(port, bool) or not isinstance(port, int) or not 0 < port <= 65535:
+            raise ValueError(f"port must be an int in [1, 65535], got {port!r}")
+        if not isinstance(prefix, str):
+            raise TypeError(f"prefix must be a str, got {prefix!r}")
         if flavor not in ("statsd", "dogstatsd"):
             raise ValueError(f"flavor must be 'statsd' or 'dogstatsd', got {flavor!r}")
         if isinstance(max_datagram, bool) or not isinstance(max_datagram, int) or max_datagram < 64:
@@ -79,16 +97,25 @@ class StatsdExporter(Exporter):
         self.max_datagram = max_datagram
         self.include_telemetry = include_telemetry
         self.datagrams_sent = 0
+        self.lines_skipped = 0
+        """Lines not sent: a NaN/inf/huge value, or a line too long for a datagram."""
         self._sock: socket.socket | None = None
         self._last: dict[tuple[str, Labels], tuple[float, float]] = {}
 
     def _line(self, name: str, labels: Labels, value: float, kind: str) -> str:
+        if not _finite(value):
+            return self._skip(name, ValueError(f"value {value!r} is not a finite number"))
         metric = _clean(f"{self.prefix}{name}")
         if self.flavor == "dogstatsd":
             tags = ",".join(f"{_clean(k)}:{_clean(v)}" for k, v in labels)
             return f"{metric}:{_number(value)}|{kind}" + (f"|#{tags}" if tags else "")
         tags = "".join(f";{_clean(k)}={_clean(v)}" for k, v in labels)
         return f"{metric}{tags}:{_number(value)}|{kind}"
+
+    def _skip(self, name: str, exc: Exception) -> str:
+        self.lines_skipped += 1
+        report_failure("invalid_value", f"statsd series {clean_text(name)!r}", exc)
+        return ""
 
     def lines(
         self, batch: ExportBatch
@@ -100,7 +127,13 @@ class StatsdExporter(Exporter):
             if family.name.startswith("stepscope.") and not self.include_telemetry:
                 continue
             self._family_lines(family, out, state)
-        return out, state
+        kept = []
+        for line in out:
+            if len(line.encode()) > _MAX_LINE:
+                self._skip(line[:64], ValueError(f"a {len(line)}-character line is too long"))
+            elif line:
+                kept.append(line)
+        return kept, state
 
     def _family_lines(
         self,
