@@ -190,19 +190,34 @@ def _glob_matches(module: str, glob: str) -> bool:
     return fnmatchcase(module, glob) or fnmatchcase(module, glob + ".*")
 
 
-class ModuleFilter:
-    """Decides once per code object (or C function's module) whether it is recorded."""
+STEPSCOPE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+"""stepscope's own package directory: its code is never recorded (it is not the user's)."""
 
-    def __init__(self, include: Sequence[str], exclude: Sequence[str], names: SourceNames) -> None:
+
+class ModuleFilter:
+    """Decides once per code object (or C function's module) whether it is recorded.
+
+    Code under ``hidden_roots`` (stepscope's own package, and whatever a launcher adds, e.g.
+    ``runpy``) is never recorded, whatever the globs say; calls it makes still are.
+    """
+
+    def __init__(
+        self,
+        include: Sequence[str],
+        exclude: Sequence[str],
+        names: SourceNames,
+        hidden_roots: Sequence[str] = (STEPSCOPE_ROOT,),
+    ) -> None:
         self.include = tuple(include)
         self.exclude = tuple(exclude)
+        self.hidden_roots = tuple(hidden_roots)
         self._names = names
         self._decided: dict[str, bool] = {}
 
     @property
     def active(self) -> bool:
-        """Whether any glob is set (otherwise everything is recorded)."""
-        return bool(self.include or self.exclude)
+        """Whether anything is left out (otherwise everything is recorded)."""
+        return bool(self.include or self.exclude or self.hidden_roots)
 
     def module_included(self, module: str) -> bool:
         """Whether calls from ``module`` are recorded."""
@@ -221,7 +236,10 @@ class ModuleFilter:
         """Decision for a code object, or for a C function given its module name."""
         if isinstance(target, str):
             return self.module_included(target)
-        return self.module_included(self._names.module(target.co_filename))
+        filename = target.co_filename
+        if filename.startswith(self.hidden_roots):
+            return False
+        return self.module_included(self._names.module(filename))
 
 
 class ThreadSpans(NamedTuple):

@@ -141,10 +141,13 @@ class profile:
         self._warned: set[tuple[str, str]] = set()
         self.trace_files: list[str] = []
         """Paths written by ``export_chrome_trace`` (e.g. through ``trace_handler``)."""
-        self._action_map: dict[
-            tuple[ProfilerAction, ProfilerAction | None], list[Callable[[], Any]]
-        ]
-        self._action_map = self._build_action_map()
+        self._action_map: dict[tuple[int, int | None], list[Callable[[], Any]]]
+        # Keyed by the actions' plain values: hashing an Enum runs Python code, which would show
+        # up in the user's with_stack results.
+        self._action_map = {
+            (prev._value_, cur._value_ if cur is not None else None): actions
+            for (prev, cur), actions in self._build_action_map().items()
+        }
 
     # -- configuration -------------------------------------------------------------------------
     def _requested_collectors(self) -> list[Collector]:
@@ -320,7 +323,8 @@ class profile:
             _release(self)
 
     def _transit(self, previous: ProfilerAction, current: ProfilerAction | None) -> None:
-        for action in self._action_map.get((previous, current), ()):
+        key = (previous._value_, current._value_ if current is not None else None)
+        for action in self._action_map.get(key, ()):
             action()
 
     def _open_step_span(self) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import heapq
 import re
 from array import array
 from dataclasses import dataclass
@@ -50,8 +51,11 @@ class Nesting:
 def nest_spans(trace: Trace) -> Nesting:
     """Compute parents and self times from span containment on each (pid, tid) track.
 
-    A span is a child of the innermost span on the same track that contains its start; a child
-    running past its parent's end only counts up to that end.
+    A span's parent is the innermost span on the same track that contains its start.  Self time
+    is the time during which a span is the innermost open span (the latest started one still
+    running), so self times never overlap: on every track they add up to the time some span was
+    open.  Spans that overlap without nesting (a step marker opened inside one call and closed
+    inside a later one, clock skew between two recorders) are attributed that way too.
     """
     spans = trace.spans
     n = len(spans)
@@ -62,11 +66,15 @@ def nest_spans(trace: Trace) -> Nesting:
     order = sorted(range(n), key=lambda i: (pid[i], tid[i], start[i], -dur[i], i))
     stack: list[int] = []
     track: tuple[int, int] | None = None
-    for i in order:
+    track_begin = 0
+    crossing = False  # some span on this track outlives its parent
+    for position, i in enumerate(order):
         key = (pid[i], tid[i])
         if key != track:
+            if crossing:
+                _sweep_self_times(order[track_begin:position], start, dur, self_ns)
             stack.clear()
-            track = key
+            track, track_begin, crossing = key, position, False
         s = start[i]
         while stack and start[stack[-1]] + dur[stack[-1]] <= s:
             stack.pop()
@@ -74,8 +82,14 @@ def nest_spans(trace: Trace) -> Nesting:
             p = stack[-1]
             parent[i] = p
             p_end = start[p] + dur[p]
-            self_ns[p] -= min(s + dur[i], p_end) - s
+            end = s + dur[i]
+            if end > p_end:
+                crossing = True
+                end = p_end
+            self_ns[p] -= end - s
         stack.append(i)
+    if crossing:
+        _sweep_self_times(order[track_begin:], start, dur, self_ns)
     children = array("i", [0]) * n
     for p in parent:
         if p >= 0:
@@ -87,3 +101,40 @@ def nest_spans(trace: Trace) -> Nesting:
         if p >= 0 and children[p] == 1 and names[p] == names[i]:
             folded[i] = 1
     return Nesting(parent, self_ns, folded)
+
+
+def _sweep_self_times(
+    track: list[int], start: memoryview, dur: memoryview, self_ns: array[int]
+) -> None:
+    """Self times of one track's spans (sorted by start) when some overlap without nesting.
+
+    Walks the track's start and end times in order; each stretch of time goes to the latest
+    started span still open.
+    """
+    for i in track:
+        self_ns[i] = 0
+    open_spans: list[int] = []  # in start order; the last one is the innermost
+    ends: list[tuple[int, int]] = []  # heap of (end, span)
+    now = 0
+
+    def close_until(limit: int | None) -> int:
+        t = now
+        while ends and (limit is None or ends[0][0] <= limit):
+            end, j = heapq.heappop(ends)
+            self_ns[open_spans[-1]] += end - t
+            t = end
+            if open_spans[-1] == j:
+                open_spans.pop()
+            else:
+                open_spans.remove(j)
+        return t
+
+    for i in track:
+        s = start[i]
+        now = close_until(s)
+        if open_spans:
+            self_ns[open_spans[-1]] += s - now
+        now = s
+        open_spans.append(i)
+        heapq.heappush(ends, (s + dur[i], i))
+    close_until(None)
