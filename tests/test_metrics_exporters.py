@@ -146,7 +146,7 @@ def test_csv_cells(pipeline: Pipeline, tmp_path: Path) -> None:
     record_some(pipeline)
     pipeline.flush(10)
     rows = {r["name"]: r for r in csv.DictReader(io.StringIO(out.read_text()))}
-    assert rows["requests"]["labels"] == "route=/a" and rows["requests"]["value"] == "3.0"
+    assert rows["requests"]["labels"] == '{"route":"/a"}' and rows["requests"]["value"] == "3.0"
     assert (rows["latency"]["count"], rows["latency"]["sum"], rows["latency"]["max"]) == (
         "1",
         "0.5",

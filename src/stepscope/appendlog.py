@@ -58,7 +58,7 @@ def open_append(path: Path, *, private: bool = False) -> int:
     ``private`` files are created 0600 (``O_EXCL`` when new) and links are refused
     (``O_NOFOLLOW``); an existing one must be a regular file owned by this user.
     """
-    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
+    flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC  # read: repair_tail
     if not private:
         fd = os.open(path, flags, 0o644)
     else:

@@ -13,23 +13,28 @@ registered ones: at once when set from code, at first use when it came from the 
 (tables of the program itself may be registered after stepscope is imported).
 
 Several threads and processes may append to one table: each process keeps one append-only handle
-and writes each complete line with a single ``write`` (``O_APPEND``), and the header is decided
-under a file lock, so lines never interleave and the header appears once.
+and writes each complete line under a file lock (``O_APPEND``), and the header is decided under the
+same lock, so lines never interleave and the header appears once.  A row that fails part-way (a
+full disk) is cut back, and a row torn by a kill is removed at the next open: the file always ends
+on a whole row.
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import logging
 import os
 import re
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
+from stepscope.appendlog import append_whole, repair_tail
 from stepscope.atomic import atomic_output
 from stepscope.config import config
+from stepscope.text import clean_text
 
 try:
     import fcntl
@@ -69,10 +74,15 @@ def format_cell(value: object, where: str = "a metric table cell") -> str:
 
 
 def format_csv_row(cells: Sequence[str]) -> bytes:
-    """One CSV line (minimal quoting, ``\\n`` terminator), UTF-8 encoded."""
+    """One CSV line (minimal quoting, ``\\n`` terminator), UTF-8 encoded.
+
+    A cell holding ``\\r`` or ``\\n`` is quoted (so it never splits a row); unpaired surrogates
+    become U+FFFD.
+    """
     buf = io.StringIO()
-    csv.writer(buf, lineterminator="\n").writerow(cells)
-    return buf.getvalue().encode()
+    # "\r\n" makes the writer quote cells holding either character; the row then ends in "\n"
+    csv.writer(buf, lineterminator="\r\n").writerow(cells)
+    return clean_text(buf.getvalue()[:-2] + "\n").encode()
 
 
 class _AppendFile:
@@ -86,20 +96,18 @@ class _AppendFile:
 
     def _open(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
-            if fcntl is not None:
-                fcntl.flock(fd, fcntl.LOCK_EX)
-            st = os.fstat(fd)
-            if st.st_size == 0:
-                _write_all(fd, self.header)
-            else:
-                self._check_header()
+            with _locked(fd):
+                repair_tail(fd)  # a row torn by a process killed mid-write
+                st = os.fstat(fd)
+                if st.st_size == 0:
+                    append_whole(fd, self.header)
+                else:
+                    self._check_header()
         except BaseException:
-            os.close(fd)  # closing also drops the lock
+            os.close(fd)
             raise
-        if fcntl is not None:
-            fcntl.flock(fd, fcntl.LOCK_UN)
         self.fd, self.ident = fd, (st.st_dev, st.st_ino)
 
     def _check_header(self) -> None:
@@ -123,7 +131,8 @@ class _AppendFile:
                 self.close()
         if self.fd < 0:
             self._open()
-        _write_all(self.fd, line)
+        with _locked(self.fd):  # a failed row is cut back, which must not cut another's
+            append_whole(self.fd, line)
 
     def close(self) -> None:
         if self.fd >= 0:
@@ -131,11 +140,16 @@ class _AppendFile:
             os.close(fd)
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        written = os.write(fd, view)
-        view = view[written:]
+@contextlib.contextmanager
+def _locked(fd: int) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``fd`` (other processes append to the same file)."""
+    if fcntl is not None:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        yield
+    finally:
+        if fcntl is not None:
+            fcntl.flock(fd, fcntl.LOCK_UN)
 
 
 class MetricTable:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import atexit
 import os
 import signal
-import tempfile
 import threading
 import time
 import weakref
@@ -52,9 +51,9 @@ from stepscope.metrics.points import (
     SummaryValue,
 )
 from stepscope.metrics.ring import DEFAULT_CAPACITY, Channel, RecordSink, Ring
-from stepscope.metrics.spill import SpillFile
+from stepscope.metrics.spill import SpillFile, default_spill_dir
 from stepscope.metrics.values import is_tensor, resolve
-from stepscope.steps import current_step
+from stepscope.steps import current_step, on_step_declared
 
 __all__ = [
     "Pipeline",
@@ -135,10 +134,10 @@ class _SeedRecords:
         self.pending: list[Record] = []
         self.totals: dict[tuple[str | None, str], list[float]] = {}
 
-    def _drain(self, data: MetricData, _unused: object) -> None:
+    def _drain(self, data: MetricData, step: int | None) -> None:
         value = float(data.value)
         self.pending.append(
-            Record(int(data.timestamp * _NS), data.group_name, str(data.name), value)
+            Record(int(data.timestamp * _NS), data.group_name, str(data.name), value, step)
         )
         key = (data.group_name, str(data.name))
         acc = self.totals.get(key)
@@ -195,7 +194,7 @@ class Pipeline:
         self.exporter_timeout_s = 5.0
         self.retry = RetryPolicy()
         self.shutdown_timeout_s = 5.0
-        self.spill_dir = Path(tempfile.gettempdir()) / "stepscope-spill"
+        self.spill_dir = default_spill_dir()
         self.spill_max_bytes = 64 << 20
         self.handle_sigterm = True
         self.configure(
@@ -219,6 +218,7 @@ class Pipeline:
         self._deadline_ns = 0
         self._abandoned = False
         self._start_unix_ns = to_unix_ns(now_ns())
+        self._last_step: int | None = None
         self._make_sync()
         self.ring.set_waker(self._wake_soon)
         _live.add(self)
@@ -634,7 +634,7 @@ class Pipeline:
                 "sum",
             ),
         ]
-        step = current_step()
+        step = self._last_step
         if step is not None:
             families.append(
                 Family(
@@ -686,6 +686,8 @@ class Pipeline:
             now_unix = to_unix_ns(now_ns())
             self._dispatch(self.ring.drain())
             step_now = current_step()
+            if step_now is not None:
+                self._last_step = step_now
             scalars: list[ScalarPoint] = []
             for series in self.registry.scalars():
                 scalars.extend(series.close_steps(step_now, close_all, now_unix))
@@ -701,6 +703,7 @@ class Pipeline:
                 tuple(records),
                 final,
                 os.getpid(),
+                step=self._last_step,
             )
             for delivery in list(self._deliveries):
                 self._deliver(delivery, batch, final)
@@ -913,13 +916,14 @@ class PipelineMetricHandler(MetricHandler):
         self._records = target.seed_records
 
     def emit(self, metric_data: MetricData) -> None:
-        """Queue one value."""
-        self._ring.put(self._records, metric_data)
+        """Queue one value (with the current step)."""
+        self._ring.put(self._records, metric_data, current_step())
 
     def emit_elapsed(self, group_name: str | None, metric_name: str, elapsed_ns: int) -> None:
         """Queue a duration in milliseconds with nanosecond resolution."""
         wall = to_unix_ns(now_ns()) / _NS
-        self._ring.put(self._records, MetricData(wall, group_name, metric_name, elapsed_ns / 1e6))
+        data = MetricData(wall, group_name, metric_name, elapsed_ns / 1e6)
+        self._ring.put(self._records, data, current_step())
 
 
 def _close_quietly(target: Exporter | RecordSink) -> None:
@@ -939,6 +943,15 @@ def _after_fork_quietly(target: Exporter | RecordSink) -> None:
 # ---------------------------------------------------------------------- process-wide hooks
 
 _live: weakref.WeakSet[Pipeline] = weakref.WeakSet()
+
+
+def _export_on_first_step(step: int) -> None:
+    """A loop declared its first step: export now, so the step gauge is there from the start."""
+    for pipeline in list(_live):
+        pipeline._wake_soon()
+
+
+on_step_declared(_export_on_first_step)
 _hooks_installed = False
 _sigterm_installed = False
 

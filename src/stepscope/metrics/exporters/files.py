@@ -1,6 +1,8 @@
 """File exporters: JSON lines and CSV, both rotating by size.
 
-Each batch is appended with one ``write`` and flushed, so a file is always whole lines; when a
+Each batch is appended whole or not at all (``stepscope.appendlog``: a write that fails part-way,
+on a full disk, is cut back, and a line torn by a kill is removed when the file is opened again),
+so a file is always whole lines and a batch counts as exported only once its lines are; when a
 file would pass ``max_bytes`` it is renamed to ``<path>.1`` (older ones shift to ``.2`` ...,
 keeping ``backups``) and a new one is started.  A forked child writes ``<stem>.<pid><suffix>``.
 """
@@ -9,13 +11,17 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import os
+import re
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
+from stepscope.appendlog import append_whole, open_append
 from stepscope.metrics.exporters.base import Exporter
 from stepscope.metrics.exporters.rows import ChangeFilter, rows
 from stepscope.metrics.points import ExportBatch
+from stepscope.text import clean_text
 from stepscope.trace.chrome import json_bytes
 
 __all__ = ["CsvExporter", "JsonlExporter", "RotatingFile"]
@@ -35,32 +41,35 @@ class RotatingFile:
         self.max_bytes = max_bytes
         self.backups = backups
         self.header = header
-        self._fh: IO[bytes] | None = None
+        self._fd = -1
         self._size = 0
 
-    def _open(self) -> IO[bytes]:
-        fh = self._fh
-        if fh is None:
+    def _open(self) -> int:
+        if self._fd < 0:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            fh = self._fh = open(self.path, "ab")  # noqa: SIM115 - kept open between batches
-            self._size = fh.tell()
-            if self._size == 0 and self.header:
-                self._write_raw(fh, self.header.encode())
-        return fh
+            fd = open_append(self.path)
+            try:
+                self._size = os.fstat(fd).st_size
+                if self._size == 0 and self.header:
+                    self._write_raw(fd, self.header.encode())
+            except BaseException:
+                os.close(fd)
+                raise
+            self._fd = fd
+        return self._fd
 
-    def _write_raw(self, fh: IO[bytes], raw: bytes) -> None:
-        fh.write(raw)
-        fh.flush()
+    def _write_raw(self, fd: int, raw: bytes) -> None:
+        append_whole(fd, raw)
         self._size += len(raw)
 
     def write(self, text: str) -> None:
-        """Append ``text`` (whole lines), rotating first if it would not fit."""
-        raw = text.encode()
-        fh = self._open()
+        """Append ``text`` (whole lines) or nothing, rotating first if it would not fit."""
+        raw = clean_text(text).encode()
+        fd = self._open()
         if self._size + len(raw) > self.max_bytes and self._size > len(self.header):
             self.rotate()
-            fh = self._open()
-        self._write_raw(fh, raw)
+            fd = self._open()
+        self._write_raw(fd, raw)
 
     def rotate(self) -> None:
         """Start a new file, keeping ``backups`` old ones."""
@@ -77,13 +86,15 @@ class RotatingFile:
 
     def close(self) -> None:
         """Close the current file."""
-        if self._fh is not None:
-            self._fh.close()
-            self._fh = None
+        if self._fd >= 0:
+            fd, self._fd = self._fd, -1
+            os.close(fd)
 
     def after_fork_in_child(self) -> None:
         """Leave the parent's file alone and write ``<stem>.<pid><suffix>`` instead."""
-        self._fh = None  # the parent's handle stays the parent's
+        if self._fd >= 0:
+            os.close(self._fd)  # our copy of the parent's descriptor
+        self._fd = -1
         self._size = 0
         self.path = self.path.with_name(f"{self.path.stem}.{os.getpid()}{self.path.suffix}")
 
@@ -149,11 +160,18 @@ CSV_COLUMNS = (
 )
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def _labels_cell(row: dict[str, Any]) -> str:
+    """The labels as a JSON object (empty when none); unpaired surrogates kept as escapes."""
     labels = dict(row.get("labels") or {})
     if row["kind"] == "record":
         labels = {"group": row.get("group") or ""}
-    return ";".join(f"{k}={v}" for k, v in sorted(labels.items()))
+    if not labels:
+        return ""
+    text = json.dumps(labels, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+    return _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
 class CsvExporter(_FileExporter):
