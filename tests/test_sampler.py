@@ -41,6 +41,11 @@ def qualname(name: str) -> str:
     return name if sys.version_info >= (3, 11) else name.rsplit(".", 1)[-1]
 
 
+def signal_mode_available() -> bool:
+    """Whether this build and platform can run the signal sampler."""
+    return native() is not None and sys.platform == "linux" and sys.version_info >= (3, 11)
+
+
 BACKENDS = [
     "python",
     pytest.param(
@@ -206,13 +211,20 @@ def test_rate_and_schedule_give_roughly_the_asked_number_of_samples() -> None:
 
 def test_switch_interval_is_lowered_for_high_rates_and_restored() -> None:
     before = sys.getswitchinterval()
-    sampler = Sampler(1000, thread_ids=[threading.get_native_id()])
+    sampler = Sampler(1000, thread_ids=[threading.get_native_id()], mode="thread")
     sampler.start()
+    assert sampler.wait_running(5) and sampler.mode == "thread"
     during = sys.getswitchinterval()
     sampler.stop(5)
     assert during <= 0.0005 + 1e-9 < before
     assert sys.getswitchinterval() == before
     assert not any(t.name == SAMPLER_THREAD_NAME for t in threading.enumerate())
+    if signal_mode_available():  # signal mode never waits for the GIL: nothing to lower
+        sampler = Sampler(1000, thread_ids=[threading.get_native_id()])
+        sampler.start()
+        assert sampler.wait_running(5) and sampler.mode == "signal"
+        assert sys.getswitchinterval() == before
+        sampler.stop(5)
 
 
 def test_a_failing_backend_stops_sampling_without_breaking_the_program(

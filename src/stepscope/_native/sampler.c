@@ -1,6 +1,9 @@
 /* In-process stack sampler (pure-Python twin: stepscope.collectors.sampler_twin.PyStackSampler).
  *
- * A StackSampler object is driven by a Python timing thread.  Each sample() call runs with the
+ * Two ways to fill the same columns.  Signal mode (start_signals / drain / stop_signals, Linux,
+ * Python 3.11+): the engine in sampler_signal.c records busy threads' stacks from a SIGPROF handler
+ * and this file drains its rings under the GIL (see that file).  Thread mode: a Python timing
+ * thread calls sample(), which runs with the
  * GIL held, so every other thread is parked at a safe point; it walks the Python frames of every
  * thread (or of the chosen native thread ids) through the public frame API, interns each
  * (code object, instruction offset) as a frame and each (parent, frame) pair as a stack node, and
@@ -10,6 +13,8 @@
  * earlier).  Frame 0 is the "[truncated]" marker placed at the root of stacks cut at max_depth
  * (the innermost frames are kept). */
 #include "stepscope_native.h"
+
+#include "sampler_signal.h"
 
 #include <frameobject.h>
 #include <pthread.h>
@@ -145,6 +150,11 @@ typedef struct {
     uint64_t ticks;
     int64_t busy_ns;
     Py_ssize_t dropped;
+    int signals_on;           /* this object owns the signal engine */
+    int draining;             /* a drain is in progress (guards the code watcher) */
+    Py_ssize_t no_slot;       /* threads left unsampled: no engine slot left */
+    Py_ssize_t invalid_codes; /* signal samples dropped: a frame was not a code object */
+    SsSigStats sig;           /* the engine's counters, kept at stop_signals */
 } Sampler;
 
 static uint64_t thread_key(PyThreadState *ts) {
@@ -300,9 +310,9 @@ static int frame_position(PyFrameObject *frame) {
 #endif
 }
 
-/* Record one thread's stack; `frame` is a new reference that this function releases. */
-static int record_thread(Sampler *self, PyThreadState *ts, PyFrameObject *frame, uint64_t tid,
-                         int64_t now) {
+/* The stack id of a frame chain (-1 for none), or -2 with an exception set; `frame` is a new
+ * reference that this function releases. */
+static int32_t stack_of_frame(Sampler *self, PyFrameObject *frame) {
     int n = 0;
     int truncated = 0;
     while (frame != NULL) {
@@ -316,7 +326,7 @@ static int record_thread(Sampler *self, PyThreadState *ts, PyFrameObject *frame,
         Py_DECREF(code);
         if (fid < 0) {
             Py_DECREF(frame);
-            return -1;
+            return -2;
         }
         self->scratch[n++] = fid;
         PyFrameObject *back = PyFrame_GetBack(frame);
@@ -330,17 +340,163 @@ static int record_thread(Sampler *self, PyThreadState *ts, PyFrameObject *frame,
     for (int i = n - 1; i >= 0 && stack != -2; i--) {
         stack = intern_stack(self, stack, self->scratch[i]);
     }
-    if (stack == -2) {
-        return -1;
-    }
-    int64_t tid64 = (int64_t)tid;
-    uint8_t idle = (uint8_t)thread_idle(self, ts, tid, now);
-    if (column_push(&self->sample_tid, &tid64) < 0 || column_push(&self->sample_ts, &now) < 0 ||
+    return stack;
+}
+
+static int push_sample(Sampler *self, int64_t tid, int64_t ts, int32_t stack, uint8_t idle) {
+    if (column_push(&self->sample_tid, &tid) < 0 || column_push(&self->sample_ts, &ts) < 0 ||
         column_push(&self->sample_stack, &stack) < 0 || column_push(&self->sample_idle, &idle) < 0) {
         PyErr_NoMemory();
         return -1;
     }
+    return 0;
+}
+
+/* Record one thread's stack; `frame` is a new reference that this function releases. */
+static int record_thread(Sampler *self, PyThreadState *ts, PyFrameObject *frame, uint64_t tid,
+                         int64_t now) {
+    int32_t stack = stack_of_frame(self, frame);
+    if (stack == -2) {
+        return -1;
+    }
+    uint8_t idle = (uint8_t)thread_idle(self, ts, tid, now);
+    if (push_sample(self, (int64_t)tid, now, stack, idle) < 0) {
+        return -1;
+    }
     return 1;
+}
+
+/* -- signal mode: the engine's rings into the columns ------------------------------------- */
+
+static int on_busy(void *ctx, int64_t tid, int64_t ts, void *const *codes,
+                   const int32_t *positions, int depth, int truncated) {
+    Sampler *self = (Sampler *)ctx;
+    if ((Py_ssize_t)self->sample_ts.len >= self->max_samples) {
+        self->dropped++;
+        return 0;
+    }
+    for (int i = 0; i < depth; i++) {
+        if (Py_TYPE((PyObject *)codes[i]) != &PyCode_Type) {
+            self->invalid_codes++;
+            return 0;
+        }
+    }
+    int32_t stack = truncated ? intern_stack(self, -1, 0) : -1;
+    for (int i = depth - 1; i >= 0 && stack != -2; i--) {
+        int32_t fid = intern_frame(self, (PyCodeObject *)codes[i], positions[i]);
+        if (fid < 0) {
+            return -1;
+        }
+        stack = intern_stack(self, stack, fid);
+    }
+    if (stack == -2) {
+        return -1;
+    }
+    return push_sample(self, tid, ts, stack, 0);
+}
+
+/* Idle ticks of a thread: its stack now, under the GIL (it was blocked, so it is parked where it
+ * blocked), once per tick.  Ticks of a thread that is gone are dropped. */
+static int on_idle(void *ctx, int64_t tid, const int64_t *ts, int n) {
+    Sampler *self = (Sampler *)ctx;
+    PyThreadState *me = PyThreadState_Get();
+    PyInterpreterState *interp = PyThreadState_GetInterpreter(me);
+    PyThreadState *found = NULL;
+    for (PyThreadState *t = PyInterpreterState_ThreadHead(interp); t; t = PyThreadState_Next(t)) {
+        if ((int64_t)thread_key(t) == tid) {
+            found = t;
+            break;
+        }
+    }
+    if (found == NULL) {
+        return 0;
+    }
+    PyFrameObject *frame = PyThreadState_GetFrame(found);
+    if (frame == NULL) {
+        return 0;
+    }
+    int32_t stack = stack_of_frame(self, frame);
+    if (stack == -2) {
+        return -1;
+    }
+    for (int i = 0; i < n; i++) {
+        if ((Py_ssize_t)self->sample_ts.len >= self->max_samples) {
+            self->dropped++;
+        } else if (push_sample(self, tid, ts[i], stack, 1) < 0) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* Give every wanted thread but the caller a slot in the engine. */
+static void add_threads(Sampler *self) {
+    PyThreadState *me = PyThreadState_Get();
+    PyInterpreterState *interp = PyThreadState_GetInterpreter(me);
+    for (PyThreadState *ts = PyInterpreterState_ThreadHead(interp); ts; ts = PyThreadState_Next(ts)) {
+        uint64_t tid = thread_key(ts);
+        if (ts != me && wanted(self, tid) && ss_sig_add_thread((int64_t)tid) < 0) {
+            self->no_slot++;
+        }
+    }
+}
+
+static Sampler *watched = NULL; /* the sampler that owns the engine, for the code watcher */
+
+static int drain_into(Sampler *self) {
+    if (self->draining) {
+        return 0;
+    }
+    self->draining = 1;
+    int64_t start = ss_now_ns();
+    add_threads(self);
+    int rc = ss_sig_drain(self, on_busy, on_idle);
+    self->busy_ns += ss_now_ns() - start;
+    self->draining = 0;
+    return rc;
+}
+
+#if PY_VERSION_HEX >= 0x030C0000
+/* A code object about to be freed may still be named by a raw pointer in the rings: drain them
+ * first, so that every pointer is resolved (and its code kept alive) while it is valid. */
+static int watcher_id = -1;
+
+static int on_code_event(PyCodeEvent event, PyCodeObject *code) {
+    (void)code;
+    if (event == PY_CODE_EVENT_DESTROY && watched != NULL && !watched->draining) {
+        PyObject *raised = PyErr_GetRaisedException();
+        if (drain_into(watched) < 0) {
+            PyErr_Clear();
+            watched->invalid_codes++;
+        }
+        PyErr_SetRaisedException(raised);
+    }
+    return 0;
+}
+#endif
+
+static void watch_codes(Sampler *self) {
+    watched = self;
+#if PY_VERSION_HEX >= 0x030C0000
+    if (watcher_id < 0) {
+        watcher_id = PyCode_AddWatcher(on_code_event);
+        if (watcher_id < 0) {
+            PyErr_Clear(); /* all watcher slots taken: drains stay periodic only */
+        }
+    }
+#endif
+}
+
+static void unwatch_codes(void) {
+    watched = NULL;
+#if PY_VERSION_HEX >= 0x030C0000
+    if (watcher_id >= 0) {
+        if (PyCode_ClearWatcher(watcher_id) < 0) {
+            PyErr_Clear();
+        }
+        watcher_id = -1;
+    }
+#endif
 }
 
 /* -- the Python type ----------------------------------------------------------------------- */
@@ -436,6 +592,12 @@ static PyObject *sampler_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 }
 
 static void sampler_dealloc(Sampler *self) {
+    if (self->signals_on) { /* dropped while sampling: stop without keeping samples */
+        ss_sig_stop(100000000); /* the handlers never need the GIL */
+        unwatch_codes();
+        ss_sig_release();
+        self->signals_on = 0;
+    }
     Column *columns[] = {&self->frame_code,   &self->frame_pos, &self->stack_parent,
                          &self->stack_frame,  &self->sample_tid, &self->sample_ts,
                          &self->sample_stack, &self->sample_idle};
@@ -487,6 +649,88 @@ static PyObject *sampler_sample(Sampler *self, PyObject *unused) {
     return PyLong_FromSsize_t(taken);
 }
 
+static PyObject *sampler_start_signals(Sampler *self, PyObject *args) {
+    double rate_hz;
+    unsigned long long seed = 0;
+    if (!PyArg_ParseTuple(args, "d|K:start_signals", &rate_hz, &seed)) {
+        return NULL;
+    }
+    if (self->codes == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "StackSampler was not initialised");
+        return NULL;
+    }
+    if (!(rate_hz > 0 && rate_hz <= 100000)) {
+        PyErr_SetString(PyExc_ValueError, "start_signals needs 0 < rate_hz <= 100000");
+        return NULL;
+    }
+    if (self->signals_on) {
+        PyErr_SetString(PyExc_RuntimeError, "signal sampling already started on this sampler");
+        return NULL;
+    }
+    SsSigSettings settings = {rate_hz, (uint64_t)seed, self->max_depth, self->idle_share,
+                              self->idle_window_ns};
+    char why[200];
+    if (ss_sig_start(&settings, why, sizeof(why)) < 0) {
+        PyErr_SetString(PyExc_RuntimeError, why);
+        return NULL;
+    }
+    self->signals_on = 1;
+    watch_codes(self);
+    add_threads(self);
+    Py_RETURN_NONE;
+}
+
+static PyObject *sampler_drain(Sampler *self, PyObject *unused) {
+    if (!self->signals_on) {
+        PyErr_SetString(PyExc_RuntimeError, "signal sampling is not running on this sampler");
+        return NULL;
+    }
+    size_t before = self->sample_ts.len;
+    if (drain_into(self) < 0) {
+        return NULL;
+    }
+    return PyLong_FromSize_t(self->sample_ts.len - before);
+}
+
+static void stop_engine(Sampler *self, int64_t timeout_ns) {
+    Py_BEGIN_ALLOW_THREADS
+    ss_sig_stop(timeout_ns);
+    Py_END_ALLOW_THREADS
+}
+
+static PyObject *sampler_stop_signals(Sampler *self, PyObject *args) {
+    double timeout_s = 1.0;
+    if (!PyArg_ParseTuple(args, "|d:stop_signals", &timeout_s)) {
+        return NULL;
+    }
+    if (!self->signals_on) {
+        PyErr_SetString(PyExc_RuntimeError, "signal sampling is not running on this sampler");
+        return NULL;
+    }
+    stop_engine(self, (int64_t)(timeout_s * 1e9));
+    int rc = drain_into(self);
+    ss_sig_stats(&self->sig);
+    unwatch_codes();
+    ss_sig_release();
+    self->signals_on = 0;
+    self->ticks += self->sig.ticks;
+    self->busy_ns += self->sig.handler_ns;
+    if (rc < 0) {
+        return NULL;
+    }
+    return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:L,s:i,s:n,s:n,s:O,s:O}", "ticks",
+                         (unsigned long long)self->sig.ticks, "signals",
+                         (unsigned long long)self->sig.signals, "handled",
+                         (unsigned long long)self->sig.handled, "late",
+                         (unsigned long long)self->sig.late, "no_frames",
+                         (unsigned long long)self->sig.no_frames, "ring_full",
+                         (unsigned long long)self->sig.ring_full, "handler_ns",
+                         (long long)self->sig.handler_ns, "threads", self->sig.threads,
+                         "threads_without_slot", self->no_slot, "invalid_codes",
+                         self->invalid_codes, "restored", self->sig.restored ? Py_True : Py_False,
+                         "replaced", self->sig.replaced ? Py_True : Py_False);
+}
+
 static PyObject *sampler_export(Sampler *self, PyObject *unused) {
     if (self->codes == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "StackSampler was not initialised");
@@ -535,6 +779,13 @@ static PyMethodDef sampler_methods[] = {
     {"export", (PyCFunction)sampler_export, METH_NOARGS,
      "Everything recorded so far: codes, frame/stack/sample columns (bytes) and counters."},
     {"count", (PyCFunction)sampler_count, METH_NOARGS, "Samples recorded so far."},
+    {"start_signals", (PyCFunction)sampler_start_signals, METH_VARARGS,
+     "start_signals(rate_hz, seed=0): sample busy threads from a SIGPROF handler (Linux, 3.11+); "
+     "RuntimeError with the reason when this process cannot."},
+    {"drain", (PyCFunction)sampler_drain, METH_NOARGS,
+     "Move the signal samples recorded so far into the columns; returns how many."},
+    {"stop_signals", (PyCFunction)sampler_stop_signals, METH_VARARGS,
+     "stop_signals(timeout_s=1.0): stop signal sampling, drain, restore SIGPROF; the counters."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -1,12 +1,21 @@
-"""The in-process stack sampler: a timing thread driving the C ``StackSampler`` (or its twin),
-and the ``ProfilerActivity.SAMPLING`` collector built on it.
+"""The in-process stack sampler: the C ``StackSampler`` (or its twin) and the
+``ProfilerActivity.SAMPLING`` collector built on it.
 
-The timing thread sleeps exponentially distributed intervals (mean ``1 / rate_hz``) on an
-absolute schedule, so sample times are a Poisson process that cannot lock step with periodic work
-in the program; each tick takes one sample of every wanted thread.  A sample needs the GIL, which
-a busy thread only hands over after ``sys.getswitchinterval()`` (5 ms by default); to keep the
-rate at high frequencies the sampler lowers the switch interval to half a mean period while it
-runs (only when that is lower than the current value) and restores it afterwards.
+Two modes.  ``signal`` (the default where it works: the C extension on Linux, Python 3.11+, and
+SIGPROF not used by the program): a C timing thread sends SIGPROF to each busy thread and the C
+handler records the stack the thread is executing, so samples land where time is spent; this
+module's thread only drains the recorded samples every ``DRAIN_INTERVAL_S`` (see
+``_native/sampler_signal.c``).  ``thread`` (the twin, and the fallback): the timing thread
+itself takes the samples.  Then samples can only be taken where the sampled thread hands over
+the GIL, which biases attribution towards code that hands it over often.
+
+In thread mode the timing thread sleeps exponentially distributed intervals (mean
+``1 / rate_hz``) on an absolute schedule, so sample times are a Poisson process that cannot lock
+step with periodic work in the program; each tick takes one sample of every wanted thread.  A
+sample needs the GIL, which a busy thread only hands over after ``sys.getswitchinterval()``
+(5 ms by default); to keep the rate at high frequencies the sampler lowers the switch interval
+to half a mean period while it runs (only when that is lower than the current value) and
+restores it afterwards.
 """
 
 from __future__ import annotations
@@ -19,7 +28,7 @@ from array import array
 from collections.abc import Iterable
 from dataclasses import dataclass
 from types import CodeType
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from stepscope import clock
 from stepscope._ext import native
@@ -52,12 +61,21 @@ IDLE_WINDOW_NS = 1_000_000
 TRUNCATED_FRAME = "[truncated]"
 SAMPLER_THREAD_NAME = "stepscope-sampler"
 BACKENDS = ("native", "python")
+MODES = ("signal", "thread")
+DRAIN_INTERVAL_S = 0.01
+"""Signal mode: how often recorded samples are moved out of the handler's rings."""
 
 
 class _Backend(Protocol):
     def sample(self) -> int: ...
     def count(self) -> int: ...
     def export(self) -> dict[str, Any]: ...
+
+
+class _SignalBackend(_Backend, Protocol):
+    def start_signals(self, rate_hz: float, seed: int = 0) -> None: ...
+    def drain(self) -> int: ...
+    def stop_signals(self, timeout_s: float = 1.0) -> dict[str, Any]: ...
 
 
 def make_backend(
@@ -187,9 +205,13 @@ class Sampler:
         max_depth: int = DEFAULT_MAX_DEPTH,
         max_duration_s: float | None = None,
         backend: str | None = None,
+        mode: str | None = None,
         adjust_switch_interval: bool = True,
         seed: int | None = None,
     ) -> None:
+        """``mode``: ``signal``, ``thread`` or None (signal where it works); see the module."""
+        if mode not in (None, *MODES):
+            raise ValueError(f"sampler mode must be one of {MODES} or None, got {mode!r}")
         if isinstance(rate_hz, bool) or not isinstance(rate_hz, (int, float)) or not rate_hz > 0:
             raise ValueError(
                 f"rate_hz must be a positive number of samples per second, got {rate_hz!r}"
@@ -208,6 +230,12 @@ class Sampler:
         self.max_depth = max_depth
         self.max_duration_s = max_duration_s
         self.backend_kind = backend
+        self.requested_mode = mode
+        self.mode = ""
+        """``signal`` or ``thread`` once running (see ``wait_running``)."""
+        self.mode_reason: str | None = None
+        """Why signal mode is not used, when it was wanted (None when asked for ``thread``)."""
+        self.signal_stats: dict[str, Any] = {}
         self.adjust_switch_interval = adjust_switch_interval
         self.seed = seed
         self.backend_name = ""
@@ -235,16 +263,64 @@ class Sampler:
         self.backend_name, self._backend = make_backend(
             self.backend_kind, self.max_samples, self.max_depth, self.thread_ids
         )
-        self._lower_switch_interval()
         self.started_ns = clock.now_ns()
         self._thread = threading.Thread(target=self._run, name=SAMPLER_THREAD_NAME, daemon=True)
         self._thread.start()
 
     def wait_running(self, timeout: float | None) -> bool:
-        """Wait until the timing thread is sampling; False on timeout."""
+        """Wait until the timing thread is sampling (and ``mode`` is known); False on timeout."""
         return self._running.wait(timeout)
 
+    def _start_signals(self) -> bool:
+        """Signal mode if wanted and possible; otherwise the reason is kept in ``mode_reason``."""
+        if self.requested_mode == "thread":
+            return False
+        backend = self._backend
+        if not hasattr(backend, "start_signals"):
+            self.mode_reason = "the pure-Python twin samples from a timing thread"
+            return False
+        try:
+            cast(_SignalBackend, backend).start_signals(self.rate_hz, self.seed or 0)
+        except (RuntimeError, ValueError) as exc:
+            self.mode_reason = str(exc)
+            if self.requested_mode == "signal":
+                log.warning("stepscope: signal sampling unavailable (%s); using a thread", exc)
+            return False
+        return True
+
     def _run(self) -> None:
+        if self._start_signals():
+            self.mode = "signal"
+            self._run_signals()
+        else:
+            self.mode = "thread"
+            self._lower_switch_interval()
+            self._run_thread()
+
+    def _failed(self, exc: Exception) -> None:
+        self.errors += 1
+        self.error = f"{type(exc).__name__}: {exc}"
+        log.warning("stepscope: the stack sampler failed (%s); sampling stopped", self.error)
+
+    def _run_signals(self) -> None:
+        backend = cast(_SignalBackend, self._backend)
+        deadline = self.started_ns + int(self.max_duration_s * 1e9) if self.max_duration_s else None
+        self._running.set()
+        try:
+            while not self._stop.wait(DRAIN_INTERVAL_S):
+                if deadline is not None and clock.now_ns() >= deadline:
+                    self.truncated = True
+                    return
+                backend.drain()
+        except Exception as exc:  # never let the sampler break the program
+            self._failed(exc)
+        finally:
+            try:
+                self.signal_stats = backend.stop_signals(1.0)
+            except Exception as exc:
+                self._failed(exc)
+
+    def _run_thread(self) -> None:
         backend = self._backend
         assert backend is not None
         rng = random.Random(self.seed)
@@ -267,11 +343,7 @@ class Sampler:
             try:
                 backend.sample()
             except Exception as exc:  # never let the sampler break the program
-                self.errors += 1
-                self.error = f"{type(exc).__name__}: {exc}"
-                log.warning(
-                    "stepscope: the stack sampler failed (%s); sampling stopped", self.error
-                )
+                self._failed(exc)
                 return
             late_ns += (now - next_ns - late_ns) * 0.1
             next_ns += int(expo(1.0) * max(mean_ns - late_ns, mean_ns * 0.1))
@@ -311,6 +383,7 @@ class Sampler:
         duration_s = max(self.stopped_ns - self.started_ns, 1) / 1e9
         info: dict[str, Any] = {
             "backend": self.backend_name,
+            "mode": self.mode,
             "rate_hz": self.rate_hz,
             "ticks": data.ticks,
             "effective_rate_hz": round(data.ticks / duration_s, 1),
@@ -321,6 +394,18 @@ class Sampler:
             "busy_ms": round(data.busy_ns / 1e6, 3),
             "idle_cpu_share": IDLE_CPU_SHARE,
         }
+        if self.mode_reason and self.requested_mode != "thread":
+            info["mode_reason"] = self.mode_reason
+        if self.signal_stats:
+            stats = self.signal_stats
+            info["signals"] = stats["signals"]
+            info["late_signals"] = stats["late"]
+            info["lost_ring_full"] = stats["ring_full"]
+            info["handler_ms"] = round(stats["handler_ns"] / 1e6, 3)
+            if stats["replaced"]:
+                info["sigprof_replaced_during_run"] = True
+            elif not stats["restored"]:
+                info["sigprof_left_installed"] = True
         if self.truncated:
             info["stopped_at_max_duration_s"] = self.max_duration_s
         if self.errors:
@@ -341,6 +426,7 @@ class SamplerCollector(Collector):
         max_samples: int = DEFAULT_MAX_SAMPLES,
         max_depth: int = DEFAULT_MAX_DEPTH,
         backend: str | None = None,
+        mode: str | None = None,
         stop_timeout_s: float = 10.0,
     ) -> None:
         self._options: dict[str, Any] = {
@@ -348,6 +434,7 @@ class SamplerCollector(Collector):
             "max_samples": max_samples,
             "max_depth": max_depth,
             "backend": backend,
+            "mode": mode,
         }
         Sampler(rate_hz, **self._options)  # validate the options now, not at the first window
         self.rate_hz = rate_hz
