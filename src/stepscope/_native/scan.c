@@ -12,6 +12,7 @@
 #include <errno.h>
 #include <stdlib.h>
 
+#define MAX_INT_DIGITS 4300 /* CPython's default int_max_str_digits */
 #define MAX_MEMBERS 64 /* args members kept on the stack; more go to the heap */
 
 typedef struct {
@@ -75,7 +76,12 @@ static int skip_number(Cursor *c, int *is_int) {
     if (*p == '0') {
         p++;
     } else if (*p >= '1' && *p <= '9') {
+        const char *digits = p;
         while (p < c->end && *p >= '0' && *p <= '9') p++;
+        /* json.loads refuses integers longer than sys.get_int_max_str_digits() (4300 by
+         * default): leave such documents to it, so the error is the same either way */
+        if (p - digits > MAX_INT_DIGITS && (p >= c->end || (*p != '.' && *p != 'e' && *p != 'E')))
+            return -1;
     } else {
         return -1;
     }
@@ -352,27 +358,38 @@ static PyObject *decode_string(const Token *t, PyObject *loads) {
 }
 
 /* A number token as json.loads reads it: an integer (*is_int) in *i, else a float in *d.
- * 0 when it is not a number, or an integer beyond 64 bits. */
+ * 0 when it is not a number, or an integer beyond 64 bits.  Tokens of any length are read
+ * (a long float such as 0.000...1 is still a float to json.loads). */
 static int parse_number(const Token *t, int *is_int, long long *i, double *d) {
     Cursor c = {t->start, t->end};
-    char buf[64];
+    char small[64];
+    char *buf = small;
+    int ok = 1;
     size_t n = (size_t)(t->end - t->start);
-    if (t->start == NULL || skip_number(&c, is_int) < 0 || c.p != t->end || n >= sizeof(buf)) {
-        return 0;
+    if (t->start == NULL || skip_number(&c, is_int) < 0 || c.p != t->end) return 0;
+    if (*is_int && n > 21) return 0; /* beyond 64 bits whatever the digits */
+    if (n >= sizeof(small)) {
+        buf = PyMem_Malloc(n + 1);
+        if (buf == NULL) {
+            PyErr_Clear();
+            return 0;
+        }
     }
     memcpy(buf, t->start, n);
     buf[n] = 0;
     if (*is_int) {
         errno = 0;
         *i = strtoll(buf, NULL, 10);
-        return errno != ERANGE;
+        ok = errno != ERANGE;
+    } else {
+        *d = PyOS_string_to_double(buf, NULL, NULL);
+        if (*d == -1.0 && PyErr_Occurred()) {
+            PyErr_Clear();
+            ok = 0;
+        }
     }
-    *d = PyOS_string_to_double(buf, NULL, NULL);
-    if (*d == -1.0 && PyErr_Occurred()) {
-        PyErr_Clear();
-        return 0;
-    }
-    return 1;
+    if (buf != small) PyMem_Free(buf);
+    return ok;
 }
 
 /* Microseconds to ns as round(value * 1000) on json's int or float; 1 ok, 0 not plain. */

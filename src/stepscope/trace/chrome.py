@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import hashlib
 import json
 import math
 import os
@@ -514,7 +515,13 @@ def write_chrome_trace(
 # -- reader ----------------------------------------------------------------------------------
 
 
-def _load_bytes(path: Path) -> bytes:
+MAX_INFLATE_RATIO = 100
+"""A ``.gz`` trace may inflate to this many times its size (JSON traces compress 5-30x) ..."""
+MIN_INFLATE_LIMIT = 256 << 20
+"""... or to this many bytes, whichever is more; ``max_inflated_bytes=`` sets a limit instead."""
+
+
+def _load_bytes(path: Path, max_inflated_bytes: int | None) -> bytes:
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
@@ -523,17 +530,47 @@ def _load_bytes(path: Path) -> bytes:
         raise ChromeTraceError(f"{path}: is a directory, not a trace file") from None
     if raw[:2] != b"\x1f\x8b":
         return raw
-    decomp = zlib.decompressobj(47)
-    try:
-        data = decomp.decompress(raw)
-    except zlib.error as exc:
-        raise ChromeTraceError(f"{path}: corrupt gzip data ({exc})") from None
-    if not decomp.eof:
-        raise ChromeTraceError(
-            f"{path}: gzip stream is truncated (file ends at byte {len(raw)} before the end "
-            f"of the compressed data; {len(data)} bytes decompressed); the file is incomplete"
-        )
-    return data
+    limit = max_inflated_bytes
+    if limit is None:
+        limit = max(MIN_INFLATE_LIMIT, MAX_INFLATE_RATIO * len(raw))
+    return _inflate(path, raw, limit)
+
+
+def _inflate(path: Path, raw: bytes, limit: int) -> bytes:
+    """Every gzip member of ``raw``, at most ``limit`` bytes in all; anything else is an error."""
+    out: list[bytes] = []
+    size = 0
+    pending = raw
+    while True:
+        decomp = zlib.decompressobj(31)
+        while True:
+            try:
+                chunk = decomp.decompress(pending, limit + 1 - size)
+            except zlib.error as exc:
+                raise ChromeTraceError(f"{path}: corrupt gzip data ({exc})") from None
+            size += len(chunk)
+            out.append(chunk)
+            if size > limit:
+                raise ChromeTraceError(
+                    f"{path}: gzip data inflates to more than {limit} bytes (from {len(raw)}); "
+                    "pass read_chrome_trace(..., max_inflated_bytes=N) to read it anyway"
+                )
+            pending = decomp.unconsumed_tail
+            if decomp.eof or not pending:
+                break
+        if not decomp.eof:
+            raise ChromeTraceError(
+                f"{path}: gzip stream is truncated (file ends at byte {len(raw)} before the end "
+                f"of the compressed data; {size} bytes decompressed); the file is incomplete"
+            )
+        pending = decomp.unused_data
+        if not pending:
+            return b"".join(out)
+        if pending[:2] != b"\x1f\x8b":
+            raise ChromeTraceError(
+                f"{path}: {len(pending)} bytes of trailing data after the gzip stream "
+                f"(at byte {len(raw) - len(pending)})"
+            )
 
 
 def _ns(value: Any, what: str, index: int, path: Path) -> int:
@@ -575,19 +612,39 @@ def _args(value: Any, index: int, path: Path) -> Mapping[str, Any] | None:
 
 
 def read_chrome_trace(
-    path: str | os.PathLike[str], *, drop_kineto_bookkeeping: bool = False
+    path: str | os.PathLike[str],
+    *,
+    drop_kineto_bookkeeping: bool = False,
+    max_inflated_bytes: int | None = None,
 ) -> Trace:
     """Load a ``.json`` or ``.json.gz`` Chrome trace (stepscope's or torch.profiler's).
 
     ``drop_kineto_bookkeeping`` leaves Kineto's bookkeeping keys out of ``X`` events' args
     (see ``stepscope.trace.kineto``), as a merge of torch's trace into stepscope's does.
+    A ``.gz`` file may inflate to ``max_inflated_bytes`` (default: ``MAX_INFLATE_RATIO`` times
+    its size or ``MIN_INFLATE_LIMIT``, whichever is more).  Every failure to read is a
+    ``ChromeTraceError`` naming the file.
     """
+    if max_inflated_bytes is not None and (
+        isinstance(max_inflated_bytes, bool)
+        or not isinstance(max_inflated_bytes, int)
+        or max_inflated_bytes < 1
+    ):
+        raise ValueError(f"max_inflated_bytes must be a positive int, got {max_inflated_bytes!r}")
     p = Path(path)
-    data = _load_bytes(p)
+    data = _load_bytes(p, max_inflated_bytes)
     # Parsing allocates one container per event: with the cyclic GC on, a large heap (torch
     # loaded) is rescanned many times over.  Nothing parsed here can form a cycle.
     with _gc_paused():
-        return _read_document(p, data, drop_kineto_bookkeeping)
+        try:
+            return _read_document(p, data, drop_kineto_bookkeeping)
+        except ChromeTraceError:
+            raise
+        except RecursionError:
+            raise ChromeTraceError(f"{p}: JSON nested too deeply to read") from None
+        except (ValueError, TypeError, OverflowError, KeyError, AttributeError) as exc:
+            # a value of a shape no check above anticipated: still a clean, named error
+            raise ChromeTraceError(f"{p}: unreadable value: {type(exc).__name__}: {exc}") from None
 
 
 @contextlib.contextmanager
@@ -612,6 +669,10 @@ def _loads(p: Path, data: bytes) -> Any:
         ) from None
     except UnicodeDecodeError as exc:
         raise ChromeTraceError(f"{p}: not UTF-8 text at byte {exc.start}: {exc.reason}") from None
+    except RecursionError:
+        raise ChromeTraceError(f"{p}: JSON nested too deeply to read") from None
+    except ValueError as exc:  # e.g. an integer of more than 4300 digits
+        raise ChromeTraceError(f"{p}: a JSON value cannot be read: {exc}") from None
 
 
 _EventsRead = tuple[Any, TraceBuilder, list[tuple[int, Any]], tuple[bytes, ...]]
@@ -626,9 +687,14 @@ def _scan_events(p: Path, data: bytes, drop: bool) -> _EventsRead:
     mod = native()
     if mod is not None:
         b = TraceBuilder(base_time_ns=0)
-        scanned = mod.scan_trace(
-            data, *b.bulk_tables(), SAMPLED_CATEGORY, RawArgs, json.loads, drop
-        )
+        try:
+            scanned = mod.scan_trace(
+                data, *b.bulk_tables(), SAMPLED_CATEGORY, RawArgs, json.loads, drop
+            )
+        except RecursionError:
+            raise ChromeTraceError(f"{p}: JSON nested too deeply to read") from None
+        except ValueError as exc:  # json.loads of one event, e.g. a 4300+-digit integer
+            raise ChromeTraceError(f"{p}: a JSON value cannot be read: {exc}") from None
         if scanned is not None:
             head, rest, columns = scanned
             return _loads(p, head), b, rest, columns
@@ -817,9 +883,7 @@ def _read_event_list(
         elif ph == "C":
             values = _args(ev.get("args"), i, p) or {}
             numeric = {
-                k: float(v)
-                for k, v in values.items()
-                if isinstance(v, (int, float)) and not isinstance(v, bool)
+                k: number for k, v in values.items() if (number := _counter_value(v)) is not None
             }
             if numeric:
                 b.counter(
@@ -832,16 +896,14 @@ def _read_event_list(
             else:
                 skipped["C(no numeric values)"] = skipped.get("C(no numeric values)", 0) + 1
         elif ph in ("s", "t", "f"):
-            fid = ev.get("id", 0)
-            if isinstance(fid, str):
-                fid = int(fid, 0) if fid.strip().lstrip("-").isalnum() else hash(fid) & (2**62)
+            fid = _flow_id(ev.get("id", 0), i, p)
             b.flow(
                 _str(ev.get("name"), "name", i, p),
                 _str(ev.get("cat"), "cat", i, p),
                 _label(ev.get("pid", 0), "pid", i, p),
                 _label(ev.get("tid", 0), "tid", i, p),
                 _ns(ev.get("ts"), "ts", i, p),
-                int(fid),
+                fid,
                 ph,
                 "e" if ev.get("bp") == "e" else "",
             )
@@ -869,16 +931,58 @@ def _read_event_list(
             skipped[label] = skipped.get(label, 0) + 1
 
 
+_MAX_FLOW_ID = 2**63 - 1
+
+
+def _flow_id(value: Any, index: int, path: Path) -> int:
+    """A flow id as an int: an int64 as it is, a string as its number or a stable hash of it."""
+    if type(value) is float and value.is_integer():
+        value = int(value)
+    if type(value) is int and -_MAX_FLOW_ID <= value <= _MAX_FLOW_ID:
+        return value
+    if type(value) is str:
+        with contextlib.suppress(ValueError):
+            number = int(value, 0)
+            if -_MAX_FLOW_ID <= number <= _MAX_FLOW_ID:
+                return number
+        digest = hashlib.blake2b(_utf8(value), digest_size=8).digest()
+        return int.from_bytes(digest, "little") >> 2  # stable across processes, never negative
+    raise ChromeTraceError(
+        f"{path}: traceEvents[{index}]: id must be an integer (|value| < 2**63) or a string, "
+        f"got {value!r:.80}"
+    )
+
+
+def _counter_value(value: Any) -> float | None:
+    """A counter event's number as a float, or None for what is not one (bools, huge ints)."""
+    if type(value) is float:
+        return value
+    if type(value) is int:
+        with contextlib.suppress(OverflowError):
+            return float(value)
+    return None
+
+
 def _read_samples(doc: dict[str, Any], b: TraceBuilder, p: Path) -> None:
     frames = doc.get("stackFrames")
     samples = doc.get("samples")
-    if not isinstance(samples, list) or not samples:
+    if samples is None or samples == []:
         return
-    if not isinstance(frames, dict):
+    if not isinstance(samples, list):
+        raise ChromeTraceError(f"{p}: samples must be a list, got {type(samples).__name__}")
+    if frames is None:
         frames = {}
+    if not isinstance(frames, dict):
+        raise ChromeTraceError(f"{p}: stackFrames must be an object, got {type(frames).__name__}")
     resolved: dict[str, int] = {}
 
-    def stack_id(sf: str, depth: int = 0) -> int:
+    def frame_entry(key: str) -> dict[str, Any]:
+        entry = frames[key]
+        if not isinstance(entry, dict):
+            raise ChromeTraceError(f"{p}: stackFrames[{key!r}] is not an object")
+        return entry
+
+    def stack_id(sf: str) -> int:
         if sf in resolved:
             return resolved[sf]
         chain: list[dict[str, Any]] = []
@@ -886,17 +990,17 @@ def _read_samples(doc: dict[str, Any], b: TraceBuilder, p: Path) -> None:
         seen = set()
         while cur is not None and cur in frames and cur not in seen:
             seen.add(cur)
-            entry = frames[cur]
+            entry = frame_entry(cur)
             chain.append(entry)
             parent = entry.get("parent")
             cur = str(parent) if parent is not None else None
         if not chain:
             raise ChromeTraceError(f"{p}: sample refers to unknown stack frame {sf!r}")
         chain.reverse()
-        ids = [
-            b.frame(str(e.get("name", "")), str(e.get("category", "")), int(e.get("line", 0)))
-            for e in chain
-        ]
+        ids = []
+        for e in chain:
+            line = _int_field(e.get("line", 0), f"stackFrames[{sf!r}] line", p)
+            ids.append(b.frame(str(e.get("name", "")), str(e.get("category", "")), line))
         sid = b.stack(ids)
         resolved[sf] = sid
         return sid
@@ -906,11 +1010,29 @@ def _read_samples(doc: dict[str, Any], b: TraceBuilder, p: Path) -> None:
             raise ChromeTraceError(f"{p}: samples[{i}] is not an object")
         sf = s.get("sf")
         sid = stack_id(str(sf)) if sf is not None else -1
+        pid, tid, ts = s.get("pid", 0), s.get("tid", 0), s.get("ts", 0)
+        pid_label, tid_label, ts_ns = _plain_label(pid), _plain_label(tid), _plain_us(ts)
+        for what, value, ok in (
+            ("pid", pid, pid_label),
+            ("tid", tid, tid_label),
+            ("ts", ts, ts_ns),
+        ):
+            if ok is None:
+                raise ChromeTraceError(f"{p}: samples[{i}]: bad {what} {value!r:.80}")
         b.sample(
-            _label(s.get("pid", 0), "pid", i, p),
-            _label(s.get("tid", 0), "tid", i, p),
-            _ns(s.get("ts", 0), "ts", i, p),
+            pid_label,  # type: ignore[arg-type]
+            tid_label,  # type: ignore[arg-type]
+            ts_ns,  # type: ignore[arg-type]
             sid,
-            int(s.get("weight", 1)),
+            _int_field(s.get("weight", 1), f"samples[{i}] weight", p),
             s.get("name") == "idle",
         )
+
+
+def _int_field(value: Any, what: str, path: Path) -> int:
+    """An integer field in int64 range, else a ChromeTraceError naming it."""
+    if type(value) is float and value.is_integer():
+        value = int(value)
+    if type(value) is int and -_MAX_FLOW_ID <= value <= _MAX_FLOW_ID:
+        return value
+    raise ChromeTraceError(f"{path}: {what} must be an integer, got {value!r:.80}")
