@@ -93,7 +93,9 @@ def test_with_stack_self_times_add_up_to_the_busy_window() -> None:
     main = max(set(trace.spans["tid"]), key=list(trace.spans["tid"]).count)
     intervals = [
         (s, s + d)
-        for s, d, t in zip(trace.spans["start_ns"], trace.spans["dur_ns"], trace.spans["tid"])
+        for s, d, t in zip(
+            trace.spans["start_ns"], trace.spans["dur_ns"], trace.spans["tid"], strict=True
+        )
         if t == main
     ]
     window = trace.metadata["stepscope_window"]

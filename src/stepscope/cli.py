@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import re
 import sys
 from collections.abc import Sequence
+
+from stepscope import __version__
 
 # subcommand -> module defining ``add_arguments(parser)`` and ``run(args) -> int``
 SUBCOMMANDS: dict[str, str] = {
@@ -14,16 +17,29 @@ SUBCOMMANDS: dict[str, str] = {
 }
 
 
+def plain_text(doc: str) -> str:
+    """A docstring as terminal text: reST literals and roles (``:func:`x```) unmarked."""
+    text = re.sub(r":\w+:`([^`]*)`", r"\1", doc)
+    return text.replace("``", "'")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every registered subcommand."""
     parser = argparse.ArgumentParser(
         prog="stepscope", description="Step-aware performance observability."
     )
+    parser.add_argument("--version", action="version", version=f"stepscope {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, module_name in SUBCOMMANDS.items():
         module = importlib.import_module(module_name)
-        doc = (module.__doc__ or "").strip().splitlines()
-        p = sub.add_parser(name, help=doc[0] if doc else None, description=module.__doc__)
+        doc = plain_text(module.__doc__ or "").strip()
+        lines = doc.splitlines()
+        p = sub.add_parser(
+            name,
+            help=lines[0] if lines else None,
+            description=doc,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
         module.add_arguments(p)
         p.set_defaults(_module=module)
     return parser

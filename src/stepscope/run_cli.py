@@ -3,26 +3,28 @@
 ``stepscope run [OPTIONS] SCRIPT [ARGS...]`` (or ``-m MODULE``) runs the program as ``python``
 would, inside ``stepscope.profile`` with a schedule.  Steps advance on their own: after every
 ``torch.optim.Optimizer.step()`` when torch is installed (``--step-on optimizer``, the default
-then), after every return of a function (``--step-on module:qualname``), or never
-(``--step-on none``: the whole run is one window).  Each window is written as a Chrome trace into
-``--out`` (open it in https://ui.perfetto.dev), and the top operators are printed at the end.
+then), after every return of a function (``--step-on module:qualname``; a function of the script
+itself is wrapped when the script defines it), or never (``--step-on none``: the whole run is one
+window).  Each window is written as a Chrome trace into ``--out`` (open it in
+https://ui.perfetto.dev), and the top rows of the last window's table are printed at the end.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import os
-import runpy
 import sys
-import traceback
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
+
+from stepscope.collectors.torch import torch_installed
+from stepscope.profiler.step_trigger import StepTrigger, names_program_function
+from stepscope.profiler.summary import SORT_KEYS
+from stepscope.program import Program, find_program, print_program_traceback
 
 AUTO = "auto"
 NO_STEPS = "none"
+TORCH_ONLY_FLAGS = ("record_shapes", "profile_memory", "with_flops", "with_modules")
+DEFAULT_MAX_CALLS = 500_000
+"""Calls --with-stack keeps per window (about 10 MB in memory, 90 MB of .json)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -46,9 +48,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--repeat", type=int, default=1, help="cycles, 0 = forever (default 1)")
     parser.add_argument(
         "--activities",
-        default="CPU",
+        default=AUTO,
         help="comma-separated ProfilerActivity names: CPU, CUDA, PYTHON, SAMPLING ... "
-        "(default: CPU)",
+        "(default: CPU when steps come from the optimizer, else CPU,SAMPLING so the table "
+        "shows where a plain-Python program spends its time)",
+    )
+    parser.add_argument(
+        "--sampling-rate",
+        type=float,
+        default=100.0,
+        metavar="HZ",
+        help="stack samples per second with SAMPLING (default 100)",
     )
     for flag, what in (
         ("--record-shapes", "record operator input shapes (torch)"),
@@ -59,18 +69,40 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         ("--gzip", "write .json.gz traces"),
     ):
         parser.add_argument(flag, action="store_true", help=what)
+    tracer = parser.add_argument_group(
+        "--with-stack (every Python call; memory and files grow with calls)"
+    )
+    tracer.add_argument(
+        "--max-calls",
+        type=int,
+        default=DEFAULT_MAX_CALLS,
+        metavar="N",
+        help="calls kept per window; older ones are dropped and counted "
+        f"(default {DEFAULT_MAX_CALLS})",
+    )
+    tracer.add_argument(
+        "--include", action="append", default=[], metavar="GLOB", help="record only these modules"
+    )
+    tracer.add_argument(
+        "--exclude", action="append", default=[], metavar="GLOB", help="never record these modules"
+    )
+    tracer.add_argument(
+        "--max-depth", type=int, default=None, metavar="N", help="deepest call level kept"
+    )
     parser.add_argument(
-        "--top", type=int, default=15, help="operators to print at the end, 0 for none (default 15)"
+        "--top", type=int, default=15, help="rows to print at the end, 0 for none (default 15)"
+    )
+    parser.add_argument(
+        "--sort",
+        default="self_cpu_time_total",
+        choices=sorted(SORT_KEYS),
+        metavar="KEY",
+        help="sort the table by this torch.profiler key (default self_cpu_time_total)",
     )
     parser.add_argument("-m", dest="module", metavar="MODULE", help="run a module, as python -m")
     parser.add_argument(
         "program", nargs=argparse.REMAINDER, help="SCRIPT [ARGS...] (or ARGS with -m)"
     )
-
-
-def torch_installed() -> bool:
-    """Whether torch can be imported here (without importing it)."""
-    return "torch" in sys.modules or importlib.util.find_spec("torch") is not None
 
 
 def resolve_step_on(value: str) -> str | None:
@@ -91,48 +123,24 @@ def resolve_step_on(value: str) -> str | None:
     return value
 
 
-def _program(args: argparse.Namespace) -> tuple[str, list[str], Callable[[], Any]]:
-    """(display name, sys.argv, runner) of the program to run."""
-    rest = list(args.program)
-    if rest[:1] == ["--"]:
-        rest = rest[1:]
-    if args.module:
-        module = args.module
-        if importlib.util.find_spec(module) is None:
-            raise ValueError(f"no module named {module!r} (is it on PYTHONPATH?)")
-        return (
-            module,
-            [module, *rest],
-            lambda: runpy.run_module(module, run_name="__main__", alter_sys=True),
+def _activities(args: argparse.Namespace, step_on: str | None) -> list[str]:
+    if args.activities == AUTO:
+        return ["CPU"] if step_on == "optimizer" or args.with_stack else ["CPU", "SAMPLING"]
+    return [part.strip().upper() for part in args.activities.split(",") if part.strip()]
+
+
+def _check_torch_flags(args: argparse.Namespace) -> None:
+    asked = [f"--{flag.replace('_', '-')}" for flag in TORCH_ONLY_FLAGS if getattr(args, flag)]
+    if asked and not torch_installed():
+        raise ValueError(
+            f"{', '.join(asked)} record through torch's profiler, and torch is not installed "
+            "here: pip install 'stepscope[torch]' (or drop the flag)"
         )
-    if not rest:
-        raise ValueError("nothing to run: pass SCRIPT [ARGS...] or -m MODULE [ARGS...]")
-    script = Path(rest[0])
-    if not script.is_file():
-        raise ValueError(f"script not found: {script}")
-    return (
-        str(script),
-        [str(script), *rest[1:]],
-        lambda: runpy.run_path(str(script), run_name="__main__"),
-    )
 
 
-@contextmanager
-def _as_main(argv: list[str], script_dir: str | None) -> Iterator[None]:
-    """sys.argv and sys.path[0] as ``python`` sets them for the program; restored after."""
-    saved_argv, saved_path = sys.argv[:], sys.path[:]
-    sys.argv = argv
-    sys.path.insert(0, script_dir if script_dir is not None else os.getcwd())
-    try:
-        yield
-    finally:
-        sys.argv, sys.path[:] = saved_argv, saved_path
-
-
-def _profile(args: argparse.Namespace, step_on: str | None) -> Any:
+def _profile(args: argparse.Namespace, step_on: str | None, in_program: bool) -> Any:
     import stepscope
 
-    names = [part.strip().upper() for part in args.activities.split(",") if part.strip()]
     if step_on == "optimizer":
         import torch  # noqa: F401  (the optimizer hook and torch's operators need it loaded)
     schedule = None
@@ -144,8 +152,14 @@ def _profile(args: argparse.Namespace, step_on: str | None) -> Any:
             active=args.active,
             repeat=args.repeat,
         )
+    tracer_options = {
+        "event_budget": args.max_calls,
+        "include": tuple(args.include),
+        "exclude": tuple(args.exclude),
+        "max_depth": args.max_depth,
+    }
     return stepscope.profile(
-        activities=names,
+        activities=_activities(args, step_on),
         schedule=schedule,
         on_trace_ready=stepscope.trace_handler(args.out, use_gzip=args.gzip),
         record_shapes=args.record_shapes,
@@ -153,7 +167,9 @@ def _profile(args: argparse.Namespace, step_on: str | None) -> Any:
         profile_memory=args.profile_memory,
         with_flops=args.with_flops,
         with_modules=args.with_modules,
-        step_on=step_on,
+        step_on=None if in_program else step_on,
+        sampling_rate_hz=args.sampling_rate,
+        tracer_options=tracer_options,
     )
 
 
@@ -161,43 +177,78 @@ def run(args: argparse.Namespace) -> int:
     """Run ``stepscope run``."""
     if args.top < 0:
         raise ValueError(f"--top must be 0 or more, got {args.top}")
+    if args.max_calls < 1:
+        raise ValueError(f"--max-calls must be 1 or more, got {args.max_calls}")
+    _check_torch_flags(args)
     step_on = resolve_step_on(args.step_on)
-    name, argv, runner = _program(args)
+    program = find_program(args.module, list(args.program))
+    in_program = step_on not in (None, "optimizer") and names_program_function(
+        str(step_on), program.module_name
+    )
+    trigger = None
     status = 0
-    with _as_main(argv, None if args.module else str(Path(argv[0]).resolve().parent)):
-        prof = _profile(args, step_on)  # here, so --step-on finds modules beside the script
+    with program.as_main():
+        prof = _profile(args, step_on, in_program)  # here, so --step-on finds modules beside it
+        if in_program:
+            trigger = StepTrigger(str(step_on), prof.step, program_module=program.module_name)
         with prof:
             try:
-                runner()
+                if trigger is not None and trigger.in_program is not None:
+                    program.run({trigger.in_program.split(".")[0]}, trigger.bound)
+                else:
+                    program.run()
             except SystemExit as exc:
                 code = exc.code
                 status = code if isinstance(code, int) else 0 if code is None else 1
                 if not isinstance(code, (int, type(None))):
                     print(code, file=sys.stderr)
-            except KeyboardInterrupt:
-                traceback.print_exc()
+            except KeyboardInterrupt as exc:
+                print_program_traceback(exc)
                 status = 130
-            except BaseException:  # the program's own error: report it as python would
-                traceback.print_exc()
+            except BaseException as exc:  # the program's own error: report it as python would
+                print_program_traceback(exc)
                 status = 1
-    _summary(prof, name, step_on, args)
+    _summary(prof, program, step_on, args, trigger)
     return status
 
 
-def _summary(prof: Any, name: str, step_on: str | None, args: argparse.Namespace) -> None:
+def _summary(
+    prof: Any,
+    program: Program,
+    step_on: str | None,
+    args: argparse.Namespace,
+    trigger: StepTrigger | None,
+) -> None:
     out = sys.stderr
+    name = program.display
     if not prof.trace_files:
-        hint = (
-            f"no step ended (step_on={step_on}) before the schedule recorded; pass "
-            "--step-on module:qualname for the function that ends a step, or --step-on none "
-            "to record the whole run"
-            if step_on is not None
-            else "the program ended before anything was recorded"
-        )
+        if trigger is not None and not trigger.wrapped:
+            hint = (
+                f"--step-on {args.step_on}: the program never defined {trigger.in_program} "
+                "at its top level; name a function it defines, or pass --step-on none"
+            )
+        elif step_on is not None:
+            hint = (
+                f"no step ended (step_on={step_on}) before the schedule recorded; pass "
+                "--step-on module:qualname for the function that ends a step, or --step-on "
+                "none to record the whole run"
+            )
+        else:
+            hint = "the program ended before anything was recorded"
         print(f"stepscope run: {name}: nothing recorded: {hint}", file=out)
         return
     if args.top:
-        print(prof.key_averages().table(row_limit=args.top), file=out)
+        trace = prof.trace()
+        window = trace.metadata.get("stepscope_window", {})
+        count = len(prof.trace_files)
+        where = f"window {window.get('index', count - 1) + 1} of {count}"
+        if step_on is not None:
+            where += f", steps {window.get('first_step', 0)}-{window.get('last_step', 1) - 1}"
+        header = f"stepscope run: {name}: top {args.top} by {args.sort} ({where})"
+        print(
+            prof.key_averages().table(sort_by=args.sort, row_limit=args.top, header=header),
+            file=out,
+        )
     steps = f"{prof.step_num} steps, " if step_on is not None else ""
     print(
         f"stepscope run: {name}: {steps}{len(prof.trace_files)} trace(s) written:",

@@ -20,13 +20,14 @@ from collections.abc import Iterable
 from typing import Any
 
 from stepscope import clock
+from stepscope.collectors import import_watch
 from stepscope.collectors.annotations import default_backend
 from stepscope.collectors.base import Collector, WindowContext
 from stepscope.profiler.activity import ProfilerActivity
 from stepscope.trace.chrome import read_chrome_trace
 from stepscope.trace.model import Trace, TraceBuilder
 
-__all__ = ["TorchCollector", "torch_available"]
+__all__ = ["TorchCollector", "torch_available", "torch_installed"]
 
 DEVICE_NAMES = {
     ProfilerActivity.CUDA: "cuda",
@@ -46,6 +47,18 @@ def torch_available() -> bool:
     return "torch" in sys.modules
 
 
+def torch_installed() -> bool:
+    """Whether torch is imported or importable here (found without importing it)."""
+    import importlib.util
+
+    if torch_available():
+        return True
+    try:
+        return importlib.util.find_spec("torch") is not None
+    except (ImportError, ValueError):
+        return False
+
+
 def _wall_offset_ns() -> int:
     """CLOCK_REALTIME minus stepscope's Unix time, from the tightest of a few paired readings."""
     readings = []
@@ -58,7 +71,12 @@ def _wall_offset_ns() -> int:
 
 
 class TorchCollector(Collector):
-    """Records torch operators (and device kernels) through torch's profiler."""
+    """Records torch operators (and device kernels) through torch's profiler.
+
+    Whether torch is in use is decided when a window is prepared and again whenever the program
+    imports torch: a window that begins before ``import torch`` starts torch's profiler right
+    after that import, so ``stepscope run --step-on none script.py`` records the script's ops.
+    """
 
     name = "torch"
 
@@ -73,9 +91,7 @@ class TorchCollector(Collector):
         experimental_config: Any = None,
         bridge_annotations: bool | None = None,
     ) -> None:
-        import torch.autograd.profiler as autograd_profiler
-
-        self._autograd_profiler = autograd_profiler
+        self._autograd_profiler: Any = None
         acts = set(activities)
         devices = [DEVICE_NAMES[a] for a in acts if a in DEVICE_NAMES]
         if len(devices) > 1:
@@ -95,11 +111,50 @@ class TorchCollector(Collector):
         self._prof: Any = None
         self._offset_ns = 0
         self._bridged: set[str] = set()
+        self._ctx: WindowContext | None = None
+        self._phase = "idle"  # idle -> prepared -> recording -> idle (stop)
+        self._waiting = False  # for the program to import torch
+        self._started = False
         self.last_result: Any = None
         """torch's ``autograd.profiler.profile`` of the last window (for torch's own tables)."""
 
     def prepare(self, ctx: WindowContext) -> None:
-        """Create and prepare torch's profiler (Kineto warms up here)."""
+        """Create and prepare torch's profiler (Kineto warms up here), once torch is imported."""
+        self._ctx, self._phase = ctx, "prepared"
+        self._catch_up()
+
+    def start(self, ctx: WindowContext) -> None:
+        """Start torch's profiler and the record_function bridge (once torch is imported)."""
+        self._ctx, self._phase = ctx, "recording"
+        self._catch_up()
+
+    def _catch_up(self) -> None:
+        """Bring torch's profiler to the window's phase, or wait for the program's torch import."""
+        if not torch_available():
+            if not self._waiting:
+                self._waiting = True
+                import_watch.when_imported("torch", self._torch_imported)
+            return
+        if self._prof is None:
+            self._prepare_torch()
+        if self._phase == "recording" and not self._started:
+            self._start_torch()
+
+    def _torch_imported(self) -> None:
+        self._waiting = False
+        if self._phase == "idle" or self._ctx is None:
+            return
+        self._ctx.metadata["stepscope_torch_started_late"] = (
+            "the program imported torch during this window; torch ops are recorded from then on"
+        )
+        self._catch_up()
+
+    def _prepare_torch(self) -> None:
+        if self._autograd_profiler is None:
+            import torch.autograd.profiler as autograd_profiler
+
+            self._autograd_profiler = autograd_profiler
+        self._started = False
         self._prof = self._autograd_profiler.profile(
             use_cpu=self.use_cpu,
             use_device=self.use_device,
@@ -110,11 +165,9 @@ class TorchCollector(Collector):
         )
         self._prof._prepare_trace()
 
-    def start(self, ctx: WindowContext) -> None:
-        """Start torch's profiler and the record_function bridge."""
-        if self._prof is None:
-            self.prepare(ctx)
+    def _start_torch(self) -> None:
         self._prof._start_trace()
+        self._started = True
         self._offset_ns = _wall_offset_ns()
         self._bridged = set()
         if self.bridge_annotations:
@@ -132,6 +185,11 @@ class TorchCollector(Collector):
 
     def stop(self, ctx: WindowContext) -> None:
         """Stop torch's profiler (synchronizing the device, as torch does)."""
+        self._stop_waiting()
+        self._phase = "idle"
+        if self._prof is None:
+            self._note_torch_never_came(ctx)
+            return
         if self.bridge_annotations:
             errors = default_backend.set_bridge(None)
             if errors:
@@ -182,8 +240,26 @@ class TorchCollector(Collector):
             if strings[meta["name"][i]] == "process_name" and meta["pid"][i] == pid
         }
 
+    def _stop_waiting(self) -> None:
+        if self._waiting:
+            self._waiting = False
+            import_watch.cancel("torch", self._torch_imported)
+
+    def _note_torch_never_came(self, ctx: WindowContext) -> None:
+        asked = [flag for flag, value in self.options.items() if value]
+        if self.use_device is not None:
+            asked.append(f"activity {self.use_device.upper()}")
+        if asked:
+            ctx.summary.append(
+                f"{', '.join(asked)} recorded nothing: the program did not import torch "
+                "during this window"
+            )
+        ctx.metadata["stepscope_torch"] = "not imported during this window"
+
     def close(self) -> None:
         """Stop torch's profiler if a window was left open."""
+        self._stop_waiting()
+        self._phase = "idle"
         if self._prof is not None:
             default_backend.set_bridge(None)
             try:

@@ -16,14 +16,14 @@ import os
 import socket
 import threading
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
 from typing import Any
 
 from stepscope import __version__, clock, steps
 from stepscope.collectors.annotations import AnnotationCollector, record_function
 from stepscope.collectors.base import Collector, WindowContext
-from stepscope.collectors.torch import torch_available
+from stepscope.collectors.torch import torch_installed
 from stepscope.distributed import distributed_info
 from stepscope.profiler.activity import ProfilerActivity, coerce_activities
 from stepscope.profiler.execution_trace import ExecutionTraceObserver
@@ -92,6 +92,7 @@ class profile:
         sampling_rate_hz: float = 100.0,
         torch_ops: bool | None = None,
         step_on: str | Callable[..., Any] | None = None,
+        tracer_options: Mapping[str, Any] | None = None,
         strict: bool = False,
     ) -> None:
         self.activities = coerce_activities(activities)
@@ -117,8 +118,13 @@ class profile:
         self.execution_trace_observer = execution_trace_observer
         self.acc_events = acc_events
         self.flush_on_exit = flush_on_exit
-        self.torch_ops = torch_available() if torch_ops is None else torch_ops
+        self.torch_ops = torch_installed() if torch_ops is None else torch_ops
+        """Whether torch's operators are recorded: by default whenever the program has imported
+        torch when a window starts, or imports it during one."""
         self.strict = strict
+        self.tracer_options = dict(tracer_options or {})
+        """Options of the function tracer for ``with_stack`` (``PythonTracerCollector``'s:
+        ``event_budget``, ``include``, ``exclude``, ``max_depth``, ``min_duration_ns``, ...)."""
         self.sampling_rate_hz = sampling_rate_hz
         """Mean samples per second of ``ProfilerActivity.SAMPLING`` (exponentially jittered)."""
         self._step_trigger = StepTrigger(step_on, self.step) if step_on is not None else None
@@ -178,10 +184,12 @@ class profile:
             needs = [f"activities {', '.join(devices)}"] if devices else []
             needs += [f"{flag}" for flag in torch_options]
             if needs:
-                raise ValueError(
-                    f"{', '.join(needs)} record through torch's profiler: import torch before "
-                    "creating the profile (and leave torch_ops at its default)"
+                what = (
+                    "leave torch_ops at its default"
+                    if torch_installed()
+                    else "install torch (pip install 'stepscope[torch]')"
                 )
+                raise ValueError(f"{', '.join(needs)} record through torch's profiler: {what}")
         if self.execution_trace_observer is not None and not hasattr(
             self.execution_trace_observer, "start"
         ):
@@ -192,7 +200,10 @@ class profile:
         if self.with_stack or ProfilerActivity.PYTHON in self.activities:
             found.append(
                 _optional_collector(
-                    "stepscope.collectors.python", "PythonTracerCollector", "with_stack=True"
+                    "stepscope.collectors.python",
+                    "PythonTracerCollector",
+                    "with_stack=True",
+                    **self.tracer_options,
                 )
             )
         if ProfilerActivity.SAMPLING in self.activities:

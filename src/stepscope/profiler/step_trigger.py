@@ -1,7 +1,8 @@
 """Automatic steps: advance the profiler after every optimizer step, or every return of a function.
 
 ``step_on="optimizer"`` uses torch's global optimizer step post-hook, so any
-``torch.optim.Optimizer.step()`` ends a step.  ``step_on="module:qualname"`` (or the function
+``torch.optim.Optimizer.step()`` ends a step (the hook goes in as soon as the program has imported
+torch, so the profile may be created first).  ``step_on="module:qualname"`` (or the function
 object itself) wraps that function in place for the duration of the profile; each return ends a
 step.  Everything is undone when the profile stops.
 """
@@ -13,6 +14,9 @@ import importlib
 import sys
 from collections.abc import Callable
 from typing import Any
+
+from stepscope.collectors import import_watch
+from stepscope.collectors.torch import torch_installed
 
 __all__ = ["StepTrigger"]
 
@@ -56,20 +60,66 @@ def _spec_of(fn: Callable[..., Any]) -> str:
     return f"{module}:{qualname}"
 
 
-class StepTrigger:
-    """Calls ``step`` after every optimizer step or every return of a chosen function."""
+def names_program_function(spec: str, program_module: str) -> bool:
+    """Whether ``module:qualname`` names a function of the program running as ``__main__``."""
+    return spec.partition(":")[0] in (program_module, "__main__")
 
-    def __init__(self, on: str | Callable[..., Any], step: Callable[[], None]) -> None:
+
+def _stepping(original: Any, step: Callable[[], None]) -> Any:
+    """A replacement for ``original`` (function, staticmethod or classmethod) that steps after."""
+    func = original.__func__ if isinstance(original, (staticmethod, classmethod)) else original
+
+    @functools.wraps(func)
+    def stepping(*args: Any, **kwargs: Any) -> Any:
+        result = func(*args, **kwargs)
+        step()
+        return result
+
+    if isinstance(original, staticmethod):
+        return staticmethod(stepping)
+    if isinstance(original, classmethod):
+        return classmethod(stepping)
+    return stepping
+
+
+class StepTrigger:
+    """Calls ``step`` after every optimizer step or every return of a chosen function.
+
+    ``program_module`` names the module of the program being run as ``__main__`` (the script's
+    stem under ``stepscope run``): a ``module:qualname`` there (or in ``__main__``) is not
+    imported — that would run the program a second time — but wrapped when the program defines
+    it, through :meth:`bound`.
+    """
+
+    def __init__(
+        self,
+        on: str | Callable[..., Any],
+        step: Callable[[], None],
+        *,
+        program_module: str | None = None,
+    ) -> None:
         self._step = step
         self._handle: Any = None
+        self.in_program: str | None = None
+        """The qualname to wrap when the running program defines it (see ``program_module``)."""
+        self._waiting = False
         self._patched: tuple[Any, str, Any] | None = None
         if on == "optimizer":
             self._spec = "optimizer"
-            if "torch" not in sys.modules:
-                raise ValueError("step_on='optimizer' needs torch: import torch first")
+            if not torch_installed():
+                raise ValueError(
+                    "step_on='optimizer' needs torch, which is not installed here "
+                    "(pip install 'stepscope[torch]')"
+                )
         elif isinstance(on, str):
             self._spec = on
-            _resolve(on)  # fail early with a clear message
+            qualname = on.partition(":")[2]
+            if program_module is not None and names_program_function(on, program_module):
+                if not qualname:
+                    _resolve(on)  # the message for a malformed spec
+                self.in_program = qualname
+            else:
+                _resolve(on)  # fail early with a clear message
         elif callable(on):
             self._spec = _spec_of(on)
             _resolve(self._spec)
@@ -81,33 +131,52 @@ class StepTrigger:
     def install(self) -> None:
         """Start triggering steps."""
         if self._spec == "optimizer":
-            from torch.optim.optimizer import register_optimizer_step_post_hook
-
-            self._handle = register_optimizer_step_post_hook(self._after_optimizer_step)
+            self._waiting = True
+            import_watch.when_imported("torch", self._hook_optimizer)
             return
+        if self.in_program is not None:
+            return  # wrapped by bound() when the program defines it
         owner, attr, original = _resolve(self._spec)
-        func = original.__func__ if isinstance(original, (staticmethod, classmethod)) else original
-        step = self._step
-
-        @functools.wraps(func)
-        def stepping(*args: Any, **kwargs: Any) -> Any:
-            result = func(*args, **kwargs)
-            step()
-            return result
-
-        replacement: Any = stepping
-        if isinstance(original, staticmethod):
-            replacement = staticmethod(stepping)
-        elif isinstance(original, classmethod):
-            replacement = classmethod(stepping)
-        setattr(owner, attr, replacement)
+        setattr(owner, attr, _stepping(original, self._step))
         self._patched = (owner, attr, original)
+
+    def bound(self, namespace: dict[str, Any], name: str) -> None:
+        """The program's top level bound ``name``: wrap the target if it is (or holds) it."""
+        if self.in_program is None:
+            return
+        parts = self.in_program.split(".")
+        if parts[0] != name or name not in namespace:
+            return
+        if len(parts) == 1:
+            namespace[name] = _stepping(namespace[name], self._step)
+            self.wrapped = True
+            return
+        owner: Any = namespace[name]
+        try:
+            for part in parts[1:-1]:
+                owner = getattr(owner, part)
+            original = (
+                owner.__dict__[parts[-1]] if isinstance(owner, type) else getattr(owner, parts[-1])
+            )
+        except (AttributeError, KeyError):
+            return
+        setattr(owner, parts[-1], _stepping(original, self._step))
+        self.wrapped = True
+
+    def _hook_optimizer(self) -> None:
+        self._waiting = False
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        self._handle = register_optimizer_step_post_hook(self._after_optimizer_step)
 
     def _after_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self._step()
 
     def remove(self) -> None:
         """Stop triggering steps and restore what was patched."""
+        if self._waiting:
+            self._waiting = False
+            import_watch.cancel("torch", self._hook_optimizer)
         if self._handle is not None:
             self._handle.remove()
             self._handle = None

@@ -6,10 +6,12 @@ are accepted.  Self time = duration minus the time of nested spans on the same t
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from stepscope.profiler.sampled_time import sampled_time
 from stepscope.trace.model import Trace
 from stepscope.trace.nesting import DEVICE_CATEGORIES, group_name, nest_spans
 
@@ -52,6 +54,8 @@ class RowAverage:
     self_device_time_total: int = 0
     input_shapes: str = ""
     stack: tuple[str, ...] = field(default_factory=tuple)
+    sampled: bool = False
+    """Times estimated from stack samples; ``count`` is then the number of samples."""
 
     @property
     def cpu_time(self) -> float:
@@ -93,10 +97,19 @@ def _format_percent(part: float, whole: float) -> str:
 class KeyAverages:
     """Grouped rows with ``table()`` for people and ``to_rows()`` for programs."""
 
-    def __init__(self, rows: list[RowAverage], *, by_shape: bool, by_stack: bool) -> None:
+    def __init__(
+        self,
+        rows: list[RowAverage],
+        *,
+        by_shape: bool,
+        by_stack: bool,
+        notes: list[str] | None = None,
+    ) -> None:
         self.rows = rows
         self._by_shape = by_shape
         self._by_stack = by_stack
+        self.notes = notes or []
+        """What a reader of the table must know (calls dropped, rows estimated from samples)."""
 
     def __iter__(self) -> Iterator[RowAverage]:
         return iter(self.rows)
@@ -155,7 +168,7 @@ class KeyAverages:
                 _format_time(r.self_cpu_time_total),
                 _format_percent(r.cpu_time_total, self_cpu_total),
                 _format_time(r.cpu_time_total),
-                _format_time(r.cpu_time),
+                "-" if r.sampled else _format_time(r.cpu_time),
             ]
             if has_device:
                 cells += [
@@ -164,7 +177,7 @@ class KeyAverages:
                     _format_time(r.device_time_total),
                     _format_time(r.device_time),
                 ]
-            cells.append(str(r.count))
+            cells.append(f"~{r.count}" if r.sampled else str(r.count))
             if self._by_shape:
                 cells.append(r.input_shapes)
             if self._by_stack:
@@ -191,6 +204,7 @@ class KeyAverages:
         out.append(f"Self CPU time total: {_format_time(self_cpu_total)}")
         if has_device:
             out.append(f"Self CUDA time total: {_format_time(self_device_total)}")
+        out += [f"Note: {note}" for note in self.notes]
         return "\n".join(out) + "\n"
 
     def __str__(self) -> str:
@@ -210,6 +224,7 @@ class KeyAverages:
                 "device_time_avg_ns": r.device_time,
                 "input_shapes": r.input_shapes,
                 "stack": list(r.stack),
+                "sampled": r.sampled,
             }
             for r in self.sorted_rows(sort_by)
         ]
@@ -231,12 +246,21 @@ def key_averages(
     if group_by_stack_n < 0:
         raise ValueError(f"group_by_stack_n must be zero or more, got {group_by_stack_n}")
     groups: dict[tuple[str, str, tuple[str, ...]], RowAverage] = {}
+    notes: list[str] = []
     for trace in traces:
         nesting = nest_spans(trace)
         spans = trace.spans
         names, cats = spans["name"], spans["cat"]
         durs, argrefs = spans["dur_ns"], spans["args"]
         strings = trace.strings
+        self_ns = nesting.self_ns
+        python_spans = PYTHON_CATEGORY in strings and any(
+            strings[c] == PYTHON_CATEGORY for c in set(cats)
+        )
+        if len(trace.samples) and not python_spans:
+            self_ns = array("q", self_ns)
+            _add_sampled_rows(trace, self_ns, groups, notes)
+        notes += _tracer_notes(trace)
         for i in range(len(spans)):
             cat = strings[cats[i]]
             if cat in SKIPPED_CATEGORIES:
@@ -260,10 +284,54 @@ def key_averages(
                 row.count += 1
             if cat in DEVICE_CATEGORIES:
                 row.device_time_total += 0 if folded else durs[i]
-                row.self_device_time_total += nesting.self_ns[i]
+                row.self_device_time_total += self_ns[i]
             else:
                 row.cpu_time_total += 0 if folded else durs[i]
-                row.self_cpu_time_total += nesting.self_ns[i]
+                row.self_cpu_time_total += self_ns[i]
     return KeyAverages(
-        list(groups.values()), by_shape=group_by_input_shape, by_stack=group_by_stack_n > 0
+        list(groups.values()),
+        by_shape=group_by_input_shape,
+        by_stack=group_by_stack_n > 0,
+        notes=list(dict.fromkeys(notes)),
     )
+
+
+def _add_sampled_rows(
+    trace: Trace,
+    self_ns: array[int],
+    groups: dict[tuple[str, str, tuple[str, ...]], RowAverage],
+    notes: list[str],
+) -> None:
+    """Rows of sampled Python functions; the spans they ran in give up that self time."""
+    found = sampled_time(trace, self_ns)
+    for span, taken in found.taken_from_spans.items():
+        self_ns[span] -= taken
+    for name, function in found.functions.items():
+        row = groups.get((name, "", ()))
+        if row is None:
+            row = groups[(name, "", ())] = RowAverage(name, sampled=True)
+        row.count += function.samples
+        row.self_cpu_time_total += round(function.self_ns)
+        row.cpu_time_total += round(function.total_ns)
+    if found.samples_used:
+        notes.append(
+            "~N in # of Calls: a Python function seen in N stack samples; its times are "
+            "estimated from the samples and taken out of the step's own time"
+        )
+    if found.samples_in_ops:
+        notes.append(
+            f"{found.samples_in_ops} samples fell inside operators and count as the operators' time"
+        )
+
+
+def _tracer_notes(trace: Trace) -> list[str]:
+    """What the function tracer left out of this window."""
+    info = trace.metadata.get("stepscope_python_tracer")
+    if not isinstance(info, dict) or not info.get("dropped_events"):
+        return []
+    return [
+        f"the function tracer dropped {info['dropped_events']} calls over its budget of "
+        f"{info.get('event_budget')} ({info.get('drop_policy')} dropped): their time shows as "
+        "self time of the frames that called them; raise the budget (event_budget, or "
+        "--max-calls) or narrow the tracer (include/exclude/max_depth)"
+    ]

@@ -138,3 +138,42 @@ def _sweep_self_times(
         open_spans.append(i)
         heapq.heappush(ends, (s + dur[i], i))
     close_until(None)
+
+
+def innermost_spans_at(
+    trace: Trace, points: list[tuple[int, int, int]]
+) -> dict[tuple[int, int, int], int]:
+    """For (pid, tid, time) points: the innermost span open on that track then (-1: none).
+
+    "Innermost" is the latest started span still running, as in :func:`nest_spans`; a span
+    covers its start up to, not including, its end.
+    """
+    spans = trace.spans
+    pid, tid = spans["pid"], spans["tid"]
+    start, dur = spans["start_ns"], spans["dur_ns"]
+    by_track: dict[tuple[int, int], list[int]] = {}
+    for i in range(len(spans)):
+        by_track.setdefault((pid[i], tid[i]), []).append(i)
+    found: dict[tuple[int, int, int], int] = {}
+    for point in sorted(set(points)):
+        found[point] = -1
+    points_by_track: dict[tuple[int, int], list[int]] = {}
+    for p, t, ts in found:
+        points_by_track.setdefault((p, t), []).append(ts)
+    for track, times in points_by_track.items():
+        order = sorted(by_track.get(track, ()), key=lambda i: (start[i], -dur[i], i))
+        open_spans: list[int] = []
+        ends: list[tuple[int, int]] = []
+        next_span = 0
+        for ts in times:  # ascending
+            while next_span < len(order) and start[order[next_span]] <= ts:
+                i = order[next_span]
+                open_spans.append(i)
+                heapq.heappush(ends, (start[i] + dur[i], i))
+                next_span += 1
+            while ends and ends[0][0] <= ts:
+                _, j = heapq.heappop(ends)
+                open_spans.remove(j)
+            if open_spans:
+                found[(track[0], track[1], ts)] = open_spans[-1]
+    return found
