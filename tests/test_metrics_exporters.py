@@ -174,8 +174,10 @@ def test_console_and_logging(pipeline: Pipeline, caplog: pytest.LogCaptureFixtur
         pipeline.flush(10)
     lines = stream.getvalue().splitlines()
     assert any(line.endswith("[step 0]: loss=3.0") for line in lines)
-    assert any(line.endswith("[counter]: requests{route=/a}=3.0") for line in lines)
-    assert any(line.endswith("[histogram]: latency=count=1 sum=0.5") for line in lines)
+    # series lines carry the step of the snapshot; the step gauge is a series like any other
+    assert any(line.endswith("[counter][step 1]: requests{route=/a}=3.0") for line in lines)
+    assert any(line.endswith("[histogram][step 1]: latency=count=1 sum=0.5") for line in lines)
+    assert any(line.endswith("[gauge][step 1]: stepscope.step=1.0") for line in lines)
     logged = [r.getMessage() for r in caplog.records if r.name == "test.metrics"]
     assert sorted(logged) == sorted(lines)
 

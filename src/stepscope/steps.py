@@ -7,7 +7,11 @@ with ``set_step`` (for loops that are not profiled).
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
+
 _step: int | None = None
+_on_declared: list[Callable[[int], None]] = []
 
 
 def current_step() -> int | None:
@@ -20,4 +24,17 @@ def set_step(step: int | None) -> None:
     global _step
     if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
         raise ValueError(f"step must be a non-negative int or None, got {step!r}")
+    first = _step is None and step is not None
     _step = step
+    if first:
+        for listener in list(_on_declared):
+            try:
+                listener(step)  # type: ignore[arg-type]
+            except Exception:  # a listener never breaks the caller's loop
+                logging.getLogger("stepscope").exception("step listener %r failed", listener)
+
+
+def on_step_declared(listener: Callable[[int], None]) -> None:
+    """Call ``listener(step)`` whenever the counter goes from ``None`` to a step (a loop starts)."""
+    if listener not in _on_declared:
+        _on_declared.append(listener)

@@ -15,6 +15,7 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Generic, TypeVar, cast
 
+from stepscope.clock import now_ns, to_unix_ns
 from stepscope.metrics.cooperate import SNAPSHOT_CHUNK, pause_for_others
 from stepscope.metrics.failures import report_failure
 from stepscope.metrics.points import (
@@ -605,7 +606,18 @@ def _check_buckets(buckets: Iterable[float]) -> tuple[float, ...]:
 class ScalarSeries:
     """One labelled series of a per-step scalar, reduced per step on the export thread."""
 
-    __slots__ = ("_last", "_open", "_reduce", "_ring", "labels", "name")
+    __slots__ = (
+        "_first_ns",
+        "_last",
+        "_last_point",
+        "_open",
+        "_reduce",
+        "_ring",
+        "_stamp",
+        "_stamped",
+        "labels",
+        "name",
+    )
     drop_key = "metrics"
 
     def __init__(self, name: str, labels: Labels, ring: Ring, reduce: str) -> None:
@@ -616,6 +628,12 @@ class ScalarSeries:
         # export-thread state: step -> [count, sum, min, max, last]
         self._open: dict[int | None, list[float]] = {}
         self._last: float | None = None
+        self._last_point: ScalarPoint | None = None
+        # record time: the first value of each step queues (stamp, step, now_ns()) ahead of it;
+        # _stamped is the step stamped last (caller side), reset by the export thread
+        self._stamp = _StepStamp(self)
+        self._stamped: object = _UNSTAMPED
+        self._first_ns: dict[int | None, int] = {}
 
     def record(self, value: float, step: int | None = None) -> None:
         """Record ``value`` for ``step`` (default: the shared step counter)."""
@@ -632,6 +650,10 @@ class ScalarSeries:
                 return
         ring = self._ring
         items = ring.items
+        if step != self._stamped:
+            self._stamped = step
+            if len(items) < ring.capacity:  # a full ring skips the stamp (export time is used)
+                items.append((self._stamp, step, now_ns()))
         if len(items) < ring.high_water:
             items.append((self, step, value))
         else:
@@ -663,12 +685,18 @@ class ScalarSeries:
             if final or step is None or (newest is not None and step < newest):
                 count, total, low, high, last = self._open.pop(step)
                 value = _reduce(self._reduce, count, total, low, high, last)
-                self._last = value
-                points.append(
-                    ScalarPoint(
-                        self.name, self.labels, step, value, int(count), self._reduce, now_unix_ns
-                    )
+                first = self._first_ns.pop(step, None)
+                when = now_unix_ns if first is None else to_unix_ns(first)
+                point = ScalarPoint(
+                    self.name, self.labels, step, value, int(count), self._reduce, when
                 )
+                self._last = value
+                self._last_point = point
+                points.append(point)
+        if points:
+            self._stamped = _UNSTAMPED  # a later value (same step, or the next interval) restamps
+        if len(self._first_ns) > len(self._open):  # stamps whose value the full ring dropped
+            self._first_ns = {s: t for s, t in self._first_ns.items() if s in self._open}
         return points
 
     def pending_count(self) -> int:
@@ -679,9 +707,32 @@ class ScalarSeries:
         """The reduced value of the newest closed step."""
         return self._last
 
+    def last_point(self) -> ScalarPoint | None:
+        """The newest closed step's point (its step and record time)."""
+        return self._last_point
+
     def _reset(self) -> None:
         self._open = {}
         self._last = None
+        self._last_point = None
+        self._first_ns = {}
+        self._stamped = _UNSTAMPED
+
+
+_UNSTAMPED = object()
+
+
+class _StepStamp:
+    """Ring target carrying when a scalar series got the first value of a step."""
+
+    __slots__ = ("_series",)
+    drop_key = "metrics_time"
+
+    def __init__(self, series: ScalarSeries) -> None:
+        self._series = series
+
+    def _drain(self, step: int | None, mono_ns: int) -> None:
+        self._series._first_ns.setdefault(step, mono_ns)
 
 
 def _reduce(how: str, count: float, total: float, low: float, high: float, last: float) -> float:
@@ -721,9 +772,9 @@ class Scalar(ScalarSeries, _Base[ScalarSeries]):
         """The newest closed value of every series (a gauge for pull exporters)."""
         points = []
         for s in self.series():
-            last = s.last_value()
+            last = s.last_point()
             if last is not None:
-                points.append(SeriesPoint(s.labels, last))
+                points.append(SeriesPoint(s.labels, last.value, last.step, last.time_unix_ns))
         return Family(self.name, "scalar", self.description, self.unit, tuple(points), "last")
 
 

@@ -109,10 +109,15 @@ Value = float | HistogramValue | ExpHistogramValue | SummaryValue
 
 @dataclass(frozen=True, slots=True)
 class SeriesPoint:
-    """One series of a family: its labels and current value."""
+    """One series of a family: its labels and current value.
+
+    A scalar's series also carry the step of that value and when it was recorded (Unix ns).
+    """
 
     labels: Labels
     value: Value
+    step: int | None = None
+    time_unix_ns: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +153,7 @@ class Record:
     group: str | None
     name: str
     value: float
+    step: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +168,8 @@ class ExportBatch:
     final: bool = False
     pid: int = 0
     extra: Mapping[str, Any] = field(default_factory=dict)
+    step: int | None = None
+    """The shared step counter when the snapshot was taken (the last one declared)."""
 
     @property
     def record_count(self) -> int:

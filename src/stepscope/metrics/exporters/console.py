@@ -38,7 +38,8 @@ def format_row(row: dict[str, Any]) -> str:
         return f"[{seconds}][{row['group']}]: {row['name']}={row['value']}"
     if row["kind"] == "scalar":
         return f"[{seconds}][step {row['step']}]: {_series_name(row)}={row['value']}"
-    return f"[{seconds}][{row['kind']}]: {_series_name(row)}={_row_value(row)}"
+    step = "" if row.get("step") is None else f"[step {row['step']}]"
+    return f"[{seconds}][{row['kind']}]{step}: {_series_name(row)}={_row_value(row)}"
 
 
 class ConsoleExporter(Exporter):

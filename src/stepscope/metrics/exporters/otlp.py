@@ -16,6 +16,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from stepscope.metrics.exporters.base import Exporter
+from stepscope.metrics.exporters.scalar_steps import with_step_families
 from stepscope.metrics.failures import LOGGER
 from stepscope.metrics.points import (
     ExpHistogramValue,
@@ -131,8 +132,14 @@ def _metrics(family: Family, start: int, now: int) -> Iterable[Metric]:
         yield Metric(f"{name}.sum", doc, unit, Sum(sums, _CUMULATIVE, False))
         yield Metric(f"{name}.count", doc, "", Sum(counts, _CUMULATIVE, True))
     else:
+        # a scalar's point (and its step's) is stamped with when its value was recorded
         points = [
-            NumberDataPoint(attrs(p.labels), start, now, float(p.value))  # type: ignore[arg-type]
+            NumberDataPoint(
+                attrs(p.labels),
+                start,
+                p.time_unix_ns or now,
+                float(p.value),  # type: ignore[arg-type]
+            )
             for p in family.points
         ]
         yield Metric(name, doc, unit, Gauge(points))
@@ -142,7 +149,7 @@ def to_metrics_data(batch: ExportBatch, resource: Resource) -> MetricsData:
     """The batch's snapshot as the SDK's ``MetricsData`` (cumulative since process start)."""
     metrics = [
         m
-        for family in batch.families
+        for family in with_step_families(batch.families)
         for m in _metrics(family, batch.start_unix_ns, batch.time_unix_ns)
     ]
     scope = ScopeMetrics(_SCOPE, metrics, "")
@@ -245,10 +252,11 @@ class OtelMeterBridge(Exporter):
 
     def export(self, batch: ExportBatch, timeout_s: float) -> None:
         """Remember the snapshot and register instruments for new families."""
+        families = with_step_families(batch.families)
         with self._lock:
-            for family in batch.families:
+            for family in families:
                 self._latest[family.name] = family
-        for family in batch.families:
+        for family in families:
             if family.name in self._registered or family.name in self.skipped:
                 continue
             callbacks = [self._observe(family.name)]

@@ -42,6 +42,7 @@ from prometheus_client.utils import floatToGoString
 from stepscope.clock import now_ns
 from stepscope.metrics.cooperate import RENDER_CHUNK, pause_for_others
 from stepscope.metrics.exporters.base import Exporter
+from stepscope.metrics.exporters.scalar_steps import with_step_families
 from stepscope.metrics.failures import LOGGER, report_failure
 from stepscope.metrics.points import (
     ExpHistogramValue,
@@ -577,24 +578,25 @@ class PrometheusEndpoint(Exporter):
 
     def export(self, batch: ExportBatch, timeout_s: float) -> None:
         """Publish the batch's snapshot (or push it to the owning process)."""
+        families = with_step_families(batch.families)
         if self._server is not None:
-            self.merger.set_own(batch.families)
+            self.merger.set_own(families)
             return
         try:
-            self._push(batch, timeout_s)
+            self._push(families, batch.final, timeout_s)
         except ConnectionRefusedError:
             # the owner is gone: serve the port ourselves if we can
             if not self._serve():
                 raise
             LOGGER.warning("stepscope.metrics: took over the endpoint on port %d", self.port)
-            self.merger.set_own(batch.families)
+            self.merger.set_own(families)
 
-    def _push(self, batch: ExportBatch, timeout_s: float) -> None:
+    def _push(self, families: Sequence[Family], final: bool, timeout_s: float) -> None:
         body = json.dumps(
             {
                 "pid": os.getpid(),
-                "final": batch.final,
-                "families": [family_to_json(f) for f in batch.families],
+                "final": final,
+                "families": [family_to_json(f) for f in families],
             },
             separators=(",", ":"),
         ).encode()
@@ -671,7 +673,7 @@ class PushgatewayExporter(Exporter):
         push_to_gateway(
             self.url,
             job=self.job,
-            registry=_PausingCollector(batch.families, self.namespace),
+            registry=_PausingCollector(with_step_families(batch.families), self.namespace),
             grouping_key=self.grouping_key,
             timeout=timeout_s,
         )

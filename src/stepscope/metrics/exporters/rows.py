@@ -1,7 +1,8 @@
 """Flat rows of a batch for line-oriented exporters (JSONL, CSV, console, logging, handlers).
 
-Scalar points and seed-API records appear once each; instrument series appear when their value
-changed since the previous batch (the pipeline's own telemetry only in the final batch).
+Scalar points and seed-API records appear once each, with their step and record time;
+instrument series appear when their value changed since the previous batch, with the snapshot's
+time and step (the pipeline's own telemetry only in the final batch; the step gauge always).
 """
 
 from __future__ import annotations
@@ -17,9 +18,16 @@ from stepscope.metrics.points import (
     SummaryValue,
 )
 
-__all__ = ["ChangeFilter", "format_labels", "rows"]
+__all__ = ["STEP_GAUGE", "ChangeFilter", "format_labels", "is_telemetry", "rows"]
 
 _TELEMETRY_PREFIX = "stepscope."
+STEP_GAUGE = "stepscope.step"
+"""The shared step counter's gauge: not self-telemetry, so exported like any series."""
+
+
+def is_telemetry(name: str) -> bool:
+    """Whether ``name`` is the pipeline's own telemetry (the step gauge is not)."""
+    return name.startswith(_TELEMETRY_PREFIX) and name != STEP_GAUGE
 
 
 def format_labels(labels: Labels) -> str:
@@ -78,6 +86,7 @@ def rows(batch: ExportBatch, changes: ChangeFilter | None) -> list[dict[str, Any
                 "kind": "record",
                 "group": record.group,
                 "name": record.name,
+                "step": record.step,
                 "value": record.value,
             }
         )
@@ -97,12 +106,13 @@ def rows(batch: ExportBatch, changes: ChangeFilter | None) -> list[dict[str, Any
     for family in batch.families:
         if family.kind == "scalar":
             continue  # already written as per-step points
-        if family.name.startswith(_TELEMETRY_PREFIX) and not batch.final:
+        if is_telemetry(family.name) and not batch.final:
             continue
         for series in family.points:
             if changes is not None and not changes.changed(family, series.labels, series.value):
                 continue
             row = _series_row(family, series.labels, series.value)
             row["time_unix_ns"] = batch.time_unix_ns
+            row["step"] = batch.step
             out.append(row)
     return out

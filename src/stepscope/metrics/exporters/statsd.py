@@ -16,6 +16,8 @@ import socket
 from typing import Literal
 
 from stepscope.metrics.exporters.base import Exporter
+from stepscope.metrics.exporters.rows import is_telemetry
+from stepscope.metrics.exporters.scalar_steps import with_step_families
 from stepscope.metrics.failures import report_failure
 from stepscope.metrics.points import (
     ExpHistogramValue,
@@ -123,8 +125,8 @@ class StatsdExporter(Exporter):
         """The lines for ``batch`` and the state to remember once they are sent."""
         out: list[str] = []
         state: dict[tuple[str, Labels], tuple[float, float]] = {}
-        for family in batch.families:
-            if family.name.startswith("stepscope.") and not self.include_telemetry:
+        for family in with_step_families(batch.families):
+            if is_telemetry(family.name) and not self.include_telemetry:
                 continue
             self._family_lines(family, out, state)
         kept = []
