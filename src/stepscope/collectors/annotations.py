@@ -275,9 +275,13 @@ class AnnotationCollector(Collector):
     name = "annotations"
 
     def __init__(self, max_spans: int = 2_000_000, backend: _Backend | None = None) -> None:
-        if isinstance(max_spans, bool) or not isinstance(max_spans, int) or max_spans < 0:
+        if (
+            isinstance(max_spans, bool)
+            or not isinstance(max_spans, int)
+            or not 0 <= max_spans < 2**62
+        ):
             raise ValueError(
-                f"max_spans must be a non-negative int (0 = no limit), got {max_spans}"
+                f"max_spans must be an int in [0, 2**62) (0 = no limit), got {max_spans}"
             )
         self.max_spans = max_spans
         self.backend = backend or default_backend
@@ -315,3 +319,8 @@ class AnnotationCollector(Collector):
         if self._recording:
             self._recording = False
             self.backend.stop()
+
+    def after_fork_in_child(self) -> None:
+        """Close the parent's annotation window in a forked child (its spans are the parent's)."""
+        self.close()
+        self._sink = []

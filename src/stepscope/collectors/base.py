@@ -57,3 +57,6 @@ class Collector:
 
     def close(self) -> None:
         """Release everything (the profiler is done)."""
+
+    def after_fork_in_child(self) -> None:
+        """In a child forked during a window: stop recording the parent's window, keep nothing."""

@@ -363,6 +363,12 @@ class PythonTracerCollector(Collector):
         if self._state != "idle":
             self._release()
 
+    def after_fork_in_child(self) -> None:
+        """Uninstall the tracer in a forked child and free the parent's buffers."""
+        global _owner_lock
+        _owner_lock = threading.Lock()  # another thread may have held it at the fork
+        self.close()
+
     # -- helpers -----------------------------------------------------------------------------
     def _release(self) -> None:
         global _owner

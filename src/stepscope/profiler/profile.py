@@ -30,7 +30,7 @@ from stepscope.profiler.execution_trace import ExecutionTraceObserver
 from stepscope.profiler.schedule import ProfilerAction, Schedule, default_schedule
 from stepscope.profiler.step_trigger import StepTrigger
 from stepscope.profiler.summary import KeyAverages, key_averages
-from stepscope.trace.chrome import WriteStats, write_chrome_trace
+from stepscope.trace.chrome import RESERVED_KEYS, WriteStats, write_chrome_trace
 from stepscope.trace.model import Span, Trace, TraceBuilder
 from stepscope.trace.stacks import collapsed_from_spans, write_collapsed
 
@@ -70,6 +70,9 @@ def _optional_collector(module: str, cls: str, option: str, **kwargs: Any) -> Co
 
 class profile:
     """Step-scheduled profiler; use as a context manager or with ``start()/step()/stop()``."""
+
+    _left_in_child = False
+    """True in a child forked while this profile ran: there it records nothing."""
 
     def __init__(
         self,
@@ -301,6 +304,8 @@ class profile:
 
     def step(self) -> None:
         """Mark the end of the current step and the start of the next one."""
+        if self._left_in_child:
+            return
         self._close_step_span()
         previous = self.current_action
         self.step_num += 1
@@ -320,6 +325,8 @@ class profile:
 
     def stop(self) -> None:
         """End profiling: closes the window in progress (see ``flush_on_exit``)."""
+        if self._left_in_child:
+            return
         try:
             if self._step_trigger is not None:
                 self._step_trigger.remove()
@@ -544,6 +551,30 @@ class profile:
 _active: profile | None = None
 
 
+def _leave_in_child(prof: profile) -> None:
+    """Drop the parent's window in a forked child: collectors stop, nothing is saved there."""
+    prof._left_in_child = True
+    hooks: list[Callable[[], Any]] = [c.after_fork_in_child for c in prof.collectors]
+    if prof._step_trigger is not None:
+        hooks.insert(0, prof._step_trigger.remove)
+    for hook in hooks:
+        try:
+            hook()
+        except Exception as exc:  # raising in a fork hook helps no one
+            log.warning("stepscope: in a forked child, %r failed (%s: %s)", hook, type(exc), exc)
+
+
+def _after_fork_in_child() -> None:
+    """A forked child starts clean: no window, no tracing, free to start its own profile."""
+    global _active
+    prof, _active = _active, None
+    if prof is not None:
+        _leave_in_child(prof)
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def _release(prof: profile) -> None:
     global _active
     if _active is prof:
@@ -558,6 +589,11 @@ def active_profile() -> profile | None:
 def _metadata_key(key: str) -> str:
     if not isinstance(key, str) or not key:
         raise ValueError(f"metadata key must be a non-empty str, got {key!r}")
+    if key in RESERVED_KEYS:
+        raise ValueError(
+            f"metadata key {key!r} is reserved by the Chrome trace format (one of "
+            f"{', '.join(sorted(RESERVED_KEYS))}); use another name"
+        )
     return key
 
 

@@ -1,0 +1,125 @@
+"""The profiler after fork and with reserved metadata keys (issue 13, points 6 and 7; Low)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stepscope import profile, record_function, trace_handler
+from stepscope._ext import native
+from stepscope.collectors.annotations import is_recording
+from stepscope.profiler.profile import active_profile
+from stepscope.trace import read_chrome_trace
+
+
+def work(n: int) -> int:
+    total = 0
+    for i in range(n):
+        total += leaf(i)
+    return total
+
+
+def leaf(i: int) -> int:
+    return i & 7
+
+
+def best_of(runs: int, n: int) -> float:
+    best = float("inf")
+    for _ in range(runs):
+        start = time.perf_counter()
+        work(n)
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def tracer_active() -> bool:
+    mod = native()
+    return bool(mod is not None and mod._tracer_active())
+
+
+def in_child(fn: Any) -> dict[str, Any]:
+    """Fork, run ``fn`` in the child, return what it reported (a JSON object)."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child
+        os.close(read_end)
+        try:
+            report = fn()
+        except BaseException as exc:
+            report = {"error": f"{type(exc).__name__}: {exc}"}
+        os.write(write_end, json.dumps(report).encode())
+        os._exit(0)
+    os.close(write_end)
+    chunks = []
+    while chunk := os.read(read_end, 65536):
+        chunks.append(chunk)
+    os.close(read_end)
+    _, status = os.waitpid(pid, 0)
+    assert os.WEXITSTATUS(status) == 0
+    result: dict[str, Any] = json.loads(b"".join(chunks))
+    assert "error" not in result, result["error"]
+    return result
+
+
+def test_a_child_forked_mid_window_starts_clean(tmp_path: Path) -> None:
+    n = 20_000
+    with profile(with_stack=True) as prof:  # recording from the first step
+        with record_function("parent_block"):
+            traced = best_of(3, n)
+            assert is_recording()
+            assert tracer_active() == (native() is not None)
+
+            def child() -> dict[str, Any]:
+                report: dict[str, Any] = {
+                    "active_profile": active_profile() is not None,
+                    "annotations_recording": is_recording(),
+                    "tracer_active": tracer_active(),
+                    "untraced_s": best_of(3, n),
+                }
+                prof.step()  # the parent's profile does nothing in the child
+                with profile(with_stack=True) as own, record_function("child_block"):
+                    work(10)
+                path = tmp_path / f"child-{os.getpid()}.json"
+                own.export_chrome_trace(path)
+                names = {s.name for s in own.events()}
+                report["own_has_child_block"] = "child_block" in names
+                report["own_has_parent_block"] = "parent_block" in names
+                report["own_traced_leaf"] = any(n.endswith(": leaf") for n in names)
+                return report
+
+            report = in_child(child)
+        prof.step()
+    assert report["active_profile"] is False
+    assert report["annotations_recording"] is False
+    assert report["tracer_active"] is False
+    assert report["own_has_child_block"] and report["own_traced_leaf"]
+    assert not report["own_has_parent_block"]
+    untraced_here = best_of(3, n)
+    # tracing costs 3-5x; the child runs at the untraced speed
+    assert report["untraced_s"] < 0.5 * traced, (report["untraced_s"], traced, untraced_here)
+    names = {s.name for s in prof.events()}
+    assert "parent_block" in names  # the parent's window is whole
+
+
+def test_a_reserved_metadata_key_is_refused_when_added(tmp_path: Path) -> None:
+    with profile(on_trace_ready=trace_handler(tmp_path)) as prof:
+        for key in ("samples", "traceEvents", "stackFrames", "schemaVersion"):
+            with pytest.raises(ValueError, match=f"metadata key '{key}' is reserved"):
+                prof.add_metadata(key, "x")
+            with pytest.raises(ValueError, match="reserved"):
+                prof.add_metadata_json(key, "1")
+        prof.add_metadata("my_samples", "x")
+        prof.step()
+    files = list(tmp_path.iterdir())
+    assert len(files) == 1
+    assert read_chrome_trace(files[0]).metadata["my_samples"] == "x"
+
+
+def test_max_annotation_spans_is_checked_at_construction() -> None:
+    with pytest.raises(ValueError, match="max_spans must be an int in"):
+        profile(max_annotation_spans=10**30)
