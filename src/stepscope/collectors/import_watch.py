@@ -29,7 +29,7 @@ _waiting: dict[str, list[Callable[[], None]]] = {}
 
 def when_imported(module: str, callback: Callable[[], None]) -> bool:
     """Call ``callback`` once ``module`` is imported; True if it ran at once (already imported)."""
-    if module in sys.modules:
+    if sys.modules.get(module) is not None:
         callback()
         return True
     with _lock:

@@ -44,7 +44,7 @@ def torch_available() -> bool:
     """Whether the running program has imported torch (stepscope never imports it first)."""
     import sys
 
-    return "torch" in sys.modules
+    return sys.modules.get("torch") is not None
 
 
 def torch_installed() -> bool:

@@ -103,6 +103,8 @@ class StepTrigger:
         self.in_program: str | None = None
         """The qualname to wrap when the running program defines it (see ``program_module``)."""
         self._waiting = False
+        self.wrapped = False
+        """Whether a function of the running program was wrapped (see ``bound``)."""
         self._patched: tuple[Any, str, Any] | None = None
         if on == "optimizer":
             self._spec = "optimizer"
