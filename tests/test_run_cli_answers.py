@@ -90,8 +90,17 @@ def stepscope_run(
     path.write_text(textwrap.dedent(script))
     code = prelude + "import sys\nfrom stepscope.cli import main\nsys.exit(main(sys.argv[1:]))"
     return subprocess.run(
-        [sys.executable, "-c", code, "run", "-o", str(tmp_path / "out"), *args, str(path)]
-        + list(program_args),
+        [
+            sys.executable,
+            "-c",
+            code,
+            "run",
+            "-o",
+            str(tmp_path / "out"),
+            *args,
+            str(path),
+            *program_args,
+        ],
         capture_output=True,
         text=True,
         timeout=300,
