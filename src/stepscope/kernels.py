@@ -271,6 +271,18 @@ def _num_gb(source: KernelSource, call: ast.Call | None) -> float | None:
     return _as_gb(source, match.group(1)) if match else None
 
 
+def _meta_kernel_name(call: ast.Call | None) -> str | None:
+    """``inductor_meta['kernel_name']`` (old modules name their function just ``triton_``)."""
+    meta = _keyword(call, "inductor_meta")
+    if not isinstance(meta, ast.Dict):
+        return None
+    for key, value in zip(meta.keys, meta.values, strict=True):
+        named = isinstance(key, ast.Constant) and key.value == "kernel_name"
+        if named and isinstance(value, ast.Constant) and isinstance(value.value, str):
+            return value.value
+    return None
+
+
 def _as_gb(source: KernelSource, text: str) -> float:
     try:
         value = float(text)
@@ -333,7 +345,7 @@ def parse_kernel_metadata(kernel_module_code: str) -> KernelMetadata:
     proper = source.proper_code
     code = _code_only(proper)
     return KernelMetadata(
-        kernel_name=source.name,
+        kernel_name=_meta_kernel_name(call) or source.name,
         kernel_category=category,
         size_hints=_size_hints(source, call, category),
         reduction_hint=_reduction_hint(source, call, category),

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import stat
 import sys
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
@@ -82,10 +82,12 @@ class ScanResult:
     rows: list[list[str]] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
     files: int = 0
+    skipped: list[str] = field(default_factory=list)
+    """``*.py`` names that are not regular files (FIFOs, sockets, devices)."""
 
 
 def python_files(directory: Path) -> list[Path]:
-    """Every ``*.py`` file under ``directory``, sorted."""
+    """Every ``*.py`` name under ``directory``, sorted (``scan`` skips what is not a file)."""
     found: list[Path] = []
     for root, dirs, files in os.walk(directory):
         dirs.sort()
@@ -93,9 +95,21 @@ def python_files(directory: Path) -> list[Path]:
     return found
 
 
-def _kernels_of(path: Path) -> Iterator[tuple[str | None, str, str | None]]:
-    text = path.read_text(encoding="utf-8")
-    yield from iter_kernel_sources(text)
+class NotAFile(OSError):
+    """A ``*.py`` name that is a FIFO, socket or device: skipped, never opened for reading."""
+
+
+def _read_regular(path: Path) -> str:
+    # O_NONBLOCK: opening a FIFO must not wait for a writer; fstat then tells what it is
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise NotAFile(f"not a regular file: {path}")
+        return fh.read().decode("utf-8")
+
+
+def _kernels_of(path: Path) -> list[tuple[str | None, str, str | None]]:
+    return list(iter_kernel_sources(_read_regular(path)))
 
 
 def scan(files: list[Path], run_name: str, progress: ProgressBar | None = None) -> ScanResult:
@@ -110,16 +124,21 @@ def scan(files: list[Path], run_name: str, progress: ProgressBar | None = None) 
     entries: list[tuple[str, KernelMetadata, str, bool]] = []
     for done, path in enumerate(files, 1):
         try:
-            kernels = list(_kernels_of(path))
+            kernels = _kernels_of(path)
+        except NotAFile:
+            result.skipped.append(str(path))
+            kernels = []
         except (OSError, UnicodeDecodeError) as exc:
             result.failures.append(f"{path}: cannot read: {exc}")
             kernels = []
         for name, code, kernel_path in kernels:
             try:
                 meta = parse_kernel_metadata(code)
-            except ValueError as exc:
+            except (ValueError, SyntaxError, RecursionError, MemoryError) as exc:
+                # one pathological file (a 200k-term expression) must not end the scan
                 where = f"{path} (kernel {name})" if name else str(path)
-                result.failures.append(f"{where}: {exc}")
+                detail = str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"
+                result.failures.append(f"{where}: {detail}"[:500])
                 continue
             if name is None:
                 entries.append((meta.kernel_name, meta, str(path), True))
@@ -168,10 +187,26 @@ def run(args: argparse.Namespace) -> int:
     write_csv(output, result.rows)
     for failure in result.failures:
         print(f"stepscope kernels: cannot parse {failure}", file=stderr)
+    for skipped in result.skipped:
+        print(f"stepscope kernels: skipped {skipped}: not a regular file", file=stderr)
     failed = f", {len(result.failures)} failed" if result.failures else ""
     print(
         f"stepscope kernels: {len(result.rows)} kernels from {result.files} files{failed} "
         f"-> {output}",
         file=stderr,
     )
+    if not result.rows:
+        print(explain_empty(directory, result), file=stderr)
     return 1 if result.failures else 0
+
+
+def explain_empty(directory: Path, result: ScanResult) -> str:
+    """Why nothing was found: where the scan looked and what it looks for."""
+    return (
+        f"stepscope kernels: no Triton kernels in {result.files} .py files under "
+        f"{directory.resolve()}. It reads inductor output: kernel modules (a @triton.jit "
+        "function under @triton_heuristics.<kind>(...)) and wrapper modules with "
+        "async_compile.triton(...) calls. Point it at $TORCHINDUCTOR_CACHE_DIR (by default "
+        "/tmp/torchinductor_<user>) or a TORCH_COMPILE_DEBUG=1 output folder (torch_compile_debug/)"
+        " after running a torch.compile'd model on a GPU."
+    )
