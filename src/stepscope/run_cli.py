@@ -243,7 +243,8 @@ def _summary(
         count = len(prof.trace_files)
         where = f"window {window.get('index', count - 1) + 1} of {count}"
         if step_on is not None:
-            where += f", steps {window.get('first_step', 0)}-{window.get('last_step', 1) - 1}"
+            first, last = window.get("first_step", 0), window.get("last_step", 1) - 1
+            where += f", step {first}" if first >= last else f", steps {first}-{last}"
         header = f"stepscope run: {name}: top {args.top} by {args.sort} ({where})"
         print(
             prof.key_averages().table(sort_by=args.sort, row_limit=args.top, header=header),
