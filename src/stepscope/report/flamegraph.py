@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from xml.sax.saxutils import escape, quoteattr
 
 from stepscope.atomic import atomic_output
+from stepscope.text import clean_text
 
 __all__ = ["flamegraph_svg", "write_flamegraph"]
 
@@ -41,6 +43,15 @@ def _tree(stacks: Mapping[str, int]) -> _Node:
             node = node.children.setdefault(name, _Node())
             node.total += value
     return root
+
+
+# characters XML 1.0 does not allow, even escaped
+_NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
+
+
+def _xml(text: str) -> str:
+    """``text`` escaped for XML, with characters XML cannot hold replaced by U+FFFD."""
+    return escape(_NOT_XML.sub("\ufffd", clean_text(text)))
 
 
 def _color(name: str) -> str:
@@ -86,7 +97,7 @@ def flamegraph_svg(
         f'font-size="{FONT_SIZE}">\n',
         f'<rect x="0" y="0" width="{width}" height="{height}" fill="#f8f8f8"/>\n',
         f'<text x="{width / 2:.1f}" y="24" text-anchor="middle" font-size="{FONT_SIZE + 5}">'
-        f"{escape(title)}</text>\n",
+        f"{_xml(title)}</text>\n",
     ]
     for row_depth, x, w, name, total in rows:
         y = height - PAD_BOTTOM - (row_depth + 1) * frame_height
@@ -95,12 +106,12 @@ def flamegraph_svg(
         fits = int((w - 6) / CHAR_WIDTH)
         text = name if len(name) <= fits else (name[: fits - 2] + ".." if fits >= 3 else "")
         out.append(
-            f"<g><title>{escape(label)}</title>"
+            f"<g><title>{_xml(label)}</title>"
             f'<rect x="{x:.2f}" y="{y}" width="{w:.2f}" height="{frame_height - 1}" '
             f'fill={quoteattr(_color(name))} rx="2" ry="2"/>'
         )
         if text:
-            out.append(f'<text x="{x + 3:.2f}" y="{y + frame_height - 4}">{escape(text)}</text>')
+            out.append(f'<text x="{x + 3:.2f}" y="{y + frame_height - 4}">{_xml(text)}</text>')
         out.append("</g>\n")
     out.append("</svg>\n")
     return "".join(out)

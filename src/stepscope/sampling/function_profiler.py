@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import itertools
 import logging
+import math
 import os
 import threading
 from collections.abc import Callable, Iterable
@@ -47,8 +48,8 @@ _ANCHOR_NAMES = ("FunctionProfiler.profile", "profile")
 
 
 def _positive(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(f"{name} must be a positive number, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+        raise ValueError(f"{name} must be a positive, finite number, got {value!r}")
     return float(value)
 
 
