@@ -58,7 +58,7 @@ test-monitoring:
 	  echo "== tracer, sampler, annotation and profiler tests under python$$v"; \
 	  $$venv/bin/python -m pytest -q -p no:cacheprovider tests/test_tracer*.py \
 	    tests/test_sampler.py tests/test_annotations.py tests/test_clock.py \
-	    tests/test_profile.py || exit 1; \
+	    tests/test_profile.py tests/test_self_time.py || exit 1; \
 	done
 
 lint: $(VENV)/.stamp-test
