@@ -11,6 +11,7 @@ import logging
 from collections.abc import Callable
 
 _step: int | None = None
+_last: int | None = None
 _on_declared: list[Callable[[int], None]] = []
 
 
@@ -21,17 +22,24 @@ def current_step() -> int | None:
 
 def set_step(step: int | None) -> None:
     """Declare the current step (the profiler calls this; programs may too)."""
-    global _step
+    global _step, _last
     if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
         raise ValueError(f"step must be a non-negative int or None, got {step!r}")
     first = _step is None and step is not None
     _step = step
+    if step is not None:
+        _last = step
     if first:
         for listener in list(_on_declared):
             try:
                 listener(step)  # type: ignore[arg-type]
             except Exception:  # a listener never breaks the caller's loop
                 logging.getLogger("stepscope").exception("step listener %r failed", listener)
+
+
+def last_step() -> int | None:
+    """The last step declared in this process (kept after the loop ends), or ``None``."""
+    return _last
 
 
 def on_step_declared(listener: Callable[[int], None]) -> None:

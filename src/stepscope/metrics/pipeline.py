@@ -53,7 +53,7 @@ from stepscope.metrics.points import (
 from stepscope.metrics.ring import DEFAULT_CAPACITY, Channel, RecordSink, Ring
 from stepscope.metrics.spill import SpillFile, default_spill_dir
 from stepscope.metrics.values import is_tensor, resolve
-from stepscope.steps import current_step, on_step_declared
+from stepscope.steps import current_step, last_step, on_step_declared
 
 __all__ = [
     "Pipeline",
@@ -686,8 +686,7 @@ class Pipeline:
             now_unix = to_unix_ns(now_ns())
             self._dispatch(self.ring.drain())
             step_now = current_step()
-            if step_now is not None:
-                self._last_step = step_now
+            self._last_step = last_step()
             scalars: list[ScalarPoint] = []
             for series in self.registry.scalars():
                 scalars.extend(series.close_steps(step_now, close_all, now_unix))
