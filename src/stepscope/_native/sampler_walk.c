@@ -9,15 +9,28 @@
  *   3.13        tstate->current_frame, frame->f_executable, frame->instr_ptr
  * and the header's inline helpers (_PyFrame_IsIncomplete, _PyInterpreterFrame_LASTI) hide the rest.
  * Frames still being set up, and 3.12+ C-stack shim frames, are skipped (as the public API does).
- * The thread state comes from PyGILState_GetThisThreadState(), a thread-specific-data read that
- * becomes NULL before the interpreter frees a finishing thread's state.  Before 3.11 the walk is not
- * available (frames are heap objects there) and the caller falls back to the thread sampler. */
+ * A thread can be interrupted while its frame chain is in flux: on 3.11/3.12 a new C-level eval
+ * call publishes its _PyCFrame before setting its current_frame (left uninitialised for a few
+ * instructions), and 3.11 clears a returning frame, possibly unmapping its stack chunk, while it
+ * is still the current frame.  Only the innermost pointer can be stale (every `previous` link
+ * points to a live frame), so that one is checked before it is read: it must lie inside one of
+ * the thread's data-stack chunks (the list the interpreter unlinks a chunk from before freeing
+ * it), or else be a generator's frame, verified through process_vm_readv on this process (which
+ * fails cleanly on a bad address) to sit in a generator object and name a code object.  A
+ * sample whose innermost frame passes neither check is dropped (counted by the engine). */
 #define Py_BUILD_CORE 1
 #include <Python.h>
 
 #include <stdint.h>
+#include <string.h>
 
 #include "sampler_signal.h"
+
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <unistd.h>
+#endif
 
 #if PY_VERSION_HEX >= 0x030B0000
 #include <internal/pycore_frame.h>
@@ -45,6 +58,57 @@ static inline int skipped(_PyInterpreterFrame *frame) {
     return _PyFrame_IsIncomplete(frame);
 }
 
+/* Whether [p, p + size) lies in one of the thread's data-stack chunks. */
+static int in_chunks(PyThreadState *ts, const void *p, size_t size) {
+    int guard = 0;
+    for (_PyStackChunk *chunk = ts->datastack_chunk; chunk != NULL && guard < 100000;
+         chunk = chunk->previous, guard++) {
+        const char *start = (const char *)chunk->data;
+        const char *end = (const char *)chunk + chunk->size;
+        if ((const char *)p >= start && (const char *)p + size <= end) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* Copy n bytes from this process's memory without faulting; 0 on success. */
+static int safe_read(void *dst, const void *src, size_t n) {
+#if defined(__linux__) && defined(SYS_process_vm_readv)
+    struct iovec local = {dst, n};
+    struct iovec remote = {(void *)src, n};
+    return syscall(SYS_process_vm_readv, getpid(), &local, 1, &remote, 1, 0) == (long)n ? 0 : -1;
+#else
+    (void)dst;
+    (void)src;
+    (void)n;
+    return -1;
+#endif
+}
+
+/* Whether a frame outside the data stack is a running generator's (or coroutine's) frame. */
+static int generator_frame(_PyInterpreterFrame *frame) {
+    _PyInterpreterFrame copy;
+    if (safe_read(&copy, frame, sizeof(copy)) < 0 || copy.owner != FRAME_OWNED_BY_GENERATOR) {
+        return 0;
+    }
+#if PY_VERSION_HEX >= 0x030D0000
+    PyObject *code = copy.f_executable;
+#else
+    PyObject *code = (PyObject *)copy.f_code;
+#endif
+    PyTypeObject *type = NULL;
+    if (code == NULL || safe_read(&type, &code->ob_type, sizeof(type)) < 0 ||
+        type != &PyCode_Type) {
+        return 0;
+    }
+    PyObject *gen = (PyObject *)((char *)frame - offsetof(PyGenObject, gi_iframe));
+    if (safe_read(&type, &gen->ob_type, sizeof(type)) < 0) {
+        return 0;
+    }
+    return type == &PyGen_Type || type == &PyCoro_Type || type == &PyAsyncGen_Type;
+}
+
 int ss_walk_this_thread(void **codes, int32_t *positions, int max_depth, int *truncated) {
     PyThreadState *ts = PyGILState_GetThisThreadState();
     *truncated = 0;
@@ -56,11 +120,18 @@ int ss_walk_this_thread(void **codes, int32_t *positions, int max_depth, int *tr
 #else
     _PyInterpreterFrame *frame = ts->cframe == NULL ? NULL : ts->cframe->current_frame;
 #endif
+    if (frame != NULL && !in_chunks(ts, frame, sizeof(_PyInterpreterFrame)) &&
+        !generator_frame(frame)) {
+        return -2; /* caught mid-update: no sample */
+    }
     int n = 0;
     /* A bound on the walk guards against a chain caught mid-update looping forever. */
     for (int seen = 0; frame != NULL && seen < 1000000; seen++, frame = frame->previous) {
         PyCodeObject *code = frame_code(frame);
-        if (code == NULL || skipped(frame)) {
+        if (code == NULL) {
+            break;
+        }
+        if (skipped(frame)) {
             continue;
         }
         if (n == max_depth) {

@@ -13,6 +13,7 @@ from stepscope.metrics.api import MetricData, MetricHandler
 from stepscope.metrics.exporters.base import Exporter
 from stepscope.metrics.exporters.rows import ChangeFilter, rows
 from stepscope.metrics.points import ExportBatch
+from stepscope.text import clean_text
 
 __all__ = ["ConsoleExporter", "HandlerExporter", "LoggingExporter", "format_row"]
 
@@ -56,7 +57,7 @@ class ConsoleExporter(Exporter):
         lines = [format_row(r) for r in rows(batch, self._changes)]
         if lines:
             stream = self.stream if self.stream is not None else sys.stdout
-            stream.write("\n".join(lines) + "\n")
+            stream.write(clean_text("\n".join(lines) + "\n"))  # a UTF-8 stdout takes it
             stream.flush()
 
     def after_fork_in_child(self) -> None:
@@ -79,7 +80,7 @@ class LoggingExporter(Exporter):
     def export(self, batch: ExportBatch, timeout_s: float) -> None:
         """Log the batch's rows."""
         for row in rows(batch, self._changes):
-            self.logger.log(self.level, "%s", format_row(row))
+            self.logger.log(self.level, "%s", clean_text(format_row(row)))
 
     def after_fork_in_child(self) -> None:
         """A child logs its own changes."""

@@ -26,6 +26,7 @@ from stepscope.metrics.points import (
     Labels,
     SummaryValue,
 )
+from stepscope.text import clean_text
 
 try:
     from opentelemetry.metrics import CallbackOptions, Observation
@@ -70,10 +71,10 @@ def _dense(pairs: Sequence[tuple[int, int]]) -> Buckets:
 
 
 def _metrics(family: Family, start: int, now: int) -> Iterable[Metric]:
-    name, doc, unit = family.name, family.description, family.unit
+    name, doc, unit = clean_text(family.name), clean_text(family.description), family.unit
 
     def attrs(labels: Labels) -> dict[str, str]:
-        return dict(labels)
+        return {k: clean_text(v) for k, v in labels}  # protobuf strings must be UTF-8
 
     if family.kind == "counter":
         points = [
