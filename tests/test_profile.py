@@ -515,3 +515,35 @@ def test_a_trace_that_cannot_be_written_does_not_stop_the_loop(tmp_path: Path, c
     strict.start()
     with pytest.raises(OSError, match="cannot create the trace directory"):
         strict.stop()
+
+
+class _FailingObserver:
+    """An execution-trace observer whose stop() fails (e.g. its disk went away)."""
+
+    def __init__(self) -> None:
+        self.started = 0
+        self.cleaned = 0
+
+    def start(self) -> None:
+        self.started += 1
+
+    def stop(self) -> None:
+        raise OSError("no space left on device")
+
+    def cleanup(self) -> None:
+        self.cleaned += 1
+
+
+def test_a_failing_execution_trace_observer_never_reaches_the_loop() -> None:
+    observer = _FailingObserver()
+    with profile(execution_trace_observer=observer, torch_ops=False) as prof:
+        for _ in range(2):
+            prof.step()
+    errors = prof.trace().metadata["stepscope_collector_errors"]
+    assert errors == {"execution_trace.stop": "OSError: no space left on device"}
+    assert observer.started == 1 and observer.cleaned == 1
+    with (
+        pytest.raises(OSError, match="no space left"),
+        profile(execution_trace_observer=_FailingObserver(), torch_ops=False, strict=True),
+    ):
+        pass

@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from stepscope.trace.model import TraceBuilder
+from stepscope.trace.model import Trace, TraceBuilder
 
 log = logging.getLogger("stepscope")
 
@@ -34,8 +34,9 @@ class Collector:
 
     Lifecycle per window: ``prepare`` (WARMUP, or just before start), ``start`` (RECORD begins),
     ``on_step`` (each step boundary while recording), ``stop`` (window ends), ``collect``
-    (append the window's events to the trace).  ``close`` is called once when the profiler
-    exits.  Nothing may be installed before ``start`` or left installed after ``stop``.
+    (append the window's events to the trace), ``window_built`` (the finished trace).
+    ``close`` is called once when the profiler exits.  Nothing may be installed before
+    ``start`` or left installed after ``stop``.
     """
 
     name = "collector"
@@ -54,6 +55,9 @@ class Collector:
 
     def collect(self, builder: TraceBuilder, ctx: WindowContext) -> None:
         """Append the recorded events of this window to ``builder``."""
+
+    def window_built(self, trace: Trace) -> None:
+        """The window's whole trace, once every collector has added to it (read-only)."""
 
     def close(self) -> None:
         """Release everything (the profiler is done)."""

@@ -16,11 +16,12 @@ from typing import Any
 
 from stepscope import clock
 from stepscope.atomic import atomic_output, ensure_parent
+from stepscope.collectors.base import Collector, WindowContext
 from stepscope.trace.chrome import json_bytes
 from stepscope.trace.model import Trace
 from stepscope.trace.nesting import nest_spans
 
-__all__ = ["ExecutionTraceObserver"]
+__all__ = ["ExecutionTraceCollector", "ExecutionTraceObserver"]
 
 SCHEMA = "1.1.1-chakra.0.0.4"
 ROOT_NAME = "[pytorch|profiler|execution_trace|process]"
@@ -169,3 +170,35 @@ class ExecutionTraceObserver:
         with atomic_output(self._output_file_path, what="execution trace") as fh:
             fh.write(json_bytes(doc))
         self._nodes = []
+
+
+class ExecutionTraceCollector(Collector):
+    """Drives an execution-trace observer from the profile's windows, like any collector."""
+
+    name = "execution_trace"
+
+    def __init__(self, observer: Any) -> None:
+        for method in ("start", "stop", "cleanup"):
+            if not callable(getattr(observer, method, None)):
+                raise TypeError(
+                    "execution_trace_observer must be an ExecutionTraceObserver (with start, "
+                    f"stop and cleanup), got {observer!r}"
+                )
+        self.observer = observer
+
+    def start(self, ctx: WindowContext) -> None:
+        """Start the observer with the window."""
+        self.observer.start()
+
+    def stop(self, ctx: WindowContext) -> None:
+        """Stop the observer with the window."""
+        self.observer.stop()
+
+    def window_built(self, trace: Trace) -> None:
+        """Without torch, the window's spans become call-graph nodes."""
+        if isinstance(self.observer, ExecutionTraceObserver):
+            self.observer.add_window(trace)
+
+    def close(self) -> None:
+        """Write the observer's file and detach it (the profile is done)."""
+        self.observer.cleanup()

@@ -9,7 +9,6 @@ after RECORD_AND_SAVE).  Every recording window yields one ``Trace``.  Beyond to
 from __future__ import annotations
 
 import functools
-import importlib
 import json
 import logging
 import os
@@ -26,7 +25,7 @@ from stepscope.collectors.base import Collector, WindowContext
 from stepscope.collectors.torch import torch_installed
 from stepscope.distributed import distributed_info
 from stepscope.profiler.activity import ProfilerActivity, coerce_activities
-from stepscope.profiler.execution_trace import ExecutionTraceObserver
+from stepscope.profiler.execution_trace import ExecutionTraceCollector
 from stepscope.profiler.schedule import ProfilerAction, Schedule, default_schedule
 from stepscope.profiler.step_trigger import StepTrigger
 from stepscope.profiler.summary import KeyAverages, key_averages
@@ -49,23 +48,6 @@ DEVICE_ACTIVITIES = frozenset(
     }
 )
 RECORDING = (ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE)
-
-
-def _not_yet(option: str, where: str) -> NotImplementedError:
-    return NotImplementedError(
-        f"{option} is not available in this version of stepscope ({where}); "
-        "remove it or leave it at its default"
-    )
-
-
-def _optional_collector(module: str, cls: str, option: str, **kwargs: Any) -> Collector:
-    """Instantiate a collector that ships with a later part of stepscope, or explain its absence."""
-    try:
-        mod = importlib.import_module(module)
-    except ImportError as exc:
-        raise _not_yet(option, f"needs {module}: {exc}") from None
-    collector: Collector = getattr(mod, cls)(**kwargs)
-    return collector
 
 
 class profile:
@@ -193,31 +175,17 @@ class profile:
                     else "install torch (pip install 'stepscope[torch]')"
                 )
                 raise ValueError(f"{', '.join(needs)} record through torch's profiler: {what}")
-        if self.execution_trace_observer is not None and not hasattr(
-            self.execution_trace_observer, "start"
-        ):
-            raise TypeError(
-                "execution_trace_observer must be an ExecutionTraceObserver (with start/stop), "
-                f"got {self.execution_trace_observer!r}"
-            )
+        if self.execution_trace_observer is not None:
+            # First in the list: started before, and stopped after, every other collector.
+            found.insert(0, ExecutionTraceCollector(self.execution_trace_observer))
         if self.with_stack or ProfilerActivity.PYTHON in self.activities:
-            found.append(
-                _optional_collector(
-                    "stepscope.collectors.python",
-                    "PythonTracerCollector",
-                    "with_stack=True",
-                    **self.tracer_options,
-                )
-            )
+            from stepscope.collectors.python import PythonTracerCollector
+
+            found.append(PythonTracerCollector(**self.tracer_options))
         if ProfilerActivity.SAMPLING in self.activities:
-            found.append(
-                _optional_collector(
-                    "stepscope.collectors.sampler",
-                    "SamplerCollector",
-                    "ProfilerActivity.SAMPLING",
-                    rate_hz=self.sampling_rate_hz,
-                )
-            )
+            from stepscope.collectors.sampler import SamplerCollector
+
+            found.append(SamplerCollector(rate_hz=self.sampling_rate_hz))
         return found
 
     def _build_action_map(
@@ -335,8 +303,6 @@ class profile:
         finally:
             for collector in self.collectors:
                 self._guarded(collector, "close", collector.close)
-            if self.execution_trace_observer is not None:
-                self.execution_trace_observer.cleanup()
             steps.set_step(None)
             _release(self)
 
@@ -397,8 +363,6 @@ class profile:
         """Start recording the window (RECORD)."""
         ctx = self._ctx if self._ctx is not None else self._new_window()
         clock.refine()
-        if self.execution_trace_observer is not None:
-            self.execution_trace_observer.start()
         self._window_first_step = self.step_num
         ctx.start_ns = clock.now_ns()
         for collector in self.collectors:
@@ -411,16 +375,16 @@ class profile:
             return
         for collector in reversed(self.collectors):
             self._guarded(collector, "stop", functools.partial(collector.stop, ctx))
-        if self.execution_trace_observer is not None:
-            self.execution_trace_observer.stop()
         ctx.end_ns = clock.now_ns()
         builder = TraceBuilder()
         for collector in self.collectors:
             self._guarded(collector, "collect", functools.partial(collector.collect, builder, ctx))
         self._finish_metadata(builder, ctx)
         trace = builder.build()
-        if isinstance(self.execution_trace_observer, ExecutionTraceObserver):
-            self.execution_trace_observer.add_window(trace)
+        for collector in self.collectors:
+            self._guarded(
+                collector, "window_built", functools.partial(collector.window_built, trace)
+            )
         if self.acc_events:
             self._traces.append(trace)
         else:
