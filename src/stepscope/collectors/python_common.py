@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import sys
 from array import array
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from types import CodeType
@@ -314,5 +314,3 @@ def name_ids_for(
     intern = builder.intern
     return array("I", (0 if t is None else intern(names.span_name(t)) for t in targets))
 
-
-FilterFn = Callable[[CodeType | str], bool]

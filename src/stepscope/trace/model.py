@@ -731,10 +731,6 @@ class TraceBuilder:
         cols = self._cols["spans"]
         return set(zip(cols["pid"], cols["tid"], strict=True))
 
-    def span_count(self) -> int:
-        """Spans appended so far."""
-        return len(self._cols["spans"]["name"])
-
     def build(self) -> Trace:
         """Freeze into a read-only ``Trace`` (the builder should not be used afterwards)."""
         return Trace(
