@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from stepscope import clock
+from stepscope.extras import missing_extra
 from stepscope.sampling.session import BackendUnavailable, FunctionProfilerError, RunSettings
 from stepscope.trace.model import Trace, TraceBuilder
 
@@ -57,10 +58,8 @@ def find_py_spy(binary: str | os.PathLike[str]) -> str:
         raise BackendUnavailable(f"py-spy binary {text!r} does not exist or is not executable")
     found = shutil.which(text) or shutil.which(text, path=str(Path(sys.executable).parent))
     if found is None:
-        raise BackendUnavailable(
-            f"py-spy ({text!r}) was not found on PATH or beside {sys.executable}; install it "
-            "with `pip install py-spy` (or the `stepscope[sampling]` extra)"
-        )
+        detail = f"{text!r} is not on PATH or beside {sys.executable}; or pass py_spy_path="
+        raise BackendUnavailable(str(missing_extra("the py-spy backend", "sampling", detail)))
     return found
 
 

@@ -2,7 +2,8 @@
 
 JSONL, CSV, console, logging, seed-API handlers and StatsD need nothing extra; Prometheus needs
 ``prometheus_client`` (extra ``prometheus``) and OTLP the OpenTelemetry SDK (extra ``otlp``), so
-those are imported when first used.
+those are imported when first used; without them, constructing one raises
+:class:`~stepscope.extras.MissingExtraError` naming the extra to install.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from stepscope.extras import MissingExtraError, unavailable_class
 from stepscope.metrics.exporters.base import Exporter
 from stepscope.metrics.exporters.console import ConsoleExporter, HandlerExporter, LoggingExporter
 from stepscope.metrics.exporters.files import CsvExporter, JsonlExporter
@@ -41,4 +43,7 @@ def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+    try:
+        return getattr(importlib.import_module(module), name)
+    except MissingExtraError as exc:  # importable; constructing it says which extra to install
+        return unavailable_class(name, exc)

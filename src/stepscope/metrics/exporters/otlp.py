@@ -15,6 +15,7 @@ import threading
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from stepscope.extras import missing_extra, require
 from stepscope.metrics.exporters.base import Exporter
 from stepscope.metrics.exporters.scalar_steps import with_step_families
 from stepscope.metrics.failures import LOGGER
@@ -49,13 +50,12 @@ try:
     )
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise ImportError(
-        "the OTLP exporter needs the OpenTelemetry SDK: pip install 'stepscope[otlp]'"
-    ) from exc
+except ImportError as exc:
+    raise missing_extra("OtlpExporter and OtelMeterBridge", "otlp", f"{exc}") from exc
 
 __all__ = ["OtelMeterBridge", "OtlpExporter", "to_metrics_data"]
 
+_OTLP_HTTP = "opentelemetry.exporter.otlp.proto.http.metric_exporter"
 _SCOPE = InstrumentationScope("stepscope.metrics", "0.1.0")
 _CUMULATIVE = AggregationTemporality.CUMULATIVE
 
@@ -178,6 +178,8 @@ class OtlpExporter(Exporter):
     ) -> None:
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
+        if exporter is None:  # checked now, not at the first export on the export thread
+            require(_OTLP_HTTP, "OtlpExporter (OTLP over HTTP)", "otlp")
         self.endpoint = endpoint
         self.headers = headers
         self.timeout_s = timeout_s

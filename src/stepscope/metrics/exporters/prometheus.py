@@ -29,15 +29,22 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import urlparse
 
-from prometheus_client.exposition import choose_encoder, delete_from_gateway, push_to_gateway
-from prometheus_client.metrics_core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-    Metric,
-    SummaryMetricFamily,
-)
-from prometheus_client.utils import floatToGoString
+from stepscope.extras import missing_extra
+
+try:
+    from prometheus_client.exposition import choose_encoder, delete_from_gateway, push_to_gateway
+    from prometheus_client.metrics_core import (
+        CounterMetricFamily,
+        GaugeMetricFamily,
+        HistogramMetricFamily,
+        Metric,
+        SummaryMetricFamily,
+    )
+    from prometheus_client.utils import floatToGoString
+except ImportError as exc:
+    raise missing_extra(
+        "PrometheusEndpoint and PushgatewayExporter", "prometheus", f"{exc}"
+    ) from exc
 
 from stepscope.clock import now_ns
 from stepscope.metrics.cooperate import RENDER_CHUNK, pause_for_others

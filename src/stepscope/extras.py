@@ -1,0 +1,55 @@
+"""Optional dependencies: which extra provides what, and the error that says how to install it.
+
+Features that need a package stepscope does not depend on (prometheus_client, the OpenTelemetry
+SDK, py-spy, torch) raise :class:`MissingExtraError` when they are set up without it, naming
+the extra to install: ``pip install 'stepscope[prometheus]'``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any, NoReturn
+
+__all__ = ["EXTRAS", "MissingExtraError", "missing_extra", "require", "unavailable_class"]
+
+EXTRAS = {
+    "prometheus": "prometheus_client",
+    "otlp": "opentelemetry-sdk and opentelemetry-exporter-otlp-proto-http",
+    "sampling": "py-spy",
+    "torch": "torch",
+}
+"""Each extra of ``pyproject.toml`` and what it installs."""
+
+
+class MissingExtraError(ImportError):
+    """A feature was set up without the optional package it needs."""
+
+
+def missing_extra(feature: str, extra: str, detail: str = "") -> MissingExtraError:
+    """The error for ``feature`` used without the packages of ``extra``."""
+    if extra not in EXTRAS:
+        raise ValueError(f"unknown extra {extra!r}; known: {sorted(EXTRAS)}")
+    why = f" ({detail})" if detail else ""
+    return MissingExtraError(
+        f"{feature} needs {EXTRAS[extra]}, which is not installed here{why}: "
+        f"pip install 'stepscope[{extra}]'"
+    )
+
+
+def require(module: str, feature: str, extra: str) -> Any:
+    """Import ``module``, or raise :class:`MissingExtraError` naming ``extra``."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise missing_extra(feature, extra, f"cannot import {module}: {exc}") from exc
+
+
+def unavailable_class(name: str, error: MissingExtraError) -> type:
+    """A stand-in for class ``name`` whose construction raises ``error`` (import stays cheap)."""
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> NoReturn:
+        raise MissingExtraError(str(error)) from error.__cause__
+
+    init: Callable[..., NoReturn] = __init__
+    return type(name, (), {"__init__": init, "__doc__": f"Unavailable here: {error}"})
