@@ -305,7 +305,7 @@ class Sphere:
         self.centre = centre
         self.radius = radius
 
-    def intersectionTime(self, ray: Ray) -> float | None:  # noqa: N802 (named as in raytrace)
+    def intersectionTime(self, ray: Ray) -> float | None:
         """Distance along the ray to the nearest hit, or None."""
         cp = self.centre.minus(ray.point)
         v = cp.dot(ray.direction)
@@ -315,7 +315,7 @@ class Sphere:
         t = v - math.sqrt(discriminant)
         return t if t > 1e-9 else None
 
-    def normalAt(self, p: Vector) -> Vector:  # noqa: N802
+    def normalAt(self, p: Vector) -> Vector:
         """Unit normal at a point of the surface."""
         return p.minus(self.centre).normalized()
 
@@ -327,7 +327,7 @@ class Plane:
         self.point = point
         self.normal = normal.normalized()
 
-    def intersectionTime(self, ray: Ray) -> float | None:  # noqa: N802
+    def intersectionTime(self, ray: Ray) -> float | None:
         """Distance along the ray to the plane, or None."""
         along = ray.direction.dot(self.normal)
         if along >= 0:
@@ -335,7 +335,7 @@ class Plane:
         t = self.point.minus(ray.point).dot(self.normal) / along
         return t if t > 1e-9 else None
 
-    def normalAt(self, p: Vector) -> Vector:  # noqa: N802
+    def normalAt(self, p: Vector) -> Vector:
         """The plane's normal."""
         return self.normal
 

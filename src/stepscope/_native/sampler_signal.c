@@ -2,10 +2,12 @@
  *
  * A timing thread written in C (no Python thread state, never takes the GIL, every signal
  * blocked) wakes at exponentially distributed wall-clock intervals.  At each wake-up it reads the
- * CPU clock of every thread that has a slot: a thread that used at least `idle_share` of a CPU
- * since its previous reading is busy and gets a SIGPROF through tgkill; an idle one gets an idle
- * tick (a timestamp in its idle ring), because signalling a blocked thread would interrupt its
- * system call.  The SIGPROF handler runs in the busy thread itself, at whatever instruction it
+ * scheduler state of every thread that has a slot (/proc/self/task/<tid>/stat, read with pread on
+ * a descriptor kept open): a running, runnable or stopped thread is busy and gets a SIGPROF
+ * through tgkill; a blocked one gets an idle tick (a timestamp in its idle ring), because
+ * signalling a blocked thread would interrupt its system call.  (Without the stat file, the
+ * thread sampler's rule: busy when it used at least `idle_share` of a CPU since the previous
+ * reading.)  The SIGPROF handler runs in the busy thread itself, at whatever instruction it
  * was executing, so samples land where time is spent (not where the thread next offers the GIL);
  * it walks the thread's Python frames (sampler_walk.c) into the thread's slot: a single-producer
  * ring of (timestamp, depth, code pointers, instruction offsets) preallocated at max_depth.
@@ -31,6 +33,7 @@
 #include <time.h>
 
 #if defined(__linux__)
+#include <fcntl.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 #define SS_SIGNALS 1
@@ -60,6 +63,7 @@ typedef struct {
     _Atomic uint32_t idle_head, idle_tail;
     int64_t idle_ts[IDLE_RING];
     /* the timing thread's idle verdict */
+    int stat_fd; /* /proc/self/task/<tid>/stat, or -1: then the CPU-share rule */
     int64_t cpu_ns, wall_ns;
     int idle;
     /* 1 from a tgkill until the handler ran: at most one signal in flight per thread, so none
@@ -169,6 +173,36 @@ static double draw_exp(uint64_t *state) {
     return -log(1.0 - u);
 }
 
+/* The scheduler state letter of a thread from its stat file, or 0 when unreadable. */
+static char thread_state(int fd) {
+    char buf[512];
+    ssize_t n = pread(fd, buf, sizeof(buf) - 1, 0);
+    if (n <= 0) {
+        return 0;
+    }
+    buf[n] = 0;
+    char *close = strrchr(buf, ')'); /* the command name may hold spaces and parentheses */
+    return close != NULL && close[1] == ' ' ? close[2] : 0;
+}
+
+/* Whether a thread is idle: blocked in the kernel (sleeping, waiting on I/O or the GIL).
+ * Running, runnable and stopped threads (preempted, or paused by a debugger) are busy: their
+ * next instruction is where they are.  Without a stat file, the CPU-share rule of thread mode. */
+static int slot_idle(Slot *s, int64_t cpu, int64_t now) {
+    if (s->stat_fd >= 0) {
+        char state = thread_state(s->stat_fd);
+        if (state != 0) {
+            return !(state == 'R' || state == 't' || state == 'T');
+        }
+    }
+    if (now - s->wall_ns >= E.settings.idle_window_ns) {
+        s->idle = (double)(cpu - s->cpu_ns) < E.settings.idle_share * (double)(now - s->wall_ns);
+        s->cpu_ns = cpu;
+        s->wall_ns = now;
+    }
+    return s->idle;
+}
+
 static void tick(pid_t pid) {
     atomic_fetch_add_explicit(&E.ticks, 1, memory_order_relaxed);
     int64_t now = ss_now_ns();
@@ -184,12 +218,7 @@ static void tick(pid_t pid) {
             atomic_store(&s->alive, 0);
             continue;
         }
-        if (now - s->wall_ns >= E.settings.idle_window_ns) {
-            s->idle = (double)(cpu - s->cpu_ns) < E.settings.idle_share * (double)(now - s->wall_ns);
-            s->cpu_ns = cpu;
-            s->wall_ns = now;
-        }
-        if (s->idle) {
+        if (slot_idle(s, cpu, now)) {
             uint32_t head = atomic_load_explicit(&s->idle_head, memory_order_relaxed);
             if (head - atomic_load_explicit(&s->idle_tail, memory_order_acquire) >= IDLE_RING) {
                 atomic_fetch_add_explicit(&s->ring_full, 1, memory_order_relaxed);
@@ -261,6 +290,9 @@ static void free_slots(void) {
     int n = atomic_load(&E.n_slots);
     atomic_store(&E.n_slots, 0);
     for (int i = 0; i < n; i++) {
+        if (E.slots[i]->stat_fd >= 0) {
+            close(E.slots[i]->stat_fd);
+        }
         free(E.slots[i]->codes);
         free(E.slots[i]->positions);
         free(E.slots[i]);
@@ -377,6 +409,9 @@ int ss_sig_add_thread(int64_t tid) {
     }
     s->wall_ns = ss_now_ns();
     s->idle = 0;
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/self/task/%lld/stat", (long long)tid);
+    s->stat_fd = open(path, O_RDONLY | O_CLOEXEC);
     atomic_store(&s->tid, tid);
     atomic_store(&s->alive, 1);
     E.slots[n] = s;
