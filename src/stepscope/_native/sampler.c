@@ -152,6 +152,7 @@ typedef struct {
     Py_ssize_t dropped;
     int signals_on;           /* this object owns the signal engine */
     int draining;             /* a drain is in progress (guards the code watcher) */
+    uint64_t drain_tid;       /* the thread that started signal mode: never sampled */
     Py_ssize_t no_slot;       /* threads left unsampled: no engine slot left */
     Py_ssize_t invalid_codes; /* signal samples dropped: a frame was not a code object */
     SsSigStats sig;           /* the engine's counters, kept at stop_signals */
@@ -429,13 +430,12 @@ static int on_idle(void *ctx, int64_t tid, const int64_t *ts, int n) {
     return 0;
 }
 
-/* Give every wanted thread but the caller a slot in the engine. */
+/* Give every wanted thread but the draining one a slot in the engine. */
 static void add_threads(Sampler *self) {
-    PyThreadState *me = PyThreadState_Get();
-    PyInterpreterState *interp = PyThreadState_GetInterpreter(me);
+    PyInterpreterState *interp = PyThreadState_GetInterpreter(PyThreadState_Get());
     for (PyThreadState *ts = PyInterpreterState_ThreadHead(interp); ts; ts = PyThreadState_Next(ts)) {
         uint64_t tid = thread_key(ts);
-        if (ts != me && wanted(self, tid) && ss_sig_add_thread((int64_t)tid) < 0) {
+        if (tid != self->drain_tid && wanted(self, tid) && ss_sig_add_thread((int64_t)tid) < 0) {
             self->no_slot++;
         }
     }
@@ -675,6 +675,7 @@ static PyObject *sampler_start_signals(Sampler *self, PyObject *args) {
         return NULL;
     }
     self->signals_on = 1;
+    self->drain_tid = thread_key(PyThreadState_Get());
     watch_codes(self);
     add_threads(self);
     Py_RETURN_NONE;
