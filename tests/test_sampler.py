@@ -365,6 +365,12 @@ def test_speedscope_document_follows_the_file_format(tmp_path: Path) -> None:
     ]
     assert by_name["thread 8"]["weights"] == [3] and by_name["thread 8"]["endValue"] == 3
     assert doc["profiles"][doc["activeProfileIndex"]]["endValue"] == 4
+    timed = speedscope_document(synthetic_trace(), sample_period_s=0.01)
+    assert {p["unit"] for p in timed["profiles"]} == {"milliseconds"}
+    assert {p["name"]: p["weights"] for p in timed["profiles"]}["thread 8"] == [30.0]
+    assert [f["line"] for f in timed["shared"]["frames"]] == [1, 1, 1, 1]
+    with pytest.raises(ValueError, match="sample_period_s"):
+        speedscope_document(synthetic_trace(), sample_period_s=0)
     assert write_speedscope(synthetic_trace(), tmp_path / "p.json", tids={8}) == 1
     assert json.loads((tmp_path / "p.json").read_text())["profiles"][0]["name"] == "thread 8"
 

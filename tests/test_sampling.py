@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.sampling_workloads import workload
+from tests.sampling_workloads import hot, workload
 
 from stepscope.collectors.sampler import SAMPLER_THREAD_NAME
 from stepscope.sampling import (
@@ -297,12 +297,25 @@ def test_outputs_collapsed_speedscope_svg_and_table(tmp_path: Path) -> None:
     assert sum(counts.values()) == result.total_samples
     assert max(counts, key=counts.__getitem__).endswith(";hot (sampling_workloads.py)")
     doc = json.loads(paths["speedscope"].read_text())
-    assert sum(sum(p["weights"]) for p in doc["profiles"]) == result.total_samples
-    assert {"workload", "hot", "cold"} <= {f["name"] for f in doc["shared"]["frames"]}
+    # titled with the function; weights in milliseconds of sampling (issue 12, point 9)
+    assert doc["name"] == f"tests.sampling_workloads.workload (stepscope run {result.run_id})"
+    assert {p["unit"] for p in doc["profiles"]} == {"milliseconds"}
+    total_ms = sum(sum(p["weights"]) for p in doc["profiles"])
+    assert total_ms == pytest.approx(result.total_samples * 1000 / 400)
+    frames = {f["name"]: f for f in doc["shared"]["frames"]}
+    assert {"workload", "hot", "cold"} <= set(frames)
+    first = hot.__code__.co_firstlineno
+    assert first < frames["hot"]["line"] <= first + 4  # a line of hot's body
+    assert frames["hot"]["file"] == hot.__code__.co_filename
     svg = ET.parse(paths["flamegraph"]).getroot()
+    heading = svg.find("{http://www.w3.org/2000/svg}text")
+    assert heading is not None and (heading.text or "").startswith(
+        f"tests.sampling_workloads.workload (stepscope run {result.run_id}): "
+    )
     titles = [t.text or "" for t in svg.iter("{http://www.w3.org/2000/svg}title")]
     assert any(t.startswith("hot (sampling_workloads.py)") for t in titles)
     table = result.table(5)
+    assert table.startswith("tests.sampling_workloads.workload: ")
     assert table.splitlines()[2].endswith("hot (sampling_workloads.py)")
     assert f"{result.total_samples} samples" in table
 

@@ -47,6 +47,16 @@ _run_ids = itertools.count(1)
 _ANCHOR_NAMES = ("FunctionProfiler.profile", "profile")
 
 
+def _function_name(fn: Callable[..., Any]) -> str:
+    """``module.qualname`` of a callable (a partial's function), or its repr."""
+    target = getattr(fn, "func", fn)
+    qualname = getattr(target, "__qualname__", None) or getattr(target, "__name__", None)
+    if not isinstance(qualname, str):
+        return repr(fn)
+    module = getattr(target, "__module__", None)
+    return f"{module}.{qualname}" if isinstance(module, str) and module else qualname
+
+
 def _positive(name: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
         raise ValueError(f"{name} must be a positive, finite number, got {value!r}")
@@ -137,13 +147,14 @@ class FunctionProfiler:
             if opened is None:
                 return work_function(*args, **kwargs)
             session, fallback = opened
+            name = _function_name(work_function)
             start = clock.now_ns()
             try:
                 result = work_function(*args, **kwargs)
             except BaseException:
-                self._finish(session, fallback, start, raised=True)
+                self._finish(session, fallback, start, raised=True, name=name)
                 raise
-            self._finish(session, fallback, start, raised=False)
+            self._finish(session, fallback, start, raised=False, name=name)
             return result
         finally:
             FunctionProfiler._lock.release()
@@ -195,7 +206,9 @@ class FunctionProfiler:
             self._error(f"could not start the in-process sampler either: {exc}", exc)
             return None
 
-    def _finish(self, session: Session, fallback: str | None, start: int, raised: bool) -> None:
+    def _finish(
+        self, session: Session, fallback: str | None, start: int, raised: bool, name: str
+    ) -> None:
         """Stop the session and keep its results; raises only with stop_at_error after success."""
         duration_s = (clock.now_ns() - start) / 1e9
         try:
@@ -215,6 +228,7 @@ class FunctionProfiler:
                 dropped_samples=dropped,
                 profiler_samples=profiler_samples,
                 fallback_reason=fallback,
+                function_name=name,
             )
             if self.output_dir is not None:
                 self.output_files = result.write_all(self.output_dir, f"run-{result.run_id}")

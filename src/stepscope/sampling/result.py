@@ -154,6 +154,8 @@ class ProfileResult:
     """Samples taken in the profiler's own code around the call (not in the totals)."""
     fallback_reason: str | None = None
     """Why the requested backend was not used, when the profiler fell back to another."""
+    function_name: str = ""
+    """Qualified name of the profiled function (titles of the outputs)."""
     functions: tuple[FunctionStats, ...] = field(init=False)
     """Every sampled function, by self samples (most first)."""
     total_samples: int = field(init=False)
@@ -207,6 +209,8 @@ class ProfileResult:
             f"{self.total_samples} samples ({self.idle_samples} idle) over {self.duration_s:.3f} s"
             f" at {self.rate_hz:g} Hz, backend {self.backend}"
         )
+        if self.function_name:
+            head = f"{self.function_name}: {head}"
         if self.tags:
             head += f", tags {', '.join(self.tags)}"
         lines = [head, f"{'self':>7} {'self%':>7} {'total':>7} {'total%':>7}  function"]
@@ -225,14 +229,25 @@ class ProfileResult:
         """Collapsed stacks file (flamegraph.pl input); returns the number of stacks."""
         return write_collapsed(self.collapsed, path)
 
+    @property
+    def title(self) -> str:
+        """``<function> (stepscope run N)``, the name the outputs carry."""
+        run = f"stepscope run {self.run_id}"
+        return f"{self.function_name} ({run})" if self.function_name else run
+
     def write_speedscope(self, path: str | os.PathLike[str]) -> int:
-        """speedscope JSON; returns the number of thread profiles."""
-        name = f"stepscope run {self.run_id}"
-        return write_speedscope(self.trace, path, name=name, include_idle=self.include_idle)
+        """speedscope JSON (weights in milliseconds of sampling); returns the thread profiles."""
+        return write_speedscope(
+            self.trace,
+            path,
+            name=self.title,
+            include_idle=self.include_idle,
+            sample_period_s=1.0 / self.rate_hz,
+        )
 
     def write_flamegraph(self, path: str | os.PathLike[str]) -> int:
         """Flame graph SVG; returns the number of frames drawn."""
-        title = f"stepscope run {self.run_id}: {self.total_samples} samples ({self.backend})"
+        title = f"{self.title}: {self.total_samples} samples ({self.backend})"
         return write_flamegraph(self.collapsed, path, title=title)
 
     def write_all(self, directory: str | os.PathLike[str], stem: str) -> dict[str, Path]:
