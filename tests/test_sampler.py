@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
 import threading
 import time
@@ -393,3 +395,48 @@ def test_flame_graph_svg_widths_follow_the_counts(tmp_path: Path) -> None:
     assert write_flamegraph({"a;b": 2}, tmp_path / "f.svg") == 3
     with pytest.raises(ValueError, match="expected an int"):
         flamegraph_svg({"a": -1})
+
+
+# -- signal mode and SIGPROF ----------------------------------------------------------------------
+def sigprof_caught() -> bool:
+    """Whether this process has a handler for SIGPROF (the kernel's view, /proc/self/status)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) >> (signal.SIGPROF - 1) & 1)
+    raise AssertionError("no SigCgt line in /proc/self/status")
+
+
+@pytest.mark.skipif(not signal_mode_available(), reason="signal sampling needs Linux and the C ext")
+def test_signal_mode_installs_sigprof_only_while_running() -> None:
+    assert not sigprof_caught()
+    sampler = Sampler(500, thread_ids=[threading.get_native_id()])
+    sampler.start()
+    assert sampler.wait_running(5) and sampler.mode == "signal"
+    during = sigprof_caught()
+    workload(0.2)
+    data = sampler.stop(5)
+    info = sampler.describe(data)
+    assert during and not sigprof_caught()  # the previous (default) action is back
+    assert info["signals"] > 0 and "sigprof_left_installed" not in info
+    assert sum(1 for idle in data.sample_idle if not idle) >= 20
+
+
+@pytest.mark.skipif(not signal_mode_available(), reason="signal sampling needs Linux and the C ext")
+def test_a_program_that_handles_sigprof_keeps_its_handler_and_gets_the_thread_sampler() -> None:
+    received: list[int] = []
+    previous = signal.signal(signal.SIGPROF, lambda signum, frame: received.append(signum))
+    try:
+        sampler = Sampler(500, thread_ids=[threading.get_native_id()])
+        sampler.start()
+        assert sampler.wait_running(5)
+        workload(0.1)
+        data = sampler.stop(5)
+        assert sampler.mode == "thread"
+        assert "SIGPROF already has a handler" in (sampler.mode_reason or "")
+        assert sampler.describe(data)["mode_reason"] == sampler.mode_reason
+        assert len(data) > 0
+        os.kill(os.getpid(), signal.SIGPROF)
+        time.sleep(0.01)  # the Python-level handler runs at the next bytecode boundary
+        assert received == [signal.SIGPROF]
+    finally:
+        signal.signal(signal.SIGPROF, previous)
