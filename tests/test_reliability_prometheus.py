@@ -87,3 +87,11 @@ def test_colliding_names_give_distinct_families_whatever_the_order() -> None:
     assert "# HELP train_loss train_loss" in help_lines[0]  # the exact name keeps its name
     openmetrics, _ = render([family(n, 1.0) for n in names], accept="application/openmetrics-text")
     assert openmetrics.endswith(b"# EOF\n") and openmetrics.count(b"# EOF") == 1
+
+
+def test_a_family_that_cannot_be_rendered_is_left_out_not_fatal() -> None:
+    good = Family("fine", "gauge", "", "", (SeriesPoint((), 1.0),))
+    nameless = Family("", "summary", "", "", ())  # e.g. put_metric("", ...)
+    body, _ = render([nameless, good])
+    check_exposition(body)
+    assert b"fine 1.0" in body

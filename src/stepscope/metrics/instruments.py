@@ -390,16 +390,17 @@ class _HistogramBase(_Sharded):
             return
         if is_tensor(number):
             self._ring.put(self, _OP_OBSERVE, number)
-        elif number != number:
-            _bad_value(self.name, ValueError("NaN observation ignored"))
         else:
-            self.observe(number)
+            self._drain(_OP_OBSERVE, number)
+
+    _finite_only = False
+    """Whether ±inf is refused too (an exponential bucket index must be finite)."""
 
     def _drain(self, _op: int, value: float) -> None:
-        if value == value:
-            self.observe(value)
+        if value != value or (self._finite_only and not -_INF < value < _INF):
+            _bad_value(self.name, ValueError(f"observation {value!r} ignored"))
         else:
-            _bad_value(self.name, ValueError("NaN observation ignored"))
+            self.observe(value)
 
     def value(self) -> HistogramValue | ExpHistogramValue:
         """The merged state of all threads' cells."""
@@ -478,9 +479,11 @@ class ExpHistogramSeries(_HistogramBase):
             return (exponent - 1) >> -self.scale
         return math.ceil(math.log2(magnitude) * self._factor) - 1
 
+    _finite_only = True
+
     def observe(self, value: float) -> None:
         """Record one observation (a number or a one-element tensor)."""
-        if value.__class__ in NUMBERS and value == value:
+        if value.__class__ in NUMBERS and -_INF < value < _INF:
             try:
                 cell = self._local.cell
             except AttributeError:

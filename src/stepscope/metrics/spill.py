@@ -15,17 +15,23 @@ import os
 import re
 import stat
 import tempfile
+import zlib
 from pathlib import Path
 from typing import Any
 
 from stepscope.appendlog import append_whole, open_append, read_lines
+from stepscope.text import clean_text
 from stepscope.trace.chrome import json_bytes
 
 __all__ = ["SpillEntries", "SpillFile", "default_spill_dir", "private_dir", "read_spill"]
 
 
 def _safe(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]", "_", name) or "exporter"
+    """A file-name part for ``name``: safe characters, at most 100 of them, never empty."""
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", name) or "exporter"
+    if len(safe) > 100:  # file names have a length limit; keep long names apart by a hash
+        safe = f"{safe[:80]}-{zlib.crc32(clean_text(name).encode()):08x}"
+    return safe
 
 
 def default_spill_dir() -> Path:

@@ -25,7 +25,12 @@ def is_tensor(value: object) -> bool:
 def as_number(value: object) -> float | Any:
     """``value`` as a float, or a detached tensor to resolve later; TypeError when neither."""
     if isinstance(value, (int, float)):
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:  # counted by the caller as a bad value, like a non-number
+            raise TypeError(
+                f"a metric value must fit a float, got an int of {len(str(abs(value)))} digits"
+            ) from None
     if is_tensor(value):
         tensor: Any = value
         if tensor.numel() != 1:

@@ -7,6 +7,7 @@ import sys
 from collections.abc import Collection, Iterable, Mapping
 
 from stepscope.atomic import atomic_output
+from stepscope.text import clean_text
 from stepscope.trace.model import Trace
 from stepscope.trace.nesting import DEVICE_CATEGORIES, group_name, nest_spans
 
@@ -122,9 +123,17 @@ def collapsed_from_spans(
     return {k: round(v / 1000) for k, v in totals_ns.items() if round(v / 1000) > 0}
 
 
+def _one_line(stack: str) -> str:
+    """A stack as one line of valid UTF-8 (line breaks in frame names become spaces)."""
+    return clean_text(stack).replace("\r", " ").replace("\n", " ")
+
+
 def write_collapsed(stacks: Mapping[str, int], path: str | os.PathLike[str]) -> int:
     """Write collapsed stacks atomically, heaviest first; returns the number of lines."""
-    lines = [f"{stack} {value}\n" for stack, value in sorted(stacks.items(), key=lambda kv: -kv[1])]
+    lines = [
+        f"{_one_line(stack)} {value}\n"
+        for stack, value in sorted(stacks.items(), key=lambda kv: -kv[1])
+    ]
     with atomic_output(path, what="stacks") as fh:
         fh.write("".join(lines).encode("utf-8"))
     return len(lines)

@@ -87,7 +87,7 @@ def prometheus_name(name: str, namespace: str = "") -> str:
     """``name`` with characters Prometheus does not allow replaced by ``_``."""
     full = f"{namespace}_{name}" if namespace else name
     out = "".join(c if (c.isascii() and (c.isalnum() or c in "_:")) else "_" for c in full)
-    return f"_{out}" if out[:1].isdigit() else out
+    return f"_{out}" if out[:1].isdigit() or not out else out
 
 
 def prometheus_names(families: Sequence[Family], namespace: str = "") -> list[str]:
@@ -175,7 +175,12 @@ def to_prometheus(families: Iterable[Family], namespace: str = "") -> Iterator[t
     for family, name in zip(families, prometheus_names(families, namespace), strict=True):
         names = _label_names(family)
         for points, continuation in _parts(family):
-            yield _metric(family, name, points, names), continuation
+            try:
+                metric = _metric(family, name, points, names)
+            except Exception as exc:  # one family must not fail the whole scrape
+                report_failure("render_error", f"prometheus family {name!r}", exc)
+                break
+            yield metric, continuation
 
 
 class SnapshotCollector:
