@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from metrics_fixtures import free_port
+from metrics_fixtures import free_port, received, udp_receiver
 from stepscope.metrics import (
     ConsoleExporter,
     CsvExporter,
@@ -35,14 +35,6 @@ from stepscope.metrics import (
 from stepscope.metrics.exporters.statsd import pack
 from stepscope.metrics.points import ExportBatch, Family, SeriesPoint
 from stepscope.steps import set_step
-
-
-@pytest.fixture
-def pipeline(tmp_path: Path) -> Iterator[Pipeline]:
-    p = Pipeline(interval_s=60, handle_sigterm=False, spill_dir=tmp_path / "spill")
-    yield p
-    p.shutdown(timeout_s=5)
-    set_step(None)
 
 
 def record_some(p: Pipeline) -> None:
@@ -204,20 +196,9 @@ def test_seed_handlers_become_exporters(pipeline: Pipeline) -> None:
 
 @pytest.fixture
 def udp() -> Iterator[socket.socket]:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    sock.bind(("127.0.0.1", 0))
-    sock.settimeout(0.2)
+    sock = udp_receiver()
     yield sock
     sock.close()
-
-
-def received(sock: socket.socket) -> list[bytes]:
-    out = []
-    while True:
-        try:
-            out.append(sock.recv(65535))
-        except TimeoutError:
-            return out
 
 
 def test_dogstatsd_aggregates_per_interval(pipeline: Pipeline, udp: socket.socket) -> None:

@@ -16,7 +16,6 @@ import json
 import logging
 import math
 import re
-import socket
 import urllib.request
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
@@ -31,6 +30,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 )
 from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult
 
+from metrics_fixtures import received, udp_receiver
 from reliability_helpers import check_exposition
 from stepscope import tables
 from stepscope.config import config
@@ -113,16 +113,6 @@ class Refusing(MetricHandler):
 STATSD_LINE = re.compile(r"[^:|\n\0]+:-?[0-9][0-9.e+-]*\|(c|g)(\|#[^|\n\0]*)?")
 
 
-def received(sock: socket.socket) -> list[bytes]:
-    out = []
-    sock.settimeout(0.2)
-    while True:
-        try:
-            out.append(sock.recv(65535))
-        except TimeoutError:
-            return out
-
-
 def record(p: Pipeline, ops: Sequence[tuple[str, str, Any]], description: str) -> None:
     counter = p.counter("h_counter", description)
     gauge = p.gauge("h_gauge", description)
@@ -157,8 +147,7 @@ def test_every_exporter_survives_hostile_input(
     ops: list[tuple[str, str, Any]], description: str, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     tmp = tmp_path_factory.mktemp("exporters")
-    udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    udp.bind(("127.0.0.1", 0))
+    udp = udp_receiver()
     console = io.StringIO()
     proto = ProtoExporter()
     p = Pipeline(

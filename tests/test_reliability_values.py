@@ -10,35 +10,21 @@ from pathlib import Path
 
 import pytest
 
+from metrics_fixtures import received, udp_receiver
 from stepscope.metrics import JsonlExporter, Pipeline, StatsdExporter
 from stepscope.metrics.failures import failure_counts
 from stepscope.steps import set_step
 
 
 @pytest.fixture
-def pipeline(tmp_path: Path) -> Iterator[Pipeline]:
-    p = Pipeline(interval_s=60, handle_sigterm=False, spill_dir=tmp_path / "spill")
-    yield p
-    p.shutdown(timeout_s=5)
-    set_step(None)
-
-
-@pytest.fixture
 def udp() -> Iterator[socket.socket]:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    sock.bind(("127.0.0.1", 0))
-    sock.settimeout(0.5)
+    sock = udp_receiver()
     yield sock
     sock.close()
 
 
 def received_lines(sock: socket.socket) -> list[str]:
-    out = []
-    while True:
-        try:
-            out.extend(sock.recv(65535).decode().split("\n"))
-        except TimeoutError:
-            return out
+    return [line for d in received(sock) for line in d.decode().split("\n")]
 
 
 def test_nan_and_inf_gauges_do_not_stop_statsd(pipeline: Pipeline, udp: socket.socket) -> None:

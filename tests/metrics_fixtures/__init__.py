@@ -69,3 +69,21 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def udp_receiver() -> socket.socket:
+    """A UDP socket on a free loopback port (a StatsD agent stand-in); close it when done."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.settimeout(0.2)
+    return sock
+
+
+def received(sock: socket.socket) -> list[bytes]:
+    """Every datagram that arrives until the socket times out."""
+    out = []
+    while True:
+        try:
+            out.append(sock.recv(65535))
+        except TimeoutError:
+            return out
