@@ -653,7 +653,8 @@ class ScalarSeries:
                 return
         ring = self._ring
         items = ring.items
-        if step != self._stamped:
+        stamped = self._stamped
+        if step is not stamped and step != stamped:  # identity first: the shared counter's int
             self._stamped = step
             if len(items) < ring.capacity:  # a full ring skips the stamp (export time is used)
                 items.append((self._stamp, step, now_ns()))
