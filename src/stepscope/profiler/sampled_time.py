@@ -65,24 +65,19 @@ def sampled_time(trace: Trace, self_ns: array[int]) -> SampledTime:
     samples = trace.samples
     if not len(samples):
         return result
-    stacks, frames = trace.tables["stacks"], trace.tables["frames"]
-    strings = trace.strings
+    frames, strings = trace.tables["frames"], trace.strings
     labels: dict[int, list[str]] = {}
 
     def functions_of(stack: int) -> list[str]:
         """Labels of a stack's frames, root first, without hidden frames."""
         found = labels.get(stack)
         if found is None:
-            found = []
-            node = stack
-            while node >= 0:
-                fid = stacks["frame"][node]
-                file = strings[frames["file"][fid]]
-                if not _hidden(file):
-                    found.append(sample_frame_label(strings[frames["name"][fid]], file))
-                node = stacks["parent"][node]
-            found.reverse()
-            labels[stack] = found
+            files = [(fid, strings[frames["file"][fid]]) for fid in trace.stack_frame_ids(stack)]
+            found = labels[stack] = [
+                sample_frame_label(strings[frames["name"][fid]], file)
+                for fid, file in files
+                if not _hidden(file)
+            ]
         return found
 
     pids, tids, times = samples["pid"], samples["tid"], samples["ts_ns"]

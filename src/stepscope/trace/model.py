@@ -312,15 +312,21 @@ class Trace:
         for name, pid, tid, args in zip(*cols, strict=True):
             yield MetaEvent(s[name], label(pid), label(tid), args_at(args))
 
+    def stack_frame_ids(self, stack_id: int) -> list[int]:
+        """The frame ids (rows of ``tables["frames"]``) of an interned stack, root first."""
+        stacks = self.tables["stacks"]
+        parents, frame_of = stacks["parent"], stacks["frame"]
+        ids: list[int] = []
+        while stack_id >= 0:
+            ids.append(frame_of[stack_id])
+            stack_id = parents[stack_id]
+        ids.reverse()
+        return ids
+
     def stack_frames(self, stack_id: int) -> tuple[str, ...]:
         """The frame names of an interned stack, root first."""
-        stacks, frames = self.tables["stacks"], self.tables["frames"]
-        names: list[str] = []
-        while stack_id >= 0:
-            names.append(self.strings[frames["name"][stacks["frame"][stack_id]]])
-            stack_id = stacks["parent"][stack_id]
-        names.reverse()
-        return tuple(names)
+        names = self.tables["frames"]["name"]
+        return tuple(self.strings[names[fid]] for fid in self.stack_frame_ids(stack_id))
 
     def iter_samples(self) -> Iterator[Sample]:
         """Decode samples with their stacks."""

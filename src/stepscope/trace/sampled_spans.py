@@ -68,7 +68,7 @@ def sampled_flame_chart(trace: Trace) -> tuple[list[SampledSpan], list[SampledTr
     samples = trace.samples
     if not len(samples):
         return [], []
-    stacks, frames = trace.tables["stacks"], trace.tables["frames"]
+    frames = trace.tables["frames"]
     by_thread: dict[tuple[int, int], list[int]] = {}
     for i, key in enumerate(zip(samples["pid"], samples["tid"], strict=True)):
         by_thread.setdefault(key, []).append(i)
@@ -79,14 +79,9 @@ def sampled_flame_chart(trace: Trace) -> tuple[list[SampledSpan], list[SampledTr
         """(name id, file id) of each frame, root first."""
         found = chains.get(stack)
         if found is None:
-            found = []
-            node = stack
-            while node >= 0:
-                fid = stacks["frame"][node]
-                found.append((frames["name"][fid], frames["file"][fid]))
-                node = stacks["parent"][node]
-            found.reverse()
-            chains[stack] = found
+            found = chains[stack] = [
+                (frames["name"][fid], frames["file"][fid]) for fid in trace.stack_frame_ids(stack)
+            ]
         return found
 
     spans: list[SampledSpan] = []
