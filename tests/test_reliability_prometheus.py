@@ -14,7 +14,7 @@ import pytest
 from reliability_helpers import check_exposition
 from stepscope.metrics import Pipeline, PrometheusEndpoint
 from stepscope.metrics.exporters.prometheus import render
-from stepscope.metrics.points import Family, SeriesPoint
+from stepscope.metrics.points import Family, SeriesPoint, SummaryValue
 
 
 @pytest.fixture
@@ -91,7 +91,9 @@ def test_colliding_names_give_distinct_families_whatever_the_order() -> None:
 
 def test_a_family_that_cannot_be_rendered_is_left_out_not_fatal() -> None:
     good = Family("fine", "gauge", "", "", (SeriesPoint((), 1.0),))
-    nameless = Family("", "summary", "", "", ())  # e.g. put_metric("", ...)
+    nameless = Family(
+        "", "summary", "", "", (SeriesPoint((), SummaryValue(1.0, 1)),)
+    )  # put_metric("")
     body, _ = render([nameless, good])
     check_exposition(body)
     assert b"fine 1.0" in body
