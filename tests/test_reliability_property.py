@@ -50,12 +50,12 @@ from stepscope.metrics import (
     StatsdExporter,
 )
 from stepscope.metrics.spill import SpillFile
+from stepscope.report.collapsed import write_collapsed
 from stepscope.report.flamegraph import write_flamegraph
+from stepscope.report.speedscope import write_speedscope
 from stepscope.steps import set_step
 from stepscope.tables import MetricTable
 from stepscope.trace import TraceBuilder, read_chrome_trace, write_chrome_trace
-from stepscope.trace.speedscope import write_speedscope
-from stepscope.trace.stacks import write_collapsed
 
 csv.field_size_limit(1 << 30)  # a 1 MB label is a valid, if large, CSV field
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from stepscope.cli import main
-from stepscope.run_cli import resolve_step_on, torch_installed
+from stepscope.commands.run import resolve_step_on, torch_installed
 from stepscope.trace import read_chrome_trace
 
 PLAIN_SCRIPT = """

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from stepscope.profiler.summary import key_averages
+from stepscope.report.collapsed import collapsed_from_spans, write_collapsed
 from stepscope.trace import Trace, TraceBuilder
 from stepscope.trace.nesting import nest_spans
-from stepscope.trace.stacks import collapsed_from_spans, write_collapsed
 
 US = 1000
 

@@ -12,8 +12,8 @@ from stepscope import __version__
 
 # subcommand -> module defining ``add_arguments(parser)`` and ``run(args) -> int``
 SUBCOMMANDS: dict[str, str] = {
-    "run": "stepscope.run_cli",
-    "kernels": "stepscope.kernels_cli",
+    "run": "stepscope.commands.run",
+    "kernels": "stepscope.commands.kernels",
 }
 
 

@@ -29,9 +29,9 @@ from stepscope.profiler.execution_trace import ExecutionTraceCollector
 from stepscope.profiler.schedule import ProfilerAction, Schedule, default_schedule
 from stepscope.profiler.step_trigger import StepTrigger
 from stepscope.profiler.summary import KeyAverages, key_averages
+from stepscope.report.collapsed import collapsed_from_spans, write_collapsed
 from stepscope.trace.chrome import RESERVED_KEYS, WriteStats, write_chrome_trace
 from stepscope.trace.model import Span, Trace, TraceBuilder
-from stepscope.trace.stacks import collapsed_from_spans, write_collapsed
 
 __all__ = ["profile"]
 

@@ -23,9 +23,9 @@ from array import array
 from dataclasses import dataclass, field
 
 from stepscope.collectors.python_common import STEPSCOPE_ROOT
+from stepscope.report.collapsed import sample_frame_label
 from stepscope.trace.model import Trace
 from stepscope.trace.nesting import innermost_spans_at
-from stepscope.trace.stacks import sample_frame_label
 
 __all__ = ["SampledFunction", "SampledTime", "sampled_time"]
 

@@ -8,14 +8,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from stepscope.report.flamegraph import write_flamegraph
-from stepscope.trace.model import Trace, TraceBuilder
-from stepscope.trace.speedscope import write_speedscope
-from stepscope.trace.stacks import (
+from stepscope.report.collapsed import (
     collapsed_from_samples,
     sample_frame_label,
     write_collapsed,
 )
+from stepscope.report.flamegraph import write_flamegraph
+from stepscope.report.speedscope import write_speedscope
+from stepscope.trace.model import Trace, TraceBuilder
 
 __all__ = ["FunctionStats", "ProfileResult", "trim_stacks"]
 
@@ -205,21 +205,9 @@ class ProfileResult:
 
     def table(self, n: int = 15) -> str:
         """A top-``n`` table of functions by self samples, with total samples beside."""
-        head = (
-            f"{self.total_samples} samples ({self.idle_samples} idle) over {self.duration_s:.3f} s"
-            f" at {self.rate_hz:g} Hz, backend {self.backend}"
-        )
-        if self.function_name:
-            head = f"{self.function_name}: {head}"
-        if self.tags:
-            head += f", tags {', '.join(self.tags)}"
-        lines = [head, f"{'self':>7} {'self%':>7} {'total':>7} {'total%':>7}  function"]
-        for f in self.top_self(n):
-            lines.append(
-                f"{f.self_samples:>7} {100 * f.self_share:>6.1f}% {f.total_samples:>7} "
-                f"{100 * f.total_share:>6.1f}%  {f.label}"
-            )
-        return "\n".join(lines)
+        from stepscope.report.sampling_table import sampling_table
+
+        return sampling_table(self, n)
 
     def print_table(self, n: int = 15, file: IO[str] | None = None) -> None:
         """Print :meth:`table`."""

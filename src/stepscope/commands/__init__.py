@@ -1,0 +1,1 @@
+"""The ``stepscope`` subcommands, one module each (``add_arguments(parser)`` and ``run(args)``)."""
