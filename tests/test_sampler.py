@@ -34,8 +34,8 @@ from stepscope.trace.sampled_spans import (
     SAMPLED_CATEGORY,
     SAMPLED_TID_BASE,
 )
-from stepscope.trace.speedscope import SPEEDSCOPE_SCHEMA, speedscope_document, write_speedscope
-from stepscope.trace.stacks import collapsed_from_samples
+from stepscope.report.speedscope import SPEEDSCOPE_SCHEMA, speedscope_document, write_speedscope
+from stepscope.report.collapsed import collapsed_from_samples
 
 
 def qualname(name: str) -> str:
