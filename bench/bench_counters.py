@@ -1,4 +1,4 @@
-"""Counters and metric tables beside their seed, torch._inductor.metrics, in one run.
+"""Counters and metric tables beside torch._inductor.metrics (what they re-create), in one run.
 
 Cases: a counter increment (stepscope's thread-safe ``CounterSet.inc`` vs inductor's module-global
 ``metrics.x += 1``, which is not thread-safe, and vs a lock-guarded dict); ``add_row`` on a
@@ -72,13 +72,13 @@ def run(report: Report) -> None:
     report.target("counter inc vs a lock-guarded dict (x)", value, 1.0)
     if metrics is not None:
 
-        def seed_inc() -> None:
+        def inductor_inc() -> None:
             for _ in range(n_inc):
                 metrics.generated_kernel_count += 1
 
-        seed = report.measure("counter inc", "inductor metrics global +=", seed_inc,
+        inductor = report.measure("counter inc", "inductor metrics global +=", inductor_inc,
                               repeat=repeat, per_call=n_inc)  # fmt: skip
-        report.ratio("counter inc vs inductor (not thread-safe)", ours, seed)
+        report.ratio("counter inc vs inductor (not thread-safe)", ours, inductor)
 
     # -- add_row on a disabled table -----------------------------------------------------------
     table = MetricTable.register_table("bench_table", ["a", "b"])
@@ -95,16 +95,17 @@ def run(report: Report) -> None:
         off = report.measure("add_row, table disabled", "stepscope", ours_disabled,
                              repeat=repeat, per_call=n_rows)  # fmt: skip
     if metrics is not None:
-        seed_table = metrics.get_metric_table("graph_stats")
+        inductor_table = metrics.get_metric_table("graph_stats")
 
-        def seed_disabled() -> None:
-            add = seed_table.add_row
+        def inductor_disabled() -> None:
+            add = inductor_table.add_row
             for _ in range(n_rows):
                 add(row)
 
-        seed_off = report.measure("add_row, table disabled", "inductor metrics", seed_disabled,
-                                  repeat=repeat, per_call=n_rows)  # fmt: skip
-        value = report.ratio("add_row disabled", off, seed_off)
+        inductor_off = report.measure("add_row, table disabled", "inductor metrics",
+                                      inductor_disabled, repeat=repeat,
+                                      per_call=n_rows)  # fmt: skip
+        value = report.ratio("add_row disabled", off, inductor_off)
         report.target("disabled add_row vs inductor (x)", value, 1.0)
 
     # -- cached-metrics deltas ---------------------------------------------------------------
@@ -124,14 +125,14 @@ def run(report: Report) -> None:
     if metrics is not None:
         helper_cls = metrics.CachedMetricsHelper
 
-        def seed_delta() -> None:
+        def inductor_delta() -> None:
             for _ in range(n_delta):
                 helper = helper_cls()
                 metrics.generated_kernel_count += 1
                 helper_cls.apply_deltas(helper.get_deltas())
 
         theirs = report.measure("snapshot + delta + apply", "inductor CachedMetricsHelper",
-                                seed_delta, repeat=repeat, per_call=n_delta)  # fmt: skip
+                                inductor_delta, repeat=repeat, per_call=n_delta)  # fmt: skip
         report.ratio("snapshot + delta + apply", mine, theirs)
 
     # -- add_row on an enabled table -----------------------------------------------------------
@@ -155,23 +156,23 @@ def run(report: Report) -> None:
             os.chdir(tmp)  # inductor writes its tables to the current directory
             try:
                 with inductor_config.patch(enabled_metric_tables="graph_stats"):
-                    seed_table = metrics.get_metric_table("graph_stats")
+                    inductor_table = metrics.get_metric_table("graph_stats")
 
-                    def seed_row() -> dict[str, str | float | None]:
+                    def inductor_row() -> dict[str, str | float | None]:
                         return {
                             "graph_id": "x",
                             "num_nodes_before_fusion": 1.0,
                             "num_nodes_after_fusion": 2.0,
                         }
 
-                    def seed_enabled() -> None:
+                    def inductor_enabled() -> None:
                         for _ in range(n_enabled):
-                            seed_table.add_row(seed_row)
+                            inductor_table.add_row(inductor_row)
 
-                    seed_on = report.measure("add_row, table enabled (CSV line)",
-                                             "inductor metrics", seed_enabled, repeat=repeat,
+                    inductor_on = report.measure("add_row, table enabled (CSV line)",
+                                             "inductor metrics", inductor_enabled, repeat=repeat,
                                              per_call=n_enabled)  # fmt: skip
-                    report.ratio("add_row enabled", on, seed_on)
+                    report.ratio("add_row enabled", on, inductor_on)
             finally:
                 os.chdir(cwd)
     if metrics is None:

@@ -4,9 +4,9 @@ The lifecycle follows torch's strobelight CLI function profiler: one run at a ti
 process (a class-wide lock), start the sampler and wait until it samples, run the function, stop
 the sampler and keep the results in ``profile_result``.  Profiler failures never break the
 function unless ``stop_at_error=True``; the function's own exception propagates unchanged after
-the sampler stopped.  Differences from the seed, on purpose:
+the sampler stopped.  Differences from strobelight's, on purpose:
 
-- a concurrent call runs the function unprofiled with a warning (the seed returned ``None``
+- a concurrent call runs the function unprofiled with a warning (strobelight returned ``None``
   without running it: its ``if not locked`` branch was unreachable);
 - results are kept when the function raises (``profile_result.function_raised``);
 - with ``stop_at_error=True`` a failure to collect results raises after the function returned.
