@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from stepscope._ext import native
-from stepscope.trace import Trace, chrome, read_chrome_trace, write_chrome_trace
+from stepscope.trace import Trace, chrome, chrome_reader, read_chrome_trace, write_chrome_trace
 from stepscope.trace.raw_args import RawArgs
 
 pytestmark = pytest.mark.skipif(native() is None, reason="C extension not built")
@@ -36,7 +36,7 @@ def both_ways(
 ) -> tuple[Trace, Trace]:
     scanned = read_chrome_trace(path, drop_kineto_bookkeeping=drop)
     with monkeypatch.context() as m:
-        m.setattr(chrome, "native", lambda: None)
+        m.setattr(chrome_reader, "native", lambda: None)
         twin = read_chrome_trace(path, drop_kineto_bookkeeping=drop)
     return scanned, twin
 
@@ -49,7 +49,7 @@ def outcomes_both_ways(
     for use_native in (True, False):
         with monkeypatch.context() as m:
             if not use_native:
-                m.setattr(chrome, "native", lambda: None)
+                m.setattr(chrome_reader, "native", lambda: None)
             try:
                 outcomes.append(snapshot(read_chrome_trace(path, drop_kineto_bookkeeping=drop)))
             except chrome.ChromeTraceError as exc:

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from stepscope._ext import native
-from stepscope.trace import chrome, read_chrome_trace
+from stepscope.trace import chrome, chrome_reader, read_chrome_trace
 from stepscope.trace.chrome import ChromeTraceError
 
 X = {"ph": "X", "name": "op", "cat": "cpu_op", "pid": 1, "tid": 1, "ts": 1.0, "dur": 2.0}
@@ -39,7 +39,7 @@ def outcomes(path: Path, monkeypatch: pytest.MonkeyPatch) -> list[str]:
             continue
         with monkeypatch.context() as m:
             if not use_native:
-                m.setattr(chrome, "native", lambda: None)
+                m.setattr(chrome_reader, "native", lambda: None)
             try:
                 trace = read_chrome_trace(path)
                 found.append(f"ok: {list(trace.spans['start_ns'])} {list(trace.flows['flow_id'])}")

@@ -20,11 +20,11 @@ from collections.abc import Iterable
 from typing import Any
 
 from stepscope import clock
+from stepscope.activity import ProfilerActivity
 from stepscope.collectors import import_watch
 from stepscope.collectors.annotations import default_backend
 from stepscope.collectors.base import Collector, WindowContext
-from stepscope.profiler.activity import ProfilerActivity
-from stepscope.trace.chrome import read_chrome_trace
+from stepscope.trace.chrome_reader import read_chrome_trace
 from stepscope.trace.model import Trace, TraceBuilder
 
 __all__ = ["TorchCollector", "torch_available", "torch_installed"]

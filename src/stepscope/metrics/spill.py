@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from stepscope.appendlog import append_whole, open_append, read_lines
+from stepscope.jsonenc import json_bytes
 from stepscope.text import clean_text
-from stepscope.trace.chrome import json_bytes
 
 __all__ = ["SpillEntries", "SpillFile", "default_spill_dir", "private_dir", "read_spill"]
 

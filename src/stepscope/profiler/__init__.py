@@ -1,6 +1,6 @@
 """The step-scheduled profiler (torch.profiler's interface, for any loop)."""
 
-from stepscope.profiler.activity import ProfilerActivity
+from stepscope.activity import ProfilerActivity
 from stepscope.profiler.execution_trace import ExecutionTraceObserver
 from stepscope.profiler.handlers import tensorboard_trace_handler, trace_handler
 from stepscope.profiler.profile import profile

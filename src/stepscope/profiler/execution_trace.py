@@ -17,7 +17,7 @@ from typing import Any
 from stepscope import clock
 from stepscope.atomic import atomic_output, ensure_parent
 from stepscope.collectors.base import Collector, WindowContext
-from stepscope.trace.chrome import json_bytes
+from stepscope.jsonenc import json_bytes
 from stepscope.trace.model import Trace
 from stepscope.trace.nesting import nest_spans
 

@@ -20,17 +20,17 @@ from types import TracebackType
 from typing import Any
 
 from stepscope import __version__, clock, steps
+from stepscope.activity import ProfilerActivity, coerce_activities
 from stepscope.collectors.annotations import AnnotationCollector, record_function
 from stepscope.collectors.base import Collector, WindowContext
 from stepscope.collectors.torch import torch_installed
 from stepscope.distributed import distributed_info
-from stepscope.profiler.activity import ProfilerActivity, coerce_activities
 from stepscope.profiler.execution_trace import ExecutionTraceCollector
 from stepscope.profiler.schedule import ProfilerAction, Schedule, default_schedule
 from stepscope.profiler.step_trigger import StepTrigger
 from stepscope.profiler.summary import KeyAverages, key_averages
 from stepscope.report.collapsed import collapsed_from_spans, write_collapsed
-from stepscope.trace.chrome import RESERVED_KEYS, WriteStats, write_chrome_trace
+from stepscope.trace.chrome_writer import RESERVED_KEYS, WriteStats, write_chrome_trace
 from stepscope.trace.model import Span, Trace, TraceBuilder
 
 __all__ = ["profile"]

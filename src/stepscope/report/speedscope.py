@@ -13,7 +13,7 @@ from typing import Any
 
 from stepscope import __version__
 from stepscope.atomic import atomic_output
-from stepscope.trace.chrome import json_bytes
+from stepscope.jsonenc import json_bytes
 from stepscope.trace.model import Trace
 
 __all__ = ["SPEEDSCOPE_SCHEMA", "speedscope_document", "write_speedscope"]

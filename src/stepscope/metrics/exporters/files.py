@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from stepscope.appendlog import append_whole, open_append
+from stepscope.jsonenc import json_bytes
 from stepscope.metrics.exporters.base import Exporter
 from stepscope.metrics.exporters.rows import ChangeFilter, rows
 from stepscope.metrics.points import ExportBatch
 from stepscope.text import clean_text
-from stepscope.trace.chrome import json_bytes
 
 __all__ = ["CsvExporter", "JsonlExporter", "RotatingFile"]
 
