@@ -1,0 +1,354 @@
+"""The analysis result: dataclasses with a versioned JSON form (``docs/report-schema.md``).
+
+Every time is integer nanoseconds (``*_ns``); every share is a percentage (``*_pct``, 0-100).
+``Report.to_dict()`` gives plain JSON values; ``Report.to_json()`` the text.  The schema is
+named ``stepscope.report`` and versioned by ``REPORT_SCHEMA_VERSION``; a change that removes or
+renames a field bumps it, an added field does not.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "DIFF_SCHEMA",
+    "DIFF_SCHEMA_VERSION",
+    "REPORT_SCHEMA",
+    "REPORT_SCHEMA_VERSION",
+    "Category",
+    "CounterInfo",
+    "DeviceBreakdown",
+    "DiffResult",
+    "DiffRow",
+    "FunctionRow",
+    "HostBreakdown",
+    "KernelRow",
+    "KernelTypeTime",
+    "LaunchDelay",
+    "OperatorRow",
+    "Recommendation",
+    "Report",
+    "StepDiff",
+    "StepStats",
+    "StepTime",
+    "StreamBreakdown",
+    "TraceSummary",
+]
+
+REPORT_SCHEMA = "stepscope.report"
+REPORT_SCHEMA_VERSION = 1
+DIFF_SCHEMA = "stepscope.diff"
+DIFF_SCHEMA_VERSION = 1
+
+HOST_CATEGORIES = (
+    "data_loading",
+    "forward",
+    "backward",
+    "optimizer",
+    "communication",
+    "other_annotated",
+    "other_operators",
+    "python",
+    "idle_other",
+)
+"""Host breakdown categories, in display order (rules in ``stepscope.analysis.host``)."""
+
+
+def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, float):
+        return round(value, 4) if math.isfinite(value) else None
+    return value
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """One step: its number (None for a trace without steps), start and duration."""
+
+    step: int | None
+    name: str
+    start_ns: int
+    """Start relative to the trace's first analysed step."""
+    dur_ns: int
+    source: str = ""
+    """The file (or label) the step comes from."""
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """Step-time statistics over the analysed steps."""
+
+    count: int
+    min_ns: int
+    median_ns: int
+    p95_ns: int
+    max_ns: int
+    mean_ns: float
+    slowest: list[StepTime]
+    """The slowest steps, slowest first (at most 3)."""
+
+
+@dataclass(frozen=True)
+class Category:
+    """One slice of a breakdown."""
+
+    name: str
+    ns: int
+    pct: float
+
+
+@dataclass(frozen=True)
+class HostBreakdown:
+    """Where one step's (or all steps') host time went; ``categories`` sum to ``total_ns``."""
+
+    step: int | None
+    total_ns: int
+    categories: list[Category]
+    thread: str = ""
+    """The thread that ran the step (pid/tid)."""
+
+
+@dataclass(frozen=True)
+class KernelTypeTime:
+    """Time during which exactly this set of kernel types ran (HTA's kernel-type breakdown)."""
+
+    kernel_type: str
+    """e.g. ``COMPUTATION``, ``COMMUNICATION``, ``COMPUTATION overlapping COMMUNICATION``."""
+    ns: int
+    pct: float
+
+
+@dataclass(frozen=True)
+class StreamBreakdown:
+    """One device stream: busy time by kernel type and idle time between its first and last."""
+
+    device: str
+    stream: int
+    events: int
+    span_ns: int
+    busy_ns: int
+    idle_ns: int
+    computation_ns: int
+    communication_ns: int
+    memory_ns: int
+    other_ns: int
+
+
+@dataclass(frozen=True)
+class DeviceBreakdown:
+    """One device (or all of a trace's devices: ``device == "all"``), HTA's definitions.
+
+    ``span_ns`` is HTA's kernel time (first kernel start to last kernel end); ``idle_ns`` the
+    part of it with nothing running; ``compute_ns`` the union of computation kernels;
+    ``non_compute_ns`` the rest.  ``kernel_types`` is HTA's kernel-type breakdown with memory
+    kernels; ``kernel_types_no_memory`` without (HTA's default).
+    """
+
+    device: str
+    scope: str
+    """Which kernels: e.g. ``launched up to the end of the last step``."""
+    events: int
+    span_ns: int
+    idle_ns: int
+    compute_ns: int
+    non_compute_ns: int
+    idle_pct: float
+    compute_pct: float
+    non_compute_pct: float
+    kernel_types: list[KernelTypeTime]
+    kernel_types_no_memory: list[KernelTypeTime]
+    streams: list[StreamBreakdown]
+
+
+@dataclass(frozen=True)
+class OperatorRow:
+    """A CPU operator or annotated region, grouped by name over the analysed steps."""
+
+    name: str
+    category: str
+    calls: int
+    self_ns: int
+    total_ns: int
+    self_pct: float
+    """Self time as a share of the analysed step time."""
+
+
+@dataclass(frozen=True)
+class KernelRow:
+    """A device kernel (or memcpy/memset), grouped by name, with the operators that launched it."""
+
+    name: str
+    kernel_type: str
+    calls: int
+    total_ns: int
+    mean_ns: float
+    max_ns: int
+    launched_by: list[str]
+    """The CPU operators that launched it, most frequent first (at most 3)."""
+
+
+@dataclass(frozen=True)
+class FunctionRow:
+    """A Python function from ``python_function`` spans or stack samples."""
+
+    name: str
+    calls: int
+    """Calls, or samples when ``sampled``."""
+    self_ns: int
+    total_ns: int
+    sampled: bool
+
+
+@dataclass(frozen=True)
+class LaunchDelay:
+    """Time from a CPU launch (runtime call) to the start of its kernel on the device."""
+
+    count: int
+    mean_ns: float
+    median_ns: int
+    p95_ns: int
+    max_ns: int
+
+
+@dataclass(frozen=True)
+class CounterInfo:
+    """A counter track present in the trace."""
+
+    name: str
+    series: list[str]
+    events: int
+    min: float
+    max: float
+    last: float
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """A rule that fired, with the numbers that made it fire."""
+
+    rule: str
+    title: str
+    advice: str
+    evidence: dict[str, Any]
+    severity: str = "warning"
+
+
+@dataclass
+class TraceSummary:
+    """Everything the analysis found in one trace (or in several together)."""
+
+    source: str
+    files: list[str]
+    has_steps: bool
+    """False: the trace had no ``ProfilerStep`` spans and was analysed as one step."""
+    steps: list[StepTime]
+    step_stats: StepStats
+    host_total: HostBreakdown
+    host_steps: list[HostBreakdown]
+    devices: list[DeviceBreakdown]
+    device_steps: dict[str, list[Category]]
+    """Per step (key: the step number as text): device busy/idle within the step's wall time."""
+    operators: list[OperatorRow]
+    kernels: list[KernelRow]
+    functions: list[FunctionRow]
+    launch_delay: LaunchDelay | None
+    counters: list[CounterInfo]
+    dropped: dict[str, int]
+    """Events a recorder dropped (by what dropped them) and events the reader skipped."""
+    profiler_overhead_ns: int
+    notes: list[str]
+    recommendations: list[Recommendation] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON values."""
+        result: dict[str, Any] = _plain(self)
+        return result
+
+
+@dataclass
+class Report:
+    """The result of ``analyze``: one summary per file, and all of them together."""
+
+    files: list[TraceSummary]
+    combined: TraceSummary
+    step_range: tuple[int, int] | None = None
+    top: int = 10
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report as plain JSON values (schema ``stepscope.report``)."""
+        return {
+            "schema": REPORT_SCHEMA,
+            "schema_version": REPORT_SCHEMA_VERSION,
+            "step_range": list(self.step_range) if self.step_range else None,
+            "top": self.top,
+            "combined": self.combined.to_dict(),
+            "files": [f.to_dict() for f in self.files],
+        }
+
+    def to_json(self, indent: int | None = 1) -> str:
+        """The report as JSON text."""
+        return json.dumps(self.to_dict(), indent=indent, allow_nan=False, ensure_ascii=False)
+
+
+@dataclass(frozen=True)
+class StepDiff:
+    """Median step time of A and B, and whether the change is within the steps' spread."""
+
+    a_median_ns: int
+    b_median_ns: int
+    delta_ns: int
+    pct: float
+    a_steps: int
+    b_steps: int
+    noise_ns: int
+    """The spread the change is compared with (the larger of A's and B's p95 minus median)."""
+    within_noise: bool
+
+
+@dataclass(frozen=True)
+class DiffRow:
+    """One category, operator, kernel or function in both runs (per-step averages)."""
+
+    kind: str
+    """``category``, ``operator``, ``kernel`` or ``function``."""
+    name: str
+    status: str
+    """``added``, ``removed``, ``slower``, ``faster`` or ``same``."""
+    a_ns: float
+    b_ns: float
+    delta_ns: float
+    pct: float | None
+    """Relative change (None when added)."""
+    impact_pct: float
+    """The change as a share of A's median step."""
+
+
+@dataclass
+class DiffResult:
+    """``stepscope diff``: B compared with A."""
+
+    a_source: str
+    b_source: str
+    step: StepDiff
+    categories: list[DiffRow]
+    rows: list[DiffRow]
+    """Operators, kernels and functions, largest impact first."""
+    notes: list[str]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The diff as plain JSON values (schema ``stepscope.diff``)."""
+        body: dict[str, Any] = _plain(self)
+        return {"schema": DIFF_SCHEMA, "schema_version": DIFF_SCHEMA_VERSION, **body}
+
+    def to_json(self, indent: int | None = 1) -> str:
+        """The diff as JSON text."""
+        return json.dumps(self.to_dict(), indent=indent, allow_nan=False, ensure_ascii=False)
