@@ -1,8 +1,17 @@
-"""Failures inside instruments: counted, logged once per place, never raised (unless strict).
+"""The one failure policy: count it, log it once, re-raise only under ``config.strict``.
 
-Every part that runs inside the user's program (metrics, events, collectors) keeps one
-``FailureLog``: a failure there must not break the program, must not be silent, and must not
-flood the log.
+Every part that runs inside the user's program (collectors, trace handlers, instruments,
+exporters, channel sinks, event logging, metric tables, the function profiler) reports its
+failures to the :class:`FailureLog` of its *area* (``failure_log("metrics")`` ...): a failure
+there must not break the program, must not be silent, and must not flood the log.
+
+- **Count**: ``failure_counts()`` gathers every area: ``{area: {kind: n}}``.
+- **Log once**: the first failure of each place is logged at WARNING on the logger
+  ``stepscope.failures.<area>``, never on a logger the user's own events go to.
+- **Re-raise when strict**: ``stepscope.config.config.strict = True`` (for tests) is the one
+  switch; :func:`is_strict` reads it.  A component built with its own ``strict=`` (a profile,
+  a collector) passes that value as ``strict=`` to :meth:`FailureLog.report`; ``None`` follows
+  the switch.
 """
 
 from __future__ import annotations
@@ -10,40 +19,78 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Hashable
 
-__all__ = ["FailureLog"]
+from stepscope.config import config
+from stepscope.forks import after_fork_in_child
+
+__all__ = [
+    "FailureLog",
+    "failure_counts",
+    "failure_log",
+    "is_strict",
+    "set_strict",
+]
+
+
+def is_strict(override: bool | None = None) -> bool:
+    """Whether failures are re-raised: ``override`` when given, else ``config.strict``."""
+    return config.strict if override is None else bool(override)
+
+
+def set_strict(strict: bool) -> None:
+    """Set the one switch, ``config.strict`` (re-raise failures inside instruments; for tests)."""
+    config.strict = bool(strict)
 
 
 class FailureLog:
-    """Counts failures by kind and logs the first one of each place."""
+    """Counts the failures of one area by kind and logs the first one of each place."""
 
-    def __init__(self, area: str, logger: logging.Logger, strict: Callable[[], bool]) -> None:
+    def __init__(self, area: str) -> None:
+        if not isinstance(area, str) or not area or "." in area:
+            raise ValueError(f"a failure area is a non-empty name without dots, got {area!r}")
         self.area = area
-        self.logger = logger
-        self._strict = strict
+        self.logger = logging.getLogger(f"stepscope.failures.{area}")
         self._lock = threading.Lock()
         self._counts: dict[str, int] = {}
-        self._logged: set[str] = set()
+        self._logged: set[Hashable] = set()
 
-    def report(self, kind: str, where: str, exc: BaseException) -> None:
-        """Count a failure of ``kind`` at ``where``; log it the first time; re-raise if strict."""
+    def __repr__(self) -> str:
+        return f"FailureLog({self.area!r}, {self.counts()!r})"
+
+    def report(
+        self,
+        kind: str,
+        where: str,
+        exc: BaseException,
+        *,
+        strict: bool | None = None,
+        then: str = "",
+        once: Hashable | None = None,
+    ) -> None:
+        """Count a failure of ``kind`` at ``where``; log it the first time; re-raise if strict.
+
+        ``then`` says what happens next (logged); ``once`` is what "the first time" is counted
+        by (default ``where``); ``strict`` overrides ``config.strict`` for this one report.
+        """
+        key = where if once is None else once
         with self._lock:
             self._counts[kind] = self._counts.get(kind, 0) + 1
-            first = where not in self._logged
-            self._logged.add(where)
-        if self._strict():
+            first = key not in self._logged
+            self._logged.add(key)
+        if is_strict(strict):
             raise exc
         if first:
-            # the failing piece may be a handler of this very logger
+            # the failing piece may be a handler of a logger this one propagates to
             with contextlib.suppress(Exception):
                 self.logger.warning(
-                    "%s: %s in %s: %s: %s (counted; later ones are not logged)",
+                    "stepscope.%s: %s in %s: %s: %s%s (counted; later ones are not logged)",
                     self.area,
                     kind.replace("_", " "),
                     where,
                     type(exc).__name__,
                     exc,
+                    f"; {then}" if then else "",
                 )
 
     def counts(self) -> dict[str, int]:
@@ -56,3 +103,35 @@ class FailureLog:
         self._lock = threading.Lock()
         self._counts.clear()
         self._logged.clear()
+
+
+_logs: dict[str, FailureLog] = {}
+_logs_lock = threading.Lock()
+
+
+def failure_log(area: str) -> FailureLog:
+    """The failure log of ``area`` (``collectors``, ``handlers``, ``metrics``, ``events``, ...)."""
+    found = _logs.get(area)
+    if found is None:
+        with _logs_lock:
+            found = _logs.get(area)
+            if found is None:
+                found = _logs[area] = FailureLog(area)
+    return found
+
+
+def failure_counts() -> dict[str, dict[str, int]]:
+    """Failures counted in this process, by area and kind: ``{area: {kind: n}}``."""
+    with _logs_lock:
+        logs = sorted(_logs.items())
+    return {area: log.counts() for area, log in logs}
+
+
+def _reset_in_child() -> None:
+    global _logs_lock
+    _logs_lock = threading.Lock()
+    for log in list(_logs.values()):
+        log.reset_in_child()
+
+
+after_fork_in_child(_reset_in_child)

@@ -1,22 +1,16 @@
-"""Failures inside the event logger (an extractor, a sink): counted, logged once, never raised.
+"""Failures inside the event logger (an extractor, a sink): the ``events`` area of the policy.
 
-``stepscope.config.strict = True`` (for tests) re-raises instead.
+Counted, logged once per place on ``stepscope.failures.events`` (never on ``stepscope.events``,
+whose handlers are the user's event stream), re-raised under ``config.strict``.  See
+:mod:`stepscope.failures`.
 """
 
 from __future__ import annotations
 
-import logging
-import os
-
-from stepscope.config import config
-from stepscope.failures import FailureLog
+from stepscope.failures import failure_log
 
 __all__ = ["failure_counts", "report_failure"]
 
-_log = FailureLog(
-    "stepscope.events", logging.getLogger("stepscope.events.failures"), lambda: config.strict
-)
+_log = failure_log("events")
 report_failure = _log.report
 failure_counts = _log.counts
-
-os.register_at_fork(after_in_child=_log.reset_in_child)

@@ -41,10 +41,8 @@ from stepscope.metrics.exporters import (
 )
 from stepscope.metrics.failures import set_strict
 from stepscope.metrics.instruments import Counter, Gauge, Histogram, Scalar
-from stepscope.metrics.pipeline import (
-    Pipeline,
-    PipelineMetricHandler,
-    RetryPolicy,
+from stepscope.metrics.api_adapter import PipelineMetricHandler
+from stepscope.metrics.default import (
     add_exporter,
     configure_pipeline,
     counter,
@@ -58,7 +56,9 @@ from stepscope.metrics.pipeline import (
     shutdown,
     telemetry,
 )
+from stepscope.metrics.pipeline import Pipeline
 from stepscope.metrics.ring import Channel, RecordSink
+from stepscope.metrics.settings import PipelineSettings, RetryPolicy
 
 __all__ = [
     "Channel",
@@ -81,6 +81,7 @@ __all__ = [
     "OtlpExporter",
     "Pipeline",
     "PipelineMetricHandler",
+    "PipelineSettings",
     "PrometheusEndpoint",
     "PushgatewayExporter",
     "RecordSink",

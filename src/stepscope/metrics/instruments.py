@@ -27,7 +27,7 @@ from stepscope.metrics.points import (
     ScalarPoint,
     SeriesPoint,
 )
-from stepscope.metrics.ring import Ring
+from stepscope.metrics.ring import RECORDS, Ring
 from stepscope.metrics.values import NUMBERS, as_number, is_tensor, resolve
 from stepscope.steps import current_step
 
@@ -192,6 +192,7 @@ class _Sharded:
 
     __slots__ = ("_cells", "_local", "_ring", "labels", "name")
     drop_key = "instrument"
+    is_record = False
 
     def __init__(self, name: str, labels: Labels, ring: Ring) -> None:
         self.name = name
@@ -266,7 +267,8 @@ class CounterSeries(_Sharded):
                 self.name, ValueError(f"a counter only goes up by finite steps; inc({number!r})")
             )
 
-    def _drain(self, _op: int, value: float) -> None:
+    def drain(self, _op: int, value: float) -> None:
+        """Apply a value resolved on the export thread (a tensor's)."""
         self._apply(value)
 
     def value(self) -> float:
@@ -391,12 +393,13 @@ class _HistogramBase(_Sharded):
         if is_tensor(number):
             self._ring.put(self, _OP_OBSERVE, number)
         else:
-            self._drain(_OP_OBSERVE, number)
+            self.drain(_OP_OBSERVE, number)
 
     _finite_only = False
     """Whether ±inf is refused too (an exponential bucket index must be finite)."""
 
-    def _drain(self, _op: int, value: float) -> None:
+    def drain(self, _op: int, value: float) -> None:
+        """Apply a value resolved on the export thread (a tensor's)."""
         if value != value or (self._finite_only and not -_INF < value < _INF):
             _bad_value(self.name, ValueError(f"observation {value!r} ignored"))
         else:
@@ -621,7 +624,8 @@ class ScalarSeries:
         "labels",
         "name",
     )
-    drop_key = "metrics"
+    drop_key = RECORDS
+    is_record = True
 
     def __init__(self, name: str, labels: Labels, ring: Ring, reduce: str) -> None:
         self.name = name
@@ -663,7 +667,8 @@ class ScalarSeries:
         else:
             ring.put(self, step, value)  # nearly full: wakes the export thread, or drops
 
-    def _drain(self, step: int | None, value: float) -> None:
+    def drain(self, step: int | None, value: float) -> None:
+        """Fold one queued value into its step (export thread)."""
         value = float(value)  # an int too large raises here, before it touches the step
         acc = self._open.get(step)
         if acc is None:
@@ -731,11 +736,13 @@ class _StepStamp:
 
     __slots__ = ("_series",)
     drop_key = "metrics_time"
+    is_record = False
 
     def __init__(self, series: ScalarSeries) -> None:
         self._series = series
 
-    def _drain(self, step: int | None, mono_ns: int) -> None:
+    def drain(self, step: int | None, mono_ns: int) -> None:
+        """Keep when the step got its first value."""
         self._series._first_ns.setdefault(step, mono_ns)
 
 

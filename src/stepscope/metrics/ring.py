@@ -1,10 +1,11 @@
 """The bounded, non-blocking ring between callers and the export thread.
 
-Callers append ``(target, a, b)`` tuples; the export thread drains them and calls
-``target._drain(a, b)`` (after resolving tensor values in batches).  ``put`` never blocks and
-never does I/O: when the ring is full the item is counted as dropped.  A deque's ``append`` and
-``popleft`` are atomic under the GIL, so no lock is taken per call; the length check may let
-a few concurrent writers overshoot ``capacity`` by one item each, which keeps memory bounded.
+Callers append ``(target, a, b)`` tuples, ``target`` a :class:`RingTarget`; the export thread
+drains them and calls ``target.drain(a, b)`` (after resolving tensor values in batches).
+``put`` never blocks and never does I/O: when the ring is full the item is counted as
+dropped.  A deque's ``append`` and ``popleft`` are atomic under the GIL, so no lock is taken
+per call; the length check may let a few concurrent writers overshoot ``capacity`` by one
+item each, which keeps memory bounded.
 
 Other parts of stepscope (structured events) use it through :class:`Channel`: records put on a
 channel are handed, in batches, to the channel's :class:`RecordSink` on the export thread.
@@ -16,11 +17,34 @@ import abc
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, ClassVar, Protocol
 
-__all__ = ["DEFAULT_CAPACITY", "Channel", "RecordSink", "Ring"]
+__all__ = ["DEFAULT_CAPACITY", "RECORDS", "Channel", "RecordSink", "Ring", "RingTarget"]
 
 DEFAULT_CAPACITY = 65536
+
+RECORDS = "metrics"
+"""The drop key of the pipeline's records (scalar samples, torchelastic API values): the items
+counted as produced and accounted per exporter."""
+
+
+class RingTarget(Protocol):
+    """What an item in the ring is for: its owner, which takes the item back on the export thread.
+
+    ``drop_key`` names the kind under which the ring counts it when full; ``is_record`` says
+    whether it is one of the pipeline's records (counted as produced, accounted per exporter).
+    """
+
+    @property
+    def drop_key(self) -> str:
+        """The kind under which the ring counts this target's items when it is full."""
+
+    @property
+    def is_record(self) -> bool:
+        """Whether its items are pipeline records (counted as produced)."""
+
+    def drain(self, a: Any, b: Any) -> None:
+        """Take back one queued item ``(a, b)`` (export thread only)."""
 
 
 class Ring:
@@ -29,7 +53,7 @@ class Ring:
     __slots__ = ("_dropped", "_lock", "_wake", "capacity", "high_water", "items")
 
     def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
-        self.items: deque[tuple[Any, Any, Any]] = deque()
+        self.items: deque[tuple[RingTarget, Any, Any]] = deque()
         self.capacity = capacity
         self.high_water = capacity * 3 // 4
         self._dropped: dict[str, int] = {}
@@ -48,7 +72,7 @@ class Ring:
         """Called (from the producer) when the ring passes three quarters full."""
         self._wake = wake
 
-    def put(self, target: Any, a: Any, b: Any = None) -> bool:
+    def put(self, target: RingTarget, a: Any, b: Any = None) -> bool:
         """Queue one item; False (counted under ``target.drop_key``) when the ring is full."""
         items = self.items
         n = len(items)
@@ -82,7 +106,7 @@ class Ring:
     def __len__(self) -> int:
         return len(self.items)
 
-    def drain(self, limit: int | None = None) -> list[tuple[Any, Any, Any]]:
+    def drain(self, limit: int | None = None) -> list[tuple[RingTarget, Any, Any]]:
         """Remove and return up to ``limit`` items (default: what is queued now), oldest first."""
         items = self.items
         n = len(items) if limit is None else min(limit, len(items))
@@ -120,6 +144,7 @@ class Channel:
     """A named lane through the ring: ``put(record)`` never blocks; the sink gets batches."""
 
     __slots__ = ("_pending", "_ring", "closed", "drop_key", "name", "sink")
+    is_record: ClassVar[bool] = False
 
     def __init__(self, name: str, sink: RecordSink, ring: Ring) -> None:
         self.name = name
@@ -136,7 +161,8 @@ class Channel:
             return False
         return self._ring.put(self, record)
 
-    def _drain(self, record: Any, _unused: Any) -> None:
+    def drain(self, record: Any, _unused: Any) -> None:
+        """Keep a drained record for the next delivery (or count it if the channel closed)."""
         if self.closed:
             self._ring.count_drop(self.drop_key)
         else:

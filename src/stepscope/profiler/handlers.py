@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import socket
 from collections.abc import Callable
@@ -11,16 +10,16 @@ from typing import Any
 
 from stepscope import clock
 from stepscope.distributed import rank_and_world_size
-from stepscope.failures import FailureLog
+from stepscope.failures import failure_log
 
 __all__ = ["default_worker_name", "tensorboard_trace_handler", "trace_handler", "write_failures"]
 
-_failures = FailureLog("stepscope.profiler", logging.getLogger("stepscope"), lambda: False)
+_failures = failure_log("handlers")
 
 
 def write_failures() -> dict[str, int]:
     """How many trace files trace handlers could not write in this process."""
-    return _failures.counts()
+    return {k: n for k, n in _failures.counts().items() if k == "trace_write_error"}
 
 
 def default_worker_name() -> str:
@@ -59,10 +58,15 @@ def trace_handler(
             _make_dir(directory)
             prof.export_chrome_trace(path)
         except OSError as exc:
-            # A full disk or a vanished directory must not end a long training run.
-            if getattr(prof, "strict", False):
-                raise
-            _failures.report("trace_write_error", str(directory), exc)
+            # A full disk or a vanished directory must not end a long training run; the
+            # profile's own strict= (None: config.strict) decides whether it is re-raised.
+            _failures.report(
+                "trace_write_error",
+                str(directory),
+                exc,
+                strict=getattr(prof, "strict", None),
+                then="the window is not saved",
+            )
             return None
         return str(path)
 
