@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from stepscope import _ext
 from stepscope._ext import native
 
 __all__ = [
@@ -88,8 +89,9 @@ def refine() -> int:
 
 
 def clock_info() -> dict[str, object]:
-    """Describe the clock for trace metadata."""
+    """Describe the clock for trace metadata, with which implementation runs (and why)."""
     info: dict[str, object] = {"source": SOURCE, "wall_base_ns": _WALL_BASE_NS}
+    info["extension"] = _ext.status()
     mod = native()
     if mod is not None and SOURCE == "tsc":
         info["tsc_hz"] = round(float(mod.ticks_per_second()))
