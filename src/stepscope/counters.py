@@ -14,10 +14,11 @@ pipeline through ``emit_counters(emit)``.
 
 from __future__ import annotations
 
-import os
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Mapping
+
+from stepscope import forks
 
 __all__ = [
     "CounterSet",
@@ -200,8 +201,7 @@ def _reinit_after_fork() -> None:
         counter_set_._after_fork()
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_reinit_after_fork)
+forks.after_fork_in_child(_reinit_after_fork)
 
 
 def counter_set(name: str, counters: Iterable[str] = ()) -> CounterSet:

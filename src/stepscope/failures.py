@@ -67,11 +67,13 @@ class FailureLog:
         strict: bool | None = None,
         then: str = "",
         once: Hashable | None = None,
+        message: str = "",
     ) -> None:
         """Count a failure of ``kind`` at ``where``; log it the first time; re-raise if strict.
 
-        ``then`` says what happens next (logged); ``once`` is what "the first time" is counted
-        by (default ``where``); ``strict`` overrides ``config.strict`` for this one report.
+        ``message`` says what failed in words (default ``"<kind> in <where>"``), ``then`` what
+        happens next; ``once`` is what "the first time" is counted by (default ``where``);
+        ``strict`` overrides ``config.strict`` for this one report.
         """
         key = where if once is None else once
         with self._lock:
@@ -84,10 +86,9 @@ class FailureLog:
             # the failing piece may be a handler of a logger this one propagates to
             with contextlib.suppress(Exception):
                 self.logger.warning(
-                    "stepscope.%s: %s in %s: %s: %s%s (counted; later ones are not logged)",
+                    "stepscope.%s: %s: %s: %s%s (counted; later ones are not logged)",
                     self.area,
-                    kind.replace("_", " "),
-                    where,
+                    message or f"{kind.replace('_', ' ')} in {where}",
                     type(exc).__name__,
                     exc,
                     f"; {then}" if then else "",

@@ -24,16 +24,17 @@ from __future__ import annotations
 import contextlib
 import csv
 import io
-import logging
 import os
 import re
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
+from stepscope import forks
 from stepscope.appendlog import append_whole, repair_tail
 from stepscope.atomic import atomic_output
 from stepscope.config import config
+from stepscope.failures import failure_log
 from stepscope.text import clean_text
 
 try:
@@ -52,7 +53,7 @@ __all__ = [
     "purge_old_log_files",
 ]
 
-log = logging.getLogger("stepscope")
+_failures = failure_log("tables")
 
 Cell = str | int | float | None
 
@@ -183,7 +184,8 @@ class MetricTable:
         self.column_names = columns
         self.num_rows_added = 0
         self.num_write_errors = 0
-        """Rows lost to I/O errors (logged once per table; ``config.strict`` re-raises)."""
+        """Rows lost to I/O errors (also ``failure_counts()["tables"]``; logged once per table;
+        ``config.strict`` re-raises)."""
         self._column_set = frozenset(columns)
         self._lock = threading.Lock()
         self._file: _AppendFile | None = None
@@ -240,17 +242,18 @@ class MetricTable:
                     self._file = _AppendFile(self.output_path(), self._header())
                 self._file.append(line)
                 self.num_rows_added += 1
-            except OSError:
+            except OSError as exc:
                 self.num_write_errors += 1
-                if config.strict:
-                    raise
-                if self.num_write_errors == 1:
-                    log.exception(
-                        "stepscope: cannot write metric table %r to %s; its rows are dropped "
-                        "(counted in MetricTable.num_write_errors)",
-                        self.table_name,
-                        self.output_path(),
-                    )
+                _failures.report(
+                    "write_error",
+                    f"metric table {self.table_name!r}",
+                    exc,
+                    message=(
+                        f"cannot write metric table {self.table_name!r} to {self.output_path()}"
+                    ),
+                    then="its rows are dropped (counted in MetricTable.num_write_errors)",
+                    once=(id(self), "write"),
+                )
 
     def _header(self) -> bytes:
         return format_csv_row(["model_name", *self.column_names])
@@ -365,8 +368,7 @@ def _reinit_locks_after_fork() -> None:
         table._lock = threading.Lock()
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_reinit_locks_after_fork)
+forks.after_fork_in_child(_reinit_locks_after_fork)
 
 REGISTERED_METRIC_TABLES: Mapping[str, MetricTable] = _registry.tables
 """Every registered table by name (read-only view; register with ``register_table``)."""

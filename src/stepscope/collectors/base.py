@@ -40,6 +40,9 @@ class Collector:
     """
 
     name = "collector"
+    strict: bool | None = None
+    """Re-raise this collector's own failures: None follows ``config.strict`` (the profile that
+    builds a collector sets its own ``strict=`` here)."""
 
     def prepare(self, ctx: WindowContext) -> None:
         """Get ready to record (allocate, warm caches) without recording yet."""

@@ -31,11 +31,13 @@ from stepscope.collectors.python_common import (
     thread_spans_from_bytes,
 )
 from stepscope.collectors.python_twin import TwinTracer
+from stepscope.failures import failure_log
 from stepscope.trace.model import TraceBuilder
 
 __all__ = ["IMPLEMENTATIONS", "PythonTracerCollector"]
 
 log = logging.getLogger("stepscope")
+_failures = failure_log("collectors")
 
 IMPLEMENTATIONS = ("auto", "native", "python")
 TOOL_NAME = "stepscope"
@@ -250,7 +252,7 @@ class PythonTracerCollector(Collector):
         buffer_bytes: int = DEFAULT_BUFFER_BYTES,
         drop_policy: str = "oldest",
         implementation: str = "auto",
-        strict: bool = False,
+        strict: bool | None = None,
     ) -> None:
         self.options = TracerOptions(
             max_depth=max_depth,
@@ -316,10 +318,15 @@ class PythonTracerCollector(Collector):
         try:
             self._backend.start()
         except Exception as exc:
-            if self.strict:
-                raise
+            _failures.report(
+                "tracer_error",
+                "the Python function tracer's start",
+                exc,
+                strict=self.strict,
+                then="Python function tracing is off for this window",
+                once=(id(self), "start"),
+            )
             self._failure = f"{type(exc).__name__}: {exc}"
-            self._warn_once("start", f"stepscope: Python function tracing is off: {self._failure}")
             self._state = "stopped"
             self._stats = {}
             return
@@ -333,11 +340,13 @@ class PythonTracerCollector(Collector):
         self._state = "stopped"
         error = self._stats.get("first_filter_error")
         if error is not None:
-            if self.strict:
-                raise error
-            self._warn_once(
-                "filter",
-                f"stepscope: the module filter failed ({error!r}); code it failed on was recorded",
+            _failures.report(
+                "tracer_error",
+                "the function tracer's module filter",
+                error,
+                strict=self.strict,
+                then="code it failed on was recorded",
+                once=(id(self), "filter"),
             )
 
     def collect(self, builder: TraceBuilder, ctx: WindowContext) -> None:
@@ -394,7 +403,7 @@ class PythonTracerCollector(Collector):
         displaced = int(stats.get("displaced", 0))
         if displaced:
             info["displaced_threads"] = displaced
-            self._warn_once(
+            self._notice_once(
                 "displaced",
                 f"stepscope: another profiler replaced the function tracer on {displaced} "
                 "thread(s) during the window; calls after that are missing there",
@@ -405,14 +414,15 @@ class PythonTracerCollector(Collector):
                 f"python tracer dropped {dropped} calls (budget {opts.budget} per window, "
                 f"{opts.drop_policy} dropped)"
             )
-            self._warn_once(
+            self._notice_once(
                 "dropped",
                 f"stepscope: the function tracer dropped {dropped} calls over its budget of "
                 f"{opts.budget} (drop_policy={opts.drop_policy!r}); raise event_budget or "
                 "buffer_bytes, or narrow it with include/exclude/max_depth/min_duration_ns",
             )
 
-    def _warn_once(self, key: str, message: str) -> None:
+    def _notice_once(self, key: str, message: str) -> None:
+        """Warn once per collector about data lost by design (budget, displaced): not a failure."""
         if key not in self._warned:
             self._warned.add(key)
             log.warning(message)

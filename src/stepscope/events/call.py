@@ -10,12 +10,12 @@ window through ``emit_span`` when the call ends.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections.abc import Callable
 from contextvars import Token
 from typing import Any
 
+from stepscope import forks
 from stepscope._ext import native
 from stepscope.clock import now_ns, to_unix_ns
 from stepscope.collectors import annotations as trace_annotations
@@ -111,7 +111,7 @@ def _reset_in_child() -> None:
     _ranks = _RankCache()
 
 
-os.register_at_fork(after_in_child=_reset_in_child)
+forks.after_fork_in_child(_reset_in_child)
 
 
 LateHook = Callable[[tuple[Any, ...], dict[str, Any], BaseException], None]

@@ -14,6 +14,8 @@ import os
 from contextvars import ContextVar
 from typing import TYPE_CHECKING
 
+from stepscope import forks
+
 if TYPE_CHECKING:
     from stepscope.events.call import Call
 
@@ -69,4 +71,4 @@ def _reset_in_child() -> None:
     _counters = _Counters()
 
 
-os.register_at_fork(after_in_child=_reset_in_child)
+forks.after_fork_in_child(_reset_in_child)

@@ -30,17 +30,6 @@ from stepscope.metrics.api import (
     publish_metric,
     put_metric,
 )
-from stepscope.metrics.exporters import (
-    ConsoleExporter,
-    CsvExporter,
-    Exporter,
-    HandlerExporter,
-    JsonlExporter,
-    LoggingExporter,
-    StatsdExporter,
-)
-from stepscope.metrics.failures import set_strict
-from stepscope.metrics.instruments import Counter, Gauge, Histogram, Scalar
 from stepscope.metrics.api_adapter import PipelineMetricHandler
 from stepscope.metrics.default import (
     add_exporter,
@@ -56,6 +45,17 @@ from stepscope.metrics.default import (
     shutdown,
     telemetry,
 )
+from stepscope.metrics.exporters import (
+    ConsoleExporter,
+    CsvExporter,
+    Exporter,
+    HandlerExporter,
+    JsonlExporter,
+    LoggingExporter,
+    StatsdExporter,
+)
+from stepscope.metrics.failures import set_strict
+from stepscope.metrics.instruments import Counter, Gauge, Histogram, Scalar
 from stepscope.metrics.pipeline import Pipeline
 from stepscope.metrics.ring import Channel, RecordSink
 from stepscope.metrics.settings import PipelineSettings, RetryPolicy

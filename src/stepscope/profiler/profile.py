@@ -19,12 +19,13 @@ from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
 from typing import Any
 
-from stepscope import __version__, clock, steps
+from stepscope import __version__, clock, forks, steps
 from stepscope.activity import ProfilerActivity, coerce_activities
 from stepscope.collectors.annotations import AnnotationCollector, record_function
 from stepscope.collectors.base import Collector, WindowContext
 from stepscope.collectors.torch import torch_installed
 from stepscope.distributed import distributed_info
+from stepscope.failures import failure_log
 from stepscope.profiler.execution_trace import ExecutionTraceCollector
 from stepscope.profiler.schedule import ProfilerAction, Schedule, default_schedule
 from stepscope.profiler.step_trigger import StepTrigger
@@ -36,6 +37,7 @@ from stepscope.trace.model import Span, Trace, TraceBuilder
 __all__ = ["profile"]
 
 log = logging.getLogger("stepscope")
+_failures = failure_log("collectors")
 
 STEP_SPAN_PREFIX = "ProfilerStep#"
 DEVICE_ACTIVITIES = frozenset(
@@ -78,7 +80,7 @@ class profile:
         torch_ops: bool | None = None,
         step_on: str | Callable[..., Any] | None = None,
         tracer_options: Mapping[str, Any] | None = None,
-        strict: bool = False,
+        strict: bool | None = None,
     ) -> None:
         self.activities = coerce_activities(activities)
         if use_cuda:
@@ -107,6 +109,9 @@ class profile:
         """Whether torch's operators are recorded: by default whenever the program has imported
         torch when a window starts, or imports it during one."""
         self.strict = strict
+        """Re-raise failures of this profile's collectors and trace handler: None (the default)
+        follows ``config.strict``; True or False decides for this profile and every collector it
+        builds."""
         self.tracer_options = dict(tracer_options or {})
         """Options of the function tracer for ``with_stack`` (``PythonTracerCollector``'s:
         ``event_budget``, ``include``, ``exclude``, ``max_depth``, ``min_duration_ns``, ...)."""
@@ -115,6 +120,9 @@ class profile:
         self._step_trigger = StepTrigger(step_on, self.step) if step_on is not None else None
         self.collectors: list[Collector] = [AnnotationCollector(max_spans=max_annotation_spans)]
         self.collectors += self._requested_collectors()
+        if strict is not None:
+            for built in self.collectors:
+                built.strict = strict
         for extra in collectors:
             if not isinstance(extra, Collector):
                 raise TypeError(f"collectors must be Collector instances, got {extra!r}")
@@ -129,7 +137,6 @@ class profile:
         self._step_span: Any = None
         self._traces: list[Trace] = []
         self._broken: set[int] = set()
-        self._warned: set[tuple[str, str]] = set()
         self.trace_files: list[str] = []
         """Paths written by ``export_chrome_trace`` (e.g. through ``trace_handler``)."""
         self._action_map: dict[tuple[int, int | None], list[Callable[[], Any]]]
@@ -330,19 +337,15 @@ class profile:
         try:
             fn()
         except Exception as exc:
-            if self.strict:
-                raise
+            _failures.report(
+                "collector_error",
+                f"collector {collector.name!r} in {phase}",
+                exc,
+                strict=self.strict,
+                then="it is off for this window",
+                once=(id(self), collector.name, phase),
+            )
             self._broken.add(id(collector))
-            key = (collector.name, phase)
-            if key not in self._warned:
-                self._warned.add(key)
-                log.warning(
-                    "stepscope: collector %r failed in %s (%s: %s); it is off for this window",
-                    collector.name,
-                    phase,
-                    type(exc).__name__,
-                    exc,
-                )
             if self._ctx is not None:
                 errors = self._ctx.metadata.setdefault("stepscope_collector_errors", {})
                 errors[f"{collector.name}.{phase}"] = f"{type(exc).__name__}: {exc}"
@@ -536,7 +539,7 @@ def _after_fork_in_child() -> None:
         _leave_in_child(prof)
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+forks.after_fork_in_child(_after_fork_in_child)
 
 
 def _release(prof: profile) -> None:
