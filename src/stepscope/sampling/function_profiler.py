@@ -4,7 +4,15 @@ The lifecycle follows torch's strobelight CLI function profiler: one run at a ti
 process (a class-wide lock), start the sampler and wait until it samples, run the function, stop
 the sampler and keep the results in ``profile_result``.  Profiler failures never break the
 function unless ``stop_at_error=True``; the function's own exception propagates unchanged after
-the sampler stopped.  Differences from strobelight's, on purpose:
+the sampler stopped.
+
+``stop_at_error`` keeps strobelight's meaning for the profiler it is given to.  It relates to
+the one failure switch, ``stepscope.config.config.strict``, as ``profile(strict=True)`` does:
+under ``config.strict`` every profiler behaves as with ``stop_at_error=True``; otherwise each
+profiler's own ``stop_at_error`` decides.  Either way a profiler failure that does not raise is
+counted (``stepscope.failures.failure_counts()["sampling"]``) and logged once.
+
+Differences from strobelight's, on purpose:
 
 - a concurrent call runs the function unprofiled with a warning (strobelight returned ``None``
   without running it: its ``if not locked`` branch was unreachable);
@@ -26,6 +34,7 @@ from typing import Any, TypeVar, cast
 
 from stepscope import clock
 from stepscope.collectors.sampler import DEFAULT_MAX_SAMPLES
+from stepscope.failures import failure_log, is_strict
 from stepscope.sampling.inprocess import InProcessSession
 from stepscope.sampling.pyspy import FORMATS, PySpySession
 from stepscope.sampling.result import ProfileResult, trim_stacks
@@ -39,6 +48,7 @@ from stepscope.sampling.session import (
 __all__ = ["BACKENDS", "FunctionProfiler", "sampled"]
 
 log = logging.getLogger("stepscope.sampling")
+_failures = failure_log("sampling")
 
 BACKENDS = ("inprocess", "py-spy")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -159,14 +169,25 @@ class FunctionProfiler:
         finally:
             FunctionProfiler._lock.release()
 
+    def _raises(self) -> bool:
+        """Whether a profiler failure raises: ``stop_at_error``, or ``config.strict``."""
+        return self.stop_at_error or is_strict()
+
     def _error(self, message: str, cause: BaseException | None = None) -> None:
-        """Raise with ``stop_at_error`` (the cause's class if it is ours), else warn and go on."""
-        if self.stop_at_error:
-            kind = (
-                type(cause) if isinstance(cause, FunctionProfilerError) else FunctionProfilerError
-            )
-            raise kind(message) from cause
-        log.warning("stepscope.sampling: %s; the function runs without profiling", message)
+        """Raise with ``stop_at_error`` (the cause's class if it is ours), else count and go on."""
+        kind = type(cause) if isinstance(cause, FunctionProfilerError) else FunctionProfilerError
+        error = kind(message)
+        if self._raises():
+            raise error from cause
+        _failures.report(
+            "profiler_error",
+            "the function profiler",
+            error,
+            strict=False,
+            message="the function profiler failed",
+            then="the function runs without profiling",
+            once=(id(self), message),
+        )
 
     def _settings(self) -> RunSettings:
         return RunSettings(
@@ -192,7 +213,7 @@ class FunctionProfiler:
         try:
             return self._start(self.backend), None
         except (FunctionProfilerError, OSError, ValueError) as exc:
-            if self.backend == "inprocess" or self.stop_at_error:
+            if self.backend == "inprocess" or self._raises():
                 self._error(f"could not start the {self.backend} sampler: {exc}", exc)
                 return None
             kind = "unavailable" if isinstance(exc, BackendUnavailable) else "failed to start"
@@ -234,8 +255,15 @@ class FunctionProfiler:
                 self.output_files = result.write_all(self.output_dir, f"run-{result.run_id}")
         except Exception as exc:
             session.abort()
-            if raised or not self.stop_at_error:
-                log.warning("stepscope.sampling: could not collect the profile: %s", exc)
+            if raised or not self._raises():
+                _failures.report(
+                    "profiler_error",
+                    "the function profiler's results",
+                    exc,
+                    strict=False,
+                    message="could not collect the profile",
+                    once=id(self),
+                )
                 return
             raise FunctionProfilerError(f"could not collect the profile: {exc}") from exc
         self.profile_result = result
