@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: demo test lint bench native clean test-monitoring test-services
+.PHONY: demo test lint bench native clean test-twins test-monitoring test-services
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -36,29 +36,39 @@ test-services:
 
 test: $(VENV)/.stamp-test native test-services
 	$(PY) -m pytest -q
+	$(MAKE) --no-print-directory test-twins
 	$(MAKE) --no-print-directory test-monitoring
 
-# The C parts that depend on the interpreter (the tracer's sys.monitoring path, the sampler's
-# frame walk, record_function): their tests under Python 3.12 and 3.13, where present
-# (pyenv versions or python3.X on PATH), each in its own .venv3XX; skipped where absent.
+# The whole suite again on the pure-Python twins, as a machine without a compiler runs it
+# (tests of what only the extension has skip, saying so).
+test-twins: $(VENV)/.stamp-test
+	@echo "== the whole suite on the pure-Python twins (STEPSCOPE_PURE_PYTHON=1)"
+	STEPSCOPE_PURE_PYTHON=1 $(PY) -m pytest -q
+
+# The C parts' tests (marked `native`: the tracer's sys.monitoring path, the sampler's frame
+# walk, record_function, the clock, the Chrome scanner) under Python 3.12 and 3.13, where
+# present (pyenv versions or python3.X on PATH), each in its own .venv3XX (no torch), with the
+# extension and on the twins; skipped where absent.
 test-monitoring:
 	@for v in 3.12 3.13; do \
 	  py=$$(ls -d $$HOME/.pyenv/versions/$$v*/bin/python$$v 2>/dev/null | head -n 1); \
 	  if [ -z "$$py" ] && python$$v -c '' 2>/dev/null; then py=python$$v; fi; \
 	  if [ -z "$$py" ]; then echo "test-monitoring: no python$$v here, skipped"; continue; fi; \
 	  venv=.venv$$(echo $$v | tr -d .); \
-	  if [ ! -f $$venv/.stamp-tracer ] || [ pyproject.toml -nt $$venv/.stamp-tracer ]; then \
+	  if [ ! -f $$venv/.stamp-tracer ] || [ pyproject.toml -nt $$venv/.stamp-tracer ] \
+	      || [ Makefile -nt $$venv/.stamp-tracer ]; then \
 	    $$py -m venv $$venv && \
 	    $$venv/bin/python -m pip --disable-pip-version-check -q install "setuptools>=77" wheel \
-	      pytest pytest-timeout coverage && \
-	    $$venv/bin/python -m pip --disable-pip-version-check -q install --no-deps -e . && \
+	      pytest pytest-timeout hypothesis coverage && \
+	    $$venv/bin/python -m pip --disable-pip-version-check -q install -e ".[prometheus,otlp]" && \
 	    touch $$venv/.stamp-tracer || exit 1; \
 	  fi; \
 	  $$venv/bin/python setup.py -q build_ext --inplace 2>/dev/null || exit 1; \
-	  echo "== tracer, sampler, annotation and profiler tests under python$$v"; \
-	  $$venv/bin/python -m pytest -q -p no:cacheprovider tests/test_tracer*.py \
-	    tests/test_sampler.py tests/test_annotations.py tests/test_clock.py \
-	    tests/test_profile.py tests/test_self_time.py || exit 1; \
+	  echo "== C-part tests (-m native) under python$$v"; \
+	  $$venv/bin/python -m pytest -q -p no:cacheprovider -m native || exit 1; \
+	  echo "== C-part tests (-m native) on the pure-Python twins under python$$v"; \
+	  STEPSCOPE_PURE_PYTHON=1 $$venv/bin/python -m pytest -q -p no:cacheprovider -m native \
+	    || exit 1; \
 	done
 
 lint: $(VENV)/.stamp-test

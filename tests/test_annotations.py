@@ -12,6 +12,9 @@ from stepscope.collectors import annotations
 from stepscope.collectors.base import WindowContext
 from stepscope.trace import Span, TraceBuilder
 
+# C-part tests (`-m native`): also run under Python 3.12 and 3.13 by `make test-monitoring`.
+pytestmark = pytest.mark.native
+
 BACKENDS = ["python"] + (["native"] if native() is not None else [])
 
 

@@ -100,6 +100,7 @@ def test_gzip_output_matches_plain_output(tmp_path: Path) -> None:
     assert plain == zipped
 
 
+@pytest.mark.native
 @pytest.mark.skipif(native() is None, reason="C extension not built")
 def test_c_span_formatter_matches_the_python_twin() -> None:
     b = TraceBuilder(base_time_ns=0)
@@ -152,6 +153,7 @@ chrome_events = st.one_of(
 )
 
 
+@pytest.mark.native
 @pytest.mark.skipif(native() is None, reason="C extension not built")
 @settings(max_examples=300, deadline=None)
 @given(events=st.lists(chrome_events, max_size=25))

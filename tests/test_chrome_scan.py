@@ -14,7 +14,11 @@ from stepscope._ext import native
 from stepscope.trace import Trace, chrome, chrome_reader, read_chrome_trace, write_chrome_trace
 from stepscope.trace.raw_args import RawArgs
 
-pytestmark = pytest.mark.skipif(native() is None, reason="C extension not built")
+# C-part tests (`-m native`): also run under Python 3.12 and 3.13 by `make test-monitoring`.
+pytestmark = [
+    pytest.mark.native,
+    pytest.mark.skipif(native() is None, reason="C extension not built"),
+]
 
 
 def snapshot(trace: Trace) -> dict[str, Any]:

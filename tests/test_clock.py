@@ -12,6 +12,9 @@ import pytest
 from stepscope import clock
 from stepscope._ext import native
 
+# C-part tests (`-m native`): also run under Python 3.12 and 3.13 by `make test-monitoring`.
+pytestmark = pytest.mark.native
+
 
 def test_now_ns_is_monotonic_and_close_to_clock_monotonic() -> None:
     readings = [clock.now_ns() for _ in range(10_000)]

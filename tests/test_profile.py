@@ -21,6 +21,9 @@ from stepscope import ProfilerAction, profile, record_function, schedule, trace_
 from stepscope.collectors.base import Collector, WindowContext
 from stepscope.trace import TraceBuilder, read_chrome_trace
 
+# C-part tests (`-m native`): also run under Python 3.12 and 3.13 by `make test-monitoring`.
+pytestmark = pytest.mark.native
+
 
 class Recorder(Collector):
     """A collector that logs its lifecycle and adds one span per window."""

@@ -19,6 +19,9 @@ from stepscope._ext import native
 from stepscope.trace import chrome, chrome_reader, read_chrome_trace
 from stepscope.trace.chrome import ChromeTraceError
 
+# C-part tests (`-m native`): also run under Python 3.12 and 3.13 by `make test-monitoring`.
+pytestmark = pytest.mark.native
+
 X = {"ph": "X", "name": "op", "cat": "cpu_op", "pid": 1, "tid": 1, "ts": 1.0, "dur": 2.0}
 
 

@@ -37,6 +37,9 @@ from stepscope.trace.sampled_spans import (
 from stepscope.report.speedscope import SPEEDSCOPE_SCHEMA, speedscope_document, write_speedscope
 from stepscope.report.collapsed import collapsed_from_samples
 
+# C-part tests (`-m native`): also run under Python 3.12 and 3.13 by `make test-monitoring`.
+pytestmark = pytest.mark.native
+
 
 def qualname(name: str) -> str:
     """How a method's frame is named: qualified names need Python 3.11's co_qualname."""

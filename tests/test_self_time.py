@@ -6,9 +6,14 @@ import cProfile
 import pstats
 from pathlib import Path
 
+import pytest
+
 import stepscope
 from stepscope.trace.model import TraceBuilder
 from stepscope.trace.nesting import nest_spans
+
+# C-part tests (`-m native`): also run under Python 3.12 and 3.13 by `make test-monitoring`.
+pytestmark = pytest.mark.native
 
 
 class Packet:

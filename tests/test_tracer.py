@@ -23,6 +23,9 @@ from stepscope.collectors.python_common import ModuleFilter, SourceNames, Tracer
 from stepscope.trace.chrome import read_chrome_trace, write_chrome_trace
 from stepscope.trace.model import Trace, TraceBuilder
 
+# C-part tests (`-m native`): also run under Python 3.12 and 3.13 by `make test-monitoring`.
+pytestmark = pytest.mark.native
+
 HAS_NATIVE = native() is not None
 NATIVE = pytest.param(
     "native", marks=pytest.mark.skipif(not HAS_NATIVE, reason="C extension not built")
