@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
+import weakref
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,7 +28,9 @@ from stepscope.collectors.sampler import (
     add_samples,
     make_backend,
 )
+from stepscope.report.collapsed import collapsed_from_samples
 from stepscope.report.flamegraph import flamegraph_svg, write_flamegraph
+from stepscope.report.speedscope import SPEEDSCOPE_SCHEMA, speedscope_document, write_speedscope
 from stepscope.trace.chrome import read_chrome_trace, write_chrome_trace
 from stepscope.trace.model import Trace, TraceBuilder
 from stepscope.trace.sampled_spans import (
@@ -34,8 +38,6 @@ from stepscope.trace.sampled_spans import (
     SAMPLED_CATEGORY,
     SAMPLED_TID_BASE,
 )
-from stepscope.report.speedscope import SPEEDSCOPE_SCHEMA, speedscope_document, write_speedscope
-from stepscope.report.collapsed import collapsed_from_samples
 
 # C-part tests (`-m native`): also run under Python 3.12 and 3.13 by `make test-monitoring`.
 pytestmark = pytest.mark.native
@@ -443,3 +445,126 @@ def test_a_program_that_handles_sigprof_keeps_its_handler_and_gets_the_thread_sa
         assert received == [signal.SIGPROF]
     finally:
         signal.signal(signal.SIGPROF, previous)
+
+
+# -- code objects freed between a signal sample and the drain --------------------------------
+# The handler records raw code object pointers; the drain (every 10 ms) keeps each code object
+# alive from then on.  One freed in between must be drained first (and kept), never read after
+# it is freed: a module's top-level code dies right after the import ran it, exec'd and lambda
+# code dies all the time.  Unprotected, the drain increfs freed memory and the program crashes.
+CHURN_PROGRAM = '''
+import importlib
+import json
+import sys
+import threading
+
+import stepscope
+
+MODULES = (
+    "fractions statistics difflib textwrap pprint calendar configparser argparse csv "
+    "email.mime.text email.parser http.client urllib.request xml.dom.minidom logging.handlers "
+    "tarfile zipfile gettext shlex cmd code codeop dis inspect ast tokenize plistlib mailbox "
+    "mimetypes smtplib ftplib imaplib poplib uuid ipaddress html.parser wave sched queue "
+    "graphlib zoneinfo sqlite3 colorsys netrc optparse getopt fileinput filecmp glob "
+    "compileall py_compile pickletools"
+).split()
+
+SOURCE = """
+total = 0
+for k in range(300):
+    total += k * {i}
+def fresh_{i}(n):
+    return sum(j * j for j in range(n))
+square = lambda x: x * x + {i}
+def gen_{i}(n):
+    for j in range(n):
+        yield j + {i}
+result = fresh_{i}(300) + sum(map(square, range(200))) + sum(gen_{i}(200))
+"""
+
+
+def churn(base, rounds):
+    for i in range(base, base + rounds):
+        code = compile(SOURCE.format(i=i), f"<fresh-{i}>", "exec")
+        exec(code, {})  # its code objects die here, or at the next collection (cycles)
+
+
+def imports():
+    for name in MODULES:  # each module's top-level code dies once the import ran it
+        try:
+            importlib.import_module(name)
+        except Exception:
+            pass
+
+
+with stepscope.profile(
+    activities=[stepscope.ProfilerActivity.SAMPLING], sampling_rate_hz=float(sys.argv[1])
+) as prof:
+    other = threading.Thread(target=churn, args=(1_000_000, int(sys.argv[2])))
+    other.start()
+    imports()
+    churn(0, int(sys.argv[2]))
+    other.join()
+trace = prof.trace()
+info = trace.metadata["stepscope_sampler"]
+names = [frame for sample in trace.iter_samples() for frame in sample.stack]
+print(json.dumps({
+    "mode": info["mode"],
+    "samples": info["samples"],
+    "fresh": sum(1 for name in set(names) if name.startswith(("fresh_", "gen_"))),
+    "modules": names.count("<module>"),
+    "lost": info.get("lost_invalid_frames", 0),
+}))
+'''
+
+
+def test_code_objects_freed_under_pending_samples_do_not_crash_the_program(
+    tmp_path: Path,
+) -> None:
+    """Imports, exec'd modules, lambdas and generators in two threads, sampled at 4 kHz."""
+    program = tmp_path / "churn.py"
+    program.write_text(CHURN_PROGRAM)
+    env = dict(os.environ, PYTHONPATH=str(Path(stepscope.__file__).parents[1]))
+    done = subprocess.run(
+        [sys.executable, "-X", "faulthandler", str(program), "4000", "1500"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    if signal_mode_available():
+        assert result["mode"] == "signal"
+    assert result["samples"] >= 300
+    # samples of code objects that were freed soon after keep their names
+    assert result["fresh"] > 0 and result["modules"] > 0
+    assert result["lost"] <= result["samples"] // 20
+
+
+@pytest.mark.skipif(not signal_mode_available(), reason="signal sampling needs Linux and the C ext")
+def test_a_code_object_freed_before_the_drain_is_kept_with_its_samples() -> None:
+    """The main thread keeps the GIL (a long switch interval) while a fresh code object runs and
+    dies, so no periodic drain comes in between: the drain at its deallocation takes it."""
+    source = "total = 0\nfor k in range(3_000_000):\n    total += k\n"
+    code = compile(source, "<dies-before-the-drain>", "exec")
+    ref = weakref.ref(code)
+    sampler = Sampler(2000, thread_ids=[threading.get_native_id()])
+    sampler.start()
+    assert sampler.wait_running(5) and sampler.mode == "signal"
+    time.sleep(0.05)  # the sampler drains at least once before
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(5.0)
+    try:
+        exec(code, {})
+        del code  # the last reference: freed here, its samples still in the ring
+        kept = ref()
+    finally:
+        sys.setswitchinterval(previous)
+    data = sampler.stop(5)
+    assert kept is not None and kept.co_filename == "<dies-before-the-drain>"
+    index = next(i for i, c in enumerate(data.codes) if c is kept)
+    frames = {f for f, c in enumerate(data.frame_code) if c == index}
+    leaves = [data.stack_frame[s] for s in data.sample_stack]
+    assert sum(1 for leaf in leaves if leaf in frames) >= 20

@@ -377,7 +377,8 @@ static int on_busy(void *ctx, int64_t tid, int64_t ts, void *const *codes,
         return 0;
     }
     for (int i = 0; i < depth; i++) {
-        if (Py_TYPE((PyObject *)codes[i]) != &PyCode_Type) {
+        /* NULL: the code object was freed before this sample could be drained (see below) */
+        if (codes[i] == NULL || Py_TYPE((PyObject *)codes[i]) != &PyCode_Type) {
             self->invalid_codes++;
             return 0;
         }
@@ -456,22 +457,74 @@ static int drain_into(Sampler *self) {
     return rc;
 }
 
+/* -- code objects freed while samples name them ---------------------------------------------
+ *
+ * The rings hold raw code object pointers from the handler until the next drain (every 10 ms),
+ * and the drain keeps a code object alive only from then on.  A code object freed in between
+ * (a module's top-level code dies right after the import ran it; exec'd and lambda code dies
+ * all the time) would leave a dangling pointer that the drain would read and incref: heap
+ * corruption.  So before any code object is freed while signal sampling runs, a pending sample
+ * that names it is drained (the drain interns the code object, which takes a reference and so
+ * keeps it: the object is resurrected rather than freed, and the samples keep their names).
+ * When a drain is already running further up the stack (a collection during the drain freed
+ * the code object), the pending samples that name it are dropped instead.  3.12+: a code
+ * watcher, which CPython calls in code_dealloc before anything is torn down, with a reference
+ * count that a watcher may raise.  3.11 has no code watchers: PyCode_Type's tp_dealloc slot is
+ * interposed for the run (code objects have no subtypes and are not collected by the cyclic
+ * GC, so every code object is freed through that slot, and resurrecting one needs no more than
+ * its reference count). */
+#if PY_VERSION_HEX >= 0x030B0000
+static void before_code_freed(PyObject *code) {
+    Sampler *self = watched;
+    if (self == NULL || ss_sig_pending_code(code, 0) == 0) {
+        return;
+    }
+    if (!self->draining) {
 #if PY_VERSION_HEX >= 0x030C0000
-/* A code object about to be freed may still be named by a raw pointer in the rings: drain them
- * first, so that every pointer is resolved (and its code kept alive) while it is valid. */
+        PyObject *raised = PyErr_GetRaisedException();
+#else
+        PyObject *type, *value, *traceback;
+        PyErr_Fetch(&type, &value, &traceback);
+#endif
+        if (drain_into(self) < 0) {
+            PyErr_Clear();
+        }
+#if PY_VERSION_HEX >= 0x030C0000
+        PyErr_SetRaisedException(raised);
+#else
+        PyErr_Restore(type, value, traceback);
+#endif
+    }
+    /* Left over (a drain further up the stack, or one that failed part way): those samples
+     * are dropped by the drain and counted in invalid_codes. */
+    ss_sig_pending_code(code, 1);
+}
+#endif
+
+#if PY_VERSION_HEX >= 0x030C0000
 static int watcher_id = -1;
 
 static int on_code_event(PyCodeEvent event, PyCodeObject *code) {
-    (void)code;
-    if (event == PY_CODE_EVENT_DESTROY && watched != NULL && !watched->draining) {
-        PyObject *raised = PyErr_GetRaisedException();
-        if (drain_into(watched) < 0) {
-            PyErr_Clear();
-            watched->invalid_codes++;
-        }
-        PyErr_SetRaisedException(raised);
+    if (event == PY_CODE_EVENT_DESTROY) {
+        before_code_freed((PyObject *)code); /* code_dealloc keeps it if we took a reference */
     }
     return 0;
+}
+#elif PY_VERSION_HEX >= 0x030B0000
+static destructor code_dealloc_original = NULL; /* PyCode_Type's own tp_dealloc */
+static int code_guard_in_chain = 0; /* code_dealloc_guard is (or stays) in PyCode_Type's chain */
+
+static void code_dealloc_guard(PyObject *code) {
+    if (watched != NULL) {
+        Py_SET_REFCNT(code, 1); /* references taken and dropped meanwhile cannot free it twice */
+        before_code_freed(code);
+        if (Py_REFCNT(code) > 1) { /* the drain kept it: resurrected */
+            Py_SET_REFCNT(code, Py_REFCNT(code) - 1);
+            return;
+        }
+        Py_SET_REFCNT(code, 0);
+    }
+    code_dealloc_original(code);
 }
 #endif
 
@@ -481,9 +534,24 @@ static void watch_codes(Sampler *self) {
     if (watcher_id < 0) {
         watcher_id = PyCode_AddWatcher(on_code_event);
         if (watcher_id < 0) {
-            PyErr_Clear(); /* all watcher slots taken: drains stay periodic only */
+            PyErr_Clear(); /* all watcher slots taken: start_signals refuses signal mode */
         }
     }
+#elif PY_VERSION_HEX >= 0x030B0000
+    if (!code_guard_in_chain) {
+        code_dealloc_original = PyCode_Type.tp_dealloc;
+        PyCode_Type.tp_dealloc = code_dealloc_guard;
+        code_guard_in_chain = 1;
+    }
+#endif
+}
+
+/* 1 when code objects cannot be freed under a pending sample unnoticed. */
+static int codes_watched(void) {
+#if PY_VERSION_HEX >= 0x030C0000
+    return watcher_id >= 0;
+#else
+    return 1;
 #endif
 }
 
@@ -495,6 +563,14 @@ static void unwatch_codes(void) {
             PyErr_Clear();
         }
         watcher_id = -1;
+    }
+#elif PY_VERSION_HEX >= 0x030B0000
+    /* Put the slot back only if it is still ours.  If someone interposed after us, their
+     * wrapper calls ours, which stays in the chain for good (inert while `watched` is NULL) and
+     * is not installed a second time. */
+    if (code_guard_in_chain && PyCode_Type.tp_dealloc == code_dealloc_guard) {
+        PyCode_Type.tp_dealloc = code_dealloc_original;
+        code_guard_in_chain = 0;
     }
 #endif
 }
@@ -667,6 +743,14 @@ static PyObject *sampler_start_signals(Sampler *self, PyObject *args) {
         PyErr_SetString(PyExc_RuntimeError, "signal sampling already started on this sampler");
         return NULL;
     }
+#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000
+    if (Py_Version < 0x030B01F0) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "the signal sampler needs Python 3.11.1 or later (3.11.0 drops a returning "
+                        "frame's code object while the frame is still the current one)");
+        return NULL;
+    }
+#endif
     SsSigSettings settings = {rate_hz, (uint64_t)seed, self->max_depth, self->idle_share,
                               self->idle_window_ns};
     char why[200];
@@ -674,9 +758,18 @@ static PyObject *sampler_start_signals(Sampler *self, PyObject *args) {
         PyErr_SetString(PyExc_RuntimeError, why);
         return NULL;
     }
+    /* No thread has a slot yet, so nothing is sampled before the code objects are watched. */
+    watch_codes(self);
+    if (!codes_watched()) {
+        unwatch_codes();
+        ss_sig_stop(0);
+        ss_sig_release();
+        PyErr_SetString(PyExc_RuntimeError,
+                        "no code watcher slot left: freed code objects could not be tracked");
+        return NULL;
+    }
     self->signals_on = 1;
     self->drain_tid = thread_key(PyThreadState_Get());
-    watch_codes(self);
     add_threads(self);
     Py_RETURN_NONE;
 }

@@ -453,6 +453,32 @@ int ss_sig_drain(void *ctx, ss_busy_fn busy, ss_idle_fn idle) {
     return 0;
 }
 
+int ss_sig_pending_code(const void *code, int forget) {
+    /* Records in [tail, head) are published and the handler never writes them again; only the
+     * drain (serialised with this by the GIL) moves the tail. */
+    int found = 0;
+    int n = atomic_load(&E.n_slots);
+    for (int i = 0; i < n; i++) {
+        Slot *s = E.slots[i];
+        uint32_t head = atomic_load_explicit(&s->head, memory_order_acquire);
+        for (uint32_t tail = atomic_load_explicit(&s->tail, memory_order_relaxed); tail != head;
+             tail++) {
+            Record *r = &s->records[tail % RING];
+            void **codes = s->codes + (size_t)(tail % RING) * (size_t)E.settings.max_depth;
+            for (int d = 0; d < r->depth; d++) {
+                if (codes[d] == code) {
+                    found++;
+                    if (!forget) {
+                        return found;
+                    }
+                    codes[d] = NULL;
+                }
+            }
+        }
+    }
+    return found;
+}
+
 void ss_sig_stop(int64_t timeout_ns) {
     if (E.thread_started) {
         pthread_mutex_lock(&E.mu);
@@ -518,6 +544,7 @@ int ss_sig_start(const SsSigSettings *settings, char *why, size_t why_len) {
 }
 int ss_sig_add_thread(int64_t tid) { return -1; }
 int ss_sig_drain(void *ctx, ss_busy_fn busy, ss_idle_fn idle) { return 0; }
+int ss_sig_pending_code(const void *code, int forget) { return 0; }
 void ss_sig_stop(int64_t timeout_ns) {}
 void ss_sig_release(void) {}
 void ss_sig_stats(SsSigStats *out) { memset(out, 0, sizeof(*out)); }

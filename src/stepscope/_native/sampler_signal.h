@@ -48,6 +48,10 @@ int ss_sig_start(const SsSigSettings *settings, char *why, size_t why_len);
 int ss_sig_add_thread(int64_t tid);
 /* Move everything recorded so far to the callbacks; -1 if a callback failed. */
 int ss_sig_drain(void *ctx, ss_busy_fn busy, ss_idle_fn idle);
+/* Whether a busy sample recorded but not drained yet names `code` (a code object pointer); with
+ * `forget`, every such pointer is replaced by NULL, which makes the drain drop the sample.  For a
+ * code object about to be freed; runs with the GIL, like the drain.  Returns how many matched. */
+int ss_sig_pending_code(const void *code, int forget);
 /* Stop the timing thread, wait up to timeout_ns for signals in flight, restore the previous
  * action.  A final ss_sig_drain and ss_sig_release must follow. */
 void ss_sig_stop(int64_t timeout_ns);

@@ -11,13 +11,22 @@
  * Frames still being set up, and 3.12+ C-stack shim frames, are skipped (as the public API does).
  * A thread can be interrupted while its frame chain is in flux: on 3.11/3.12 a new C-level eval
  * call publishes its _PyCFrame before setting its current_frame (left uninitialised for a few
- * instructions), and 3.11 clears a returning frame, possibly unmapping its stack chunk, while it
- * is still the current frame.  Only the innermost pointer can be stale (every `previous` link
- * points to a live frame), so that one is checked before it is read: it must lie inside one of
- * the thread's data-stack chunks (the list the interpreter unlinks a chunk from before freeing
- * it), or else be a generator's frame, verified through process_vm_readv on this process (which
- * fails cleanly on a bad address) to sit in a generator object and name a code object.  A
- * sample whose innermost frame passes neither check is dropped (counted by the engine). */
+ * instructions, so it may hold a leftover pointer to a frame popped long ago, whose code object
+ * may be freed), and 3.11.0 cleared a returning frame (dropping its code object, possibly
+ * unmapping its stack chunk) while it was still the current frame (3.11.1 unlinks it first;
+ * sampler.c refuses signal mode on 3.11.0).  Only the innermost pointer can be stale (every
+ * `previous` link points to a live frame, which holds a reference to its code), so that one is
+ * checked before it is read: it must lie in the used part of one of the thread's data-stack
+ * chunks (below datastack_top, or the saved top of an older chunk; the interpreter unlinks a
+ * chunk before freeing it), or else be the frame of a running generator, verified through
+ * process_vm_readv on this process (which fails cleanly on a bad address): it sits in a
+ * generator object in the "executing" state and names a code object.  And a call publishes its
+ * new frame as the current one before it sets the frame's `previous` link: 3.11.7's CALL, as
+ * compiled, stores current_frame first (nothing orders the two stores for a signal handler),
+ * so for a few instructions the innermost frame's `previous` is whatever that data-stack slot
+ * held before.  Such a frame has not started (it is "incomplete": prev_instr before its first
+ * instruction), so an incomplete innermost frame is not followed.  A sample whose innermost
+ * frame fails these checks is dropped (counted by the engine). */
 #define Py_BUILD_CORE 1
 #include <Python.h>
 
@@ -58,13 +67,17 @@ static inline int skipped(_PyInterpreterFrame *frame) {
     return _PyFrame_IsIncomplete(frame);
 }
 
-/* Whether [p, p + size) lies in one of the thread's data-stack chunks. */
+/* Whether [p, p + size) lies in the used part of one of the thread's data-stack chunks: below
+ * datastack_top in the newest chunk, below the saved `top` in older ones.  A frame that has been
+ * popped lies above it, so a stale pointer to one (whose code may be freed) is refused. */
 static int in_chunks(PyThreadState *ts, const void *p, size_t size) {
     int guard = 0;
-    for (_PyStackChunk *chunk = ts->datastack_chunk; chunk != NULL && guard < 100000;
+    _PyStackChunk *newest = ts->datastack_chunk;
+    for (_PyStackChunk *chunk = newest; chunk != NULL && guard < 100000;
          chunk = chunk->previous, guard++) {
         const char *start = (const char *)chunk->data;
-        const char *end = (const char *)chunk + chunk->size;
+        const char *end = chunk == newest ? (const char *)ts->datastack_top
+                                          : (const char *)&chunk->data[chunk->top];
         if ((const char *)p >= start && (const char *)p + size <= end) {
             return 1;
         }
@@ -86,27 +99,40 @@ static int safe_read(void *dst, const void *src, size_t n) {
 #endif
 }
 
-/* Whether a frame outside the data stack is a running generator's (or coroutine's) frame. */
+/* Whether a frame outside the data stack is the frame of a generator (or coroutine) that is
+ * running: the generator object around it (read in one copy) has a generator type and the
+ * "executing" state, and the frame names a code object.  A stale pointer to a suspended,
+ * finished or freed generator's frame is refused. */
 static int generator_frame(_PyInterpreterFrame *frame) {
-    _PyInterpreterFrame copy;
-    if (safe_read(&copy, frame, sizeof(copy)) < 0 || copy.owner != FRAME_OWNED_BY_GENERATOR) {
+    union {
+        PyGenObject gen;
+        char raw[offsetof(PyGenObject, gi_iframe) + sizeof(_PyInterpreterFrame)];
+    } copy;
+    const char *gen = (const char *)frame - offsetof(PyGenObject, gi_iframe);
+    if (safe_read(&copy, gen, sizeof(copy.raw)) < 0) {
+        return 0;
+    }
+    PyTypeObject *type = copy.gen.ob_base.ob_type;
+    if (type != &PyGen_Type && type != &PyCoro_Type && type != &PyAsyncGen_Type) {
+        return 0;
+    }
+    if (copy.gen.gi_frame_state != FRAME_EXECUTING) {
+        return 0;
+    }
+    const _PyInterpreterFrame *inner =
+        (const _PyInterpreterFrame *)(copy.raw + offsetof(PyGenObject, gi_iframe));
+    if (inner->owner != FRAME_OWNED_BY_GENERATOR) {
         return 0;
     }
 #if PY_VERSION_HEX >= 0x030D0000
-    PyObject *code = copy.f_executable;
+    PyObject *code = inner->f_executable;
 #else
-    PyObject *code = (PyObject *)copy.f_code;
+    PyObject *code = (PyObject *)inner->f_code;
 #endif
-    PyTypeObject *type = NULL;
-    if (code == NULL || safe_read(&type, &code->ob_type, sizeof(type)) < 0 ||
-        type != &PyCode_Type) {
+    if (code == NULL || safe_read(&type, &code->ob_type, sizeof(type)) < 0) {
         return 0;
     }
-    PyObject *gen = (PyObject *)((char *)frame - offsetof(PyGenObject, gi_iframe));
-    if (safe_read(&type, &gen->ob_type, sizeof(type)) < 0) {
-        return 0;
-    }
-    return type == &PyGen_Type || type == &PyCoro_Type || type == &PyAsyncGen_Type;
+    return type == &PyCode_Type;
 }
 
 int ss_walk_this_thread(void **codes, int32_t *positions, int max_depth, int *truncated) {
@@ -120,9 +146,15 @@ int ss_walk_this_thread(void **codes, int32_t *positions, int max_depth, int *tr
 #else
     _PyInterpreterFrame *frame = ts->cframe == NULL ? NULL : ts->cframe->current_frame;
 #endif
-    if (frame != NULL && !in_chunks(ts, frame, sizeof(_PyInterpreterFrame)) &&
+    if (frame != NULL && !in_chunks(ts, frame, offsetof(_PyInterpreterFrame, localsplus)) &&
         !generator_frame(frame)) {
         return -2; /* caught mid-update: no sample */
+    }
+    if (frame != NULL && frame->owner != FRAME_OWNED_BY_GENERATOR && _PyFrame_IsIncomplete(frame)) {
+        /* A frame just pushed by a call and not started yet: its `previous` link may not be
+         * set (the compiler may store current_frame before new_frame->previous, as 3.11.7's
+         * CALL does), so it names a stale slot of the data stack.  No sample. */
+        return -2;
     }
     int n = 0;
     /* A bound on the walk guards against a chain caught mid-update looping forever. */

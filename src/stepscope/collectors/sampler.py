@@ -402,6 +402,8 @@ class Sampler:
             info["late_signals"] = stats["late"]
             info["lost_ring_full"] = stats["ring_full"]
             info["handler_ms"] = round(stats["handler_ns"] / 1e6, 3)
+            if stats.get("invalid_codes"):  # code freed while a drain ran, or not a code object
+                info["lost_invalid_frames"] = stats["invalid_codes"]
             if stats["replaced"]:
                 info["sigprof_replaced_during_run"] = True
             elif not stats["restored"]:
