@@ -14,6 +14,8 @@ from stepscope import __version__
 SUBCOMMANDS: dict[str, str] = {
     "run": "stepscope.commands.run",
     "kernels": "stepscope.commands.kernels",
+    "report": "stepscope.commands.report",
+    "diff": "stepscope.commands.diff",
 }
 
 

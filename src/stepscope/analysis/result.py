@@ -267,6 +267,8 @@ class TraceSummary:
     profiler_overhead_ns: int
     notes: list[str]
     recommendations: list[Recommendation] = field(default_factory=list)
+    measures: dict[str, float] = field(default_factory=dict)
+    """The numbers the recommendation rules read (``stepscope.analysis.rules``)."""
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON values."""

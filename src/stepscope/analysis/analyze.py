@@ -1,0 +1,338 @@
+"""``analyze``: one ``TraceSummary`` per trace and one for all of them, from the small modules.
+
+Scope: the analysed steps are every complete ``ProfilerStep`` (or those in ``step_range``);
+host tables count the host spans that start inside them, on any thread.  Device totals use
+HTA's own selection when every step is analysed (``device.hta_selection`` with the last step
+included: the kernels launched up to the end of the last step), else the device events
+launched inside the chosen steps.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+from stepscope.analysis import device as dev
+from stepscope.analysis import host, ops, steps
+from stepscope.analysis.result import (
+    Category,
+    CounterInfo,
+    DeviceBreakdown,
+    FunctionRow,
+    HostBreakdown,
+    KernelRow,
+    OperatorRow,
+    Report,
+    StepTime,
+    TraceSummary,
+)
+from stepscope.analysis.rules import SHORT_KERNEL_NS, recommend
+from stepscope.profiler.sampled_time import sampled_time
+from stepscope.trace.model import Trace
+from stepscope.trace.nesting import nest_spans
+
+__all__ = ["analyze", "analyze_trace"]
+
+
+@dataclass
+class _Facts:
+    """Everything one trace contributes, before tables are cut to the top rows."""
+
+    source: str
+    has_steps: bool
+    steps: list[StepTime]
+    host_steps: list[HostBreakdown]
+    devices: list[DeviceBreakdown]
+    device_steps: dict[str, list[Category]]
+    operators: list[OperatorRow]
+    kernels: list[KernelRow]
+    functions: list[FunctionRow]
+    delays: list[int]
+    counters: list[CounterInfo]
+    dropped: dict[str, int]
+    overhead_ns: int
+    notes: list[str]
+    sums: dict[str, float] = field(default_factory=dict)
+
+
+def _in_windows(t: int, windows: Sequence[tuple[int, int]]) -> bool:
+    return any(lo <= t < hi for lo, hi in windows)
+
+
+def _facts(trace: Trace, source: str, step_range: tuple[int, int] | None) -> _Facts:
+    is_host = steps.host_span_mask(trace)
+    all_steps, has_steps = steps.find_steps(trace, is_host)
+    chosen = steps.select_steps(all_steps, step_range)
+    notes: list[str] = []
+    if not has_steps:
+        notes.append("no ProfilerStep spans: the whole trace is analysed as one step")
+    if step_range is not None and has_steps:
+        notes.append(f"steps {step_range[0]}-{step_range[1]}: {len(chosen)} of {len(all_steps)}")
+        if not chosen:
+            numbers = [s.step for s in all_steps]
+            raise ValueError(
+                f"{source}: no step in {step_range[0]}-{step_range[1]} "
+                f"(the trace has steps {min(numbers)}-{max(numbers)})"  # type: ignore[type-var]
+            )
+    spans = trace.spans
+    starts = spans["start_ns"]
+    nesting = nest_spans(trace)
+    self_ns = array("q", nesting.self_ns)
+    strings = trace.strings
+    cats = spans["cat"]
+    python_spans = any(strings[c] == "python_function" for c in set(cats))
+    python_taken: dict[int, int] = {}
+    sampled_rows: dict[str, tuple[int, float, float]] = {}
+    if len(trace.samples) and not python_spans:
+        found = sampled_time(trace, array("q", self_ns))
+        python_taken = dict(found.taken_from_spans)
+        sampled_rows = {n: (f.samples, f.self_ns, f.total_ns) for n, f in found.functions.items()}
+    first = chosen[0].start_ns if chosen else 0
+    step_times = [StepTime(s.step, s.name, s.start_ns - first, s.dur_ns, source) for s in chosen]
+    host_steps = host.host_breakdowns(trace, nesting, self_ns, is_host, chosen, python_taken)
+    for i, taken in python_taken.items():
+        self_ns[i] -= taken
+    windows = [(s.start_ns, s.end_ns) for s in chosen]
+    if has_steps:
+        members = [i for i in range(len(spans)) if is_host[i] and _in_windows(starts[i], windows)]
+    else:
+        members = [i for i in range(len(spans)) if is_host[i]]
+    step_total = sum(s.dur_ns for s in chosen)
+
+    events = dev.device_events(trace)
+    if step_range is None or not has_steps:
+        positions = dev.hta_selection(trace, events, include_last_step=True)
+        scope = "HTA's selection: launched up to the end of the last step"
+    else:
+        positions = []
+        for p in range(len(events)):
+            cpu = events.cpu_correlation.get(events.correlation[p])
+            launched = starts[cpu] if cpu is not None and events.correlation[p] >= 0 else None
+            when = launched if launched is not None else events.raw_start[p]
+            if _in_windows(when, windows):
+                positions.append(p)
+        scope = f"launched in steps {step_range[0]}-{step_range[1]}"
+    devices = dev.device_breakdowns(events, positions, scope)
+    device_steps: dict[str, list[Category]] = {}
+    sums: dict[str, float] = {"step_ns": float(step_total), "steps": float(len(chosen))}
+    if positions:
+        idle = 0
+        for s in chosen:
+            cats_ = dev.step_device_categories(events, positions, (s.start_ns, s.end_ns))
+            device_steps[str(s.step) if s.step is not None else "all"] = cats_
+            idle += cats_[-1].ns
+        sums["device_idle_ns"] = float(idle)
+        wait, gaps = _launch_gaps(trace, events, positions)
+        sums["host_wait_ns"], sums["device_gap_ns"] = float(wait), float(gaps)
+        durs = spans["dur_ns"]
+        sums["device_events"] = float(len(positions))
+        sums["short_device_events"] = float(
+            sum(1 for p in positions if durs[events.index[p]] < SHORT_KERNEL_NS)
+        )
+        pageable = [
+            p for p in positions if "Pageable" in events.name[p] and "HtoD" in events.name[p]
+        ]
+        sums["pageable_h2d_count"] = float(len(pageable))
+        sums["pageable_h2d_ns"] = float(sum(durs[events.index[p]] for p in pageable))
+    overhead = sum(
+        spans["dur_ns"][i]
+        for i in range(len(spans))
+        if strings[cats[i]] in ("overhead", "Overhead")
+    )
+    return _Facts(
+        source=source,
+        has_steps=has_steps,
+        steps=step_times,
+        host_steps=host_steps,
+        devices=devices,
+        device_steps=device_steps,
+        operators=ops.operators(trace, nesting, self_ns, members, step_total),
+        kernels=ops.kernels(trace, nesting, events, positions),
+        functions=ops.functions(trace, nesting, self_ns, members, sampled_rows),
+        delays=ops.launch_delays(trace, events, positions),
+        counters=ops.counters(trace),
+        dropped=ops.dropped_events(trace),
+        overhead_ns=overhead,
+        notes=notes,
+        sums=sums,
+    )
+
+
+def _launch_gaps(
+    trace: Trace, events: dev.DeviceEvents, positions: Sequence[int]
+) -> tuple[int, int]:
+    """Idle gaps between consecutive events of each stream, and the part of them spent
+    waiting for the host: the next event's launch call began after the previous one ended."""
+    starts = trace.spans["start_ns"]
+    by_stream: dict[tuple[str, int], list[int]] = {}
+    for p in positions:
+        by_stream.setdefault((events.device[p], events.stream[p]), []).append(p)
+    wait = gaps = 0
+    for members in by_stream.values():
+        members.sort(key=lambda p: events.start[p])
+        prev_end: int | None = None
+        for p in members:
+            if prev_end is not None and events.start[p] > prev_end:
+                gap = events.start[p] - prev_end
+                gaps += gap
+                cpu = events.cpu_correlation.get(events.correlation[p])
+                if cpu is not None and events.correlation[p] >= 0 and starts[cpu] > prev_end:
+                    wait += gap
+            prev_end = events.end[p] if prev_end is None else max(prev_end, events.end[p])
+    return wait, gaps
+
+
+def _merge_operators(groups: Sequence[list[OperatorRow]], step_total: int) -> list[OperatorRow]:
+    rows: dict[str, OperatorRow] = {}
+    for group in groups:
+        for r in group:
+            old = rows.get(r.name)
+            rows[r.name] = (
+                r
+                if old is None
+                else replace(
+                    old,
+                    calls=old.calls + r.calls,
+                    self_ns=old.self_ns + r.self_ns,
+                    total_ns=old.total_ns + r.total_ns,
+                )
+            )
+    out = [
+        replace(r, self_pct=100.0 * r.self_ns / step_total if step_total else 0.0)
+        for r in rows.values()
+    ]
+    out.sort(key=lambda r: (-r.self_ns, r.name))
+    return out
+
+
+def _merge_kernels(groups: Sequence[list[KernelRow]]) -> list[KernelRow]:
+    rows: dict[str, KernelRow] = {}
+    launchers: dict[str, Counter[str]] = {}
+    for group in groups:
+        for r in group:
+            c = launchers.setdefault(r.name, Counter())
+            c.update({name: r.calls for name in r.launched_by})
+            old = rows.get(r.name)
+            if old is None:
+                rows[r.name] = r
+            else:
+                calls, total = old.calls + r.calls, old.total_ns + r.total_ns
+                rows[r.name] = replace(
+                    old,
+                    calls=calls,
+                    total_ns=total,
+                    mean_ns=total / calls,
+                    max_ns=max(old.max_ns, r.max_ns),
+                )
+    out = [
+        replace(r, launched_by=[n for n, _ in launchers[r.name].most_common(3)])
+        for r in rows.values()
+    ]
+    out.sort(key=lambda r: (-r.total_ns, r.name))
+    return out
+
+
+def _merge_functions(groups: Sequence[list[FunctionRow]]) -> list[FunctionRow]:
+    rows: dict[tuple[str, bool], FunctionRow] = {}
+    for group in groups:
+        for r in group:
+            old = rows.get((r.name, r.sampled))
+            rows[(r.name, r.sampled)] = (
+                r
+                if old is None
+                else replace(
+                    old,
+                    calls=old.calls + r.calls,
+                    self_ns=old.self_ns + r.self_ns,
+                    total_ns=old.total_ns + r.total_ns,
+                )
+            )
+    out = list(rows.values())
+    out.sort(key=lambda r: (-r.self_ns, r.name))
+    return out
+
+
+def _summarize(source: str, facts: Sequence[_Facts], top: int) -> TraceSummary:
+    several = len(facts) > 1
+    step_list = [s for f in facts for s in f.steps]
+    host_steps = [b for f in facts for b in f.host_steps]
+    sums: dict[str, float] = {}
+    for f in facts:
+        for k, v in f.sums.items():
+            sums[k] = sums.get(k, 0.0) + v
+    devices = [
+        replace(d, device=f"{f.source}:{d.device}") if several else d
+        for f in facts
+        for d in f.devices
+    ]
+    device_steps = {
+        (f"{f.source}:{k}" if several else k): v for f in facts for k, v in f.device_steps.items()
+    }
+    step_total = int(sums.get("step_ns", 0))
+    measures: dict[str, float] = {}
+    if "device_idle_ns" in sums and step_total:
+        measures["device_idle_pct"] = 100.0 * sums["device_idle_ns"] / step_total
+        measures["host_wait_ns"] = sums["host_wait_ns"]
+        measures["device_gap_ns"] = sums["device_gap_ns"]
+        n_steps = max(1.0, sums.get("steps", 1.0))
+        measures["device_events_per_step"] = sums["device_events"] / n_steps
+        if sums["device_events"]:
+            measures["short_device_events_pct"] = (
+                100.0 * sums["short_device_events"] / sums["device_events"]
+            )
+        measures["pageable_h2d_count"] = sums["pageable_h2d_count"]
+        measures["pageable_h2d_ns"] = sums["pageable_h2d_ns"]
+    dropped: dict[str, int] = {}
+    for f in facts:
+        for k, v in f.dropped.items():
+            dropped[k] = dropped.get(k, 0) + v
+    notes = list(dict.fromkeys(n for f in facts for n in f.notes))
+    if devices:
+        notes.append(f"device totals: {devices[0].scope}")
+    summary = TraceSummary(
+        source=source,
+        files=[f.source for f in facts],
+        has_steps=all(f.has_steps for f in facts),
+        steps=step_list,
+        step_stats=steps.step_stats(step_list),
+        host_total=host.total_breakdown(host_steps),
+        host_steps=host_steps,
+        devices=devices,
+        device_steps=device_steps,
+        operators=_merge_operators([f.operators for f in facts], step_total)[:top],
+        kernels=_merge_kernels([f.kernels for f in facts])[:top],
+        functions=_merge_functions([f.functions for f in facts])[:top],
+        launch_delay=ops.launch_delay([d for f in facts for d in f.delays]),
+        counters=[c for f in facts for c in f.counters],
+        dropped=dropped,
+        profiler_overhead_ns=sum(f.overhead_ns for f in facts),
+        notes=notes,
+        measures=measures,
+    )
+    summary.recommendations = recommend(summary)
+    return summary
+
+
+def analyze_trace(
+    trace: Trace, source: str = "trace", step_range: tuple[int, int] | None = None, top: int = 10
+) -> TraceSummary:
+    """Analyse one trace."""
+    return _summarize(source, [_facts(trace, source, step_range)], top)
+
+
+def analyze(
+    traces: Sequence[tuple[str, Trace]],
+    step_range: tuple[int, int] | None = None,
+    top: int = 10,
+) -> Report:
+    """Analyse traces (label, trace): a summary per trace and one of all of them together."""
+    if not traces:
+        raise ValueError("analyze: no traces given")
+    if top < 1:
+        raise ValueError(f"top must be 1 or more, got {top}")
+    facts = [_facts(trace, label, step_range) for label, trace in traces]
+    per_file = [_summarize(f.source, [f], top) for f in facts]
+    combined = per_file[0] if len(facts) == 1 else _summarize("all files", facts, top)
+    return Report(per_file, combined, step_range, top)

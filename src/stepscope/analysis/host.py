@@ -1,0 +1,244 @@
+"""Host breakdown: where each step's wall time went on the thread that ran it.
+
+The step's time on its thread is split by the innermost span open at each moment (the self
+times of ``trace.nesting``, which never overlap), so the categories sum to the step time.
+Each span takes the category of the first rule that matches, walking from the span out to
+the step:
+
+1. ``data_loading``: ``enumerate(DataLoader)#...``, a name with ``DataLoader``, ``data
+   load(ing)``, ``get_batch``/``next_batch``/``fetch_batch``.
+2. ``optimizer``: ``Optimizer.step#...``, ``Optimizer.zero_grad#...``, names starting with
+   ``optimizer`` / ``opt_step``.
+3. ``communication``: collective launches — ``nccl:*``, ``gloo:*``, ``c10d::*``,
+   ``record_param_comms``, all_reduce / all_gather / reduce_scatter / all_to_all / broadcast /
+   barrier / send / recv.
+4. ``backward``: a name with ``backward`` (``## backward ##``, ``MulBackward0``) or
+   ``autograd::engine::evaluate_function: ...``.
+5. ``forward``: a name with ``forward`` or ``nn.Module: ...`` (module spans).
+
+No rule matching anywhere up the chain: inside a user annotation (``record_function``, any
+category ``user_annotation``) -> ``other_annotated``; a ``python_function`` span ->
+``python``; a torch operator -> ``forward`` when it starts before the step's first backward
+span (or the step has none), else ``other_operators``.  The step span's own time (no span
+open below it) is ``idle_other`` — uninstrumented Python or waiting — except the part during
+which a backward span runs on another thread of the same process (the autograd engine's
+device threads), which is ``backward``; with stack samples and no ``python_function`` spans,
+sampled Python time moves out of a span's self time into ``python`` (as ``key_averages``).
+A span that outlives its step is cut at the step's end; what spans do not cover is
+``idle_other``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from stepscope.analysis.device import merge_intervals
+from stepscope.analysis.result import HOST_CATEGORIES, Category, HostBreakdown
+from stepscope.analysis.steps import StepWindow
+from stepscope.trace.model import Trace
+from stepscope.trace.nesting import Nesting
+
+__all__ = ["classify_name", "host_breakdowns", "span_categories", "total_breakdown"]
+
+_RULES: tuple[tuple[str, re.Pattern[str]], ...] = (
+    (
+        "data_loading",
+        re.compile(
+            r"enumerate\(DataLoader\)|DataLoader|(?i:data[ _.-]?load)|"
+            r"(?i:^(get|next|fetch)[ _]?batch)"
+        ),
+    ),
+    ("optimizer", re.compile(r"^Optimizer\.(step|zero_grad)#|(?i:^optimizer|^opt[ _.]step)")),
+    (
+        "communication",
+        re.compile(
+            r"(?i:^(nccl|gloo|c10d)[:_ ]|record_param_comms|all_?reduce|all_?gather|"
+            r"reduce_?scatter|all_?to_?all|broadcast|barrier|^(i?send|i?recv)\b)"
+        ),
+    ),
+    ("backward", re.compile(r"(?i:backward)|^autograd::engine::evaluate_function")),
+    ("forward", re.compile(r"(?i:forward)|^nn\.Module: ")),
+)
+_ANNOTATION = "user_annotation"
+_PYTHON = "python_function"
+_OP_PENDING = "op"
+
+
+def classify_name(name: str) -> str | None:
+    """The category a span name alone gives (rules 1-5 of the module docstring), or None."""
+    for category, pattern in _RULES:
+        if pattern.search(name):
+            return category
+    return None
+
+
+def span_categories(trace: Trace, nesting: Nesting, host: Sequence[bool]) -> list[str]:
+    """Category of every host span from its own name and those of its ancestors.
+
+    Operators get ``op`` here; ``host_breakdowns`` decides forward or other_operators by time.
+    """
+    spans = trace.spans
+    names, cats = spans["name"], spans["cat"]
+    strings = trace.strings
+    by_name: dict[int, str | None] = {}
+    own: list[str | None] = []
+    for i in range(len(spans)):
+        n = names[i]
+        if n not in by_name:
+            by_name[n] = classify_name(strings[n])
+        own.append(by_name[n])
+    parent = nesting.parent
+    result: list[str] = [""] * len(spans)
+    for i in range(len(spans)):
+        if not host[i] or result[i]:
+            continue
+        chain = [i]
+        p = parent[i]
+        while p >= 0 and not result[p]:
+            chain.append(p)
+            p = parent[p]
+        # inherited: the resolved category of the nearest resolved ancestor
+        inherited = result[p] if p >= 0 else ""
+        for j in reversed(chain):
+            named = own[j]
+            cat = strings[cats[j]]
+            if named is not None and not strings[names[j]].startswith("ProfilerStep#"):
+                value = named
+            elif inherited in ("", _OP_PENDING, "python"):
+                if cat == _ANNOTATION and not strings[names[j]].startswith("ProfilerStep#"):
+                    value = "other_annotated"
+                elif cat == _PYTHON:
+                    value = "python"
+                elif cat in (_ANNOTATION, "Trace"):
+                    value = ""
+                else:
+                    value = _OP_PENDING
+            else:
+                value = inherited
+            result[j] = value
+            inherited = value
+    return result
+
+
+def host_breakdowns(
+    trace: Trace,
+    nesting: Nesting,
+    self_ns: Sequence[int],
+    host: Sequence[bool],
+    steps: Sequence[StepWindow],
+    python_taken: dict[int, int] | None = None,
+) -> list[HostBreakdown]:
+    """One breakdown per step; categories sum to the step time."""
+    spans = trace.spans
+    pids, tids = spans["pid"], spans["tid"]
+    starts, durs = spans["start_ns"], spans["dur_ns"]
+    categories = span_categories(trace, nesting, host)
+    python_taken = python_taken or {}
+    backward_by_pid: dict[int, list[tuple[int, int]]] = {}
+    for i in range(len(spans)):
+        if host[i] and categories[i] == "backward":
+            backward_by_pid.setdefault(pids[i], []).append((starts[i], starts[i] + durs[i]))
+    tracks: dict[tuple[int, int], list[int]] = {}
+    for i in range(len(spans)):
+        if host[i]:
+            tracks.setdefault((pids[i], tids[i]), []).append(i)
+    result = []
+    for step in steps:
+        totals = dict.fromkeys(HOST_CATEGORIES, 0)
+        members = [
+            i
+            for i in tracks.get((step.pid, step.tid), [])
+            if i != step.span and step.start_ns <= starts[i] < step.end_ns
+        ]
+        first_backward = min(
+            (starts[i] for i in members if categories[i] == "backward"), default=None
+        )
+        covered: list[tuple[int, int]] = []
+        for i in members:
+            category = categories[i]
+            if category == _OP_PENDING:
+                before = first_backward is None or starts[i] < first_backward
+                category = "forward" if before else "other_operators"
+            elif not category:
+                category = "idle_other"
+            end = min(starts[i] + durs[i], step.end_ns)
+            share = self_ns[i]
+            if end < starts[i] + durs[i] and durs[i] > 0:  # cut at the step's end
+                share = share * (end - starts[i]) // durs[i]
+            taken = min(python_taken.get(i, 0), share)
+            totals[category] += share - taken
+            totals["python"] += taken
+            if nesting.parent[i] == step.span or step.span < 0:
+                covered.append((starts[i], end))
+        own_python = python_taken.get(step.span, 0) if step.span >= 0 else 0
+        totals["python"] += own_python
+        gaps = _gaps(merge_intervals(covered), step.start_ns, step.end_ns)
+        backward_elsewhere = _overlap(
+            gaps,
+            merge_intervals(
+                iv
+                for iv in backward_by_pid.get(step.pid, [])
+                if iv[1] > step.start_ns and iv[0] < step.end_ns
+            ),
+        )
+        totals["backward"] += backward_elsewhere
+        used = sum(totals.values())
+        if used > step.dur_ns:  # spans crossing the step's edges: scale to fit
+            scale = step.dur_ns / used
+            for key in totals:
+                totals[key] = int(totals[key] * scale)
+            used = sum(totals.values())
+        totals["idle_other"] += step.dur_ns - used
+        result.append(_breakdown(step.step, step.dur_ns, totals, f"{step.pid}/{step.tid}"))
+    return result
+
+
+def _gaps(merged: list[tuple[int, int]], lo: int, hi: int) -> list[tuple[int, int]]:
+    gaps = []
+    at = lo
+    for start, end in merged:
+        if start > at:
+            gaps.append((at, min(start, hi)))
+        at = max(at, end)
+    if at < hi:
+        gaps.append((at, hi))
+    return gaps
+
+
+def _overlap(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> int:
+    total, i, j = 0, 0, 0
+    while i < len(a) and j < len(b):
+        lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        if hi > lo:
+            total += hi - lo
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+def _breakdown(step: int | None, total: int, totals: dict[str, int], thread: str) -> HostBreakdown:
+    return HostBreakdown(
+        step,
+        total,
+        [
+            Category(
+                name, totals.get(name, 0), 100.0 * totals.get(name, 0) / total if total else 0.0
+            )
+            for name in HOST_CATEGORIES
+        ],
+        thread,
+    )
+
+
+def total_breakdown(steps: Sequence[HostBreakdown]) -> HostBreakdown:
+    """The steps' breakdowns added up."""
+    totals = dict.fromkeys(HOST_CATEGORIES, 0)
+    for b in steps:
+        for c in b.categories:
+            totals[c.name] += c.ns
+    whole = sum(b.total_ns for b in steps)
+    threads = sorted({b.thread for b in steps})
+    return _breakdown(None, whole, totals, ",".join(threads))

@@ -1,0 +1,154 @@
+"""Summarise traces: step times, where each step's time went (host and device), top tables
+and recommendations.
+
+PATH is a trace file (.json or .json.gz, written by stepscope or torch.profiler) or a
+directory of them (several windows or ranks: each file, then all together).  --json writes the
+same numbers in the versioned ``stepscope.report`` schema (docs/report-schema.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import sys
+from pathlib import Path
+from typing import TextIO
+
+from stepscope.analysis.analyze import analyze
+from stepscope.analysis.result import Report
+from stepscope.analysis.steps import parse_step_range
+from stepscope.atomic import atomic_output
+from stepscope.trace.chrome import read_chrome_trace
+from stepscope.trace.model import Trace
+
+__all__ = ["add_arguments", "load_traces", "run", "trace_files", "write_text"]
+
+TRACE_SUFFIXES = (".json", ".json.gz")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Arguments of ``stepscope report``."""
+    parser.add_argument("path", metavar="PATH", help="trace file or directory of traces")
+    parser.add_argument("--steps", metavar="N-M", help="analyse only steps N to M (inclusive)")
+    parser.add_argument("--top", type=int, default=10, metavar="K", help="rows per table (10)")
+    parser.add_argument("--json", metavar="FILE", help="also write the report as JSON")
+    parser.add_argument("--html", metavar="FILE", help="also write the report as HTML")
+
+
+def trace_files(path: Path) -> list[Path]:
+    """The trace files at ``path`` (a file, or every .json/.json.gz under a directory)."""
+    if not path.exists():
+        raise ValueError(f"{path}: no such file or directory")
+    if path.is_file():
+        return [path]
+    if not path.is_dir():
+        raise ValueError(f"{path}: not a file or directory")
+    found = sorted(p for p in path.rglob("*") if p.is_file() and p.name.endswith(TRACE_SUFFIXES))
+    if not found:
+        raise ValueError(f"{path}: no trace files (*.json, *.json.gz) in this directory")
+    return found
+
+
+def _read(path: Path) -> Trace:
+    try:
+        return read_chrome_trace(path)
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except RecursionError:
+        raise ValueError(f"{path}: not a trace: nested too deeply") from None
+    except MemoryError:
+        raise ValueError(f"{path}: too large to read into memory") from None
+
+
+def load_traces(path: Path, stderr: TextIO) -> tuple[list[tuple[str, Trace]], list[str]]:
+    """Read every trace at ``path``; a rich progress bar on a terminal ``stderr``.
+
+    A single file that cannot be read raises ``ValueError``; in a directory, such files are
+    listed as failures (one line each) and the others are read.
+    """
+    files = trace_files(path)
+    single = len(files) == 1 and path.is_file()
+    traces: list[tuple[str, Trace]] = []
+    failures: list[str] = []
+    progress = None
+    if stderr.isatty():
+        from rich.console import Console
+        from rich.progress import BarColumn, Progress, TextColumn
+
+        progress = Progress(
+            TextColumn("reading {task.fields[name]}"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total} files"),
+            console=Console(file=stderr),
+            transient=True,
+        )
+    task = None
+    if progress is not None:
+        progress.start()
+        task = progress.add_task("read", total=len(files), name="")
+    try:
+        for f in files:
+            label = f.name if single or path.is_file() else str(f.relative_to(path))
+            if progress is not None and task is not None:
+                progress.update(task, name=label)
+            try:
+                traces.append((label, _read(f)))
+            except ValueError as exc:
+                if single:
+                    raise
+                failures.append(str(exc))
+            if progress is not None and task is not None:
+                progress.advance(task)
+    finally:
+        if progress is not None:
+            progress.stop()
+    if not traces:
+        raise ValueError(f"{path}: none of its {len(files)} files could be read: {failures[0]}")
+    return traces, failures
+
+
+def write_text(path: str, text: str, what: str) -> None:
+    """Write ``text`` to ``path`` atomically (never a half-written file)."""
+    with atomic_output(path, what=what) as fh:
+        fh.write(text.encode("utf-8"))
+
+
+def write_html_report(report: Report, path: str) -> bool:
+    """Write the HTML report when ``stepscope.report.html`` exists; False when it does not."""
+    if importlib.util.find_spec("stepscope.report.html") is None:
+        return False
+    module = importlib.import_module("stepscope.report.html")
+    module.write_html(report, path)
+    return True
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``stepscope report``."""
+    from rich.console import Console
+
+    if args.top < 1:
+        raise ValueError(f"--top must be 1 or more, got {args.top}")
+    step_range = parse_step_range(args.steps) if args.steps else None
+    traces, failures = load_traces(Path(args.path), sys.stderr)
+    for failure in failures:
+        print(f"stepscope report: skipped {failure}", file=sys.stderr)
+    report = analyze(traces, step_range, args.top)
+    render_report_to(report, Console(file=sys.stdout, soft_wrap=False))
+    if args.json:
+        write_text(args.json, report.to_json() + "\n", "JSON report")
+        print(f"stepscope report: JSON -> {args.json}", file=sys.stderr)
+    if args.html:
+        if write_html_report(report, args.html):
+            print(f"stepscope report: HTML -> {args.html}", file=sys.stderr)
+        else:
+            print("stepscope report: the HTML report is not available yet", file=sys.stderr)
+            return 1
+    return 1 if failures else 0
+
+
+def render_report_to(report: Report, console: object) -> None:
+    """Render on a rich console (import kept local: rich loads only for this command)."""
+    from stepscope.report.terminal import render_report
+
+    render_report(report, console)  # type: ignore[arg-type]
