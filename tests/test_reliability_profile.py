@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -123,3 +125,37 @@ def test_a_reserved_metadata_key_is_refused_when_added(tmp_path: Path) -> None:
 def test_max_annotation_spans_is_checked_at_construction() -> None:
     with pytest.raises(ValueError, match="max_spans must be an int in"):
         profile(max_annotation_spans=10**30)
+
+
+def sigprof_caught() -> bool:
+    """Whether this process has a handler for SIGPROF (the kernel's view, not Python's)."""
+    with open("/proc/self/status") as fh:
+        mask = next(int(line.split()[1], 16) for line in fh if line.startswith("SigCgt:"))
+    return bool(mask >> (signal.SIGPROF - 1) & 1)
+
+
+def test_a_child_forked_while_sampling_starts_clean_and_samples_on_its_own() -> None:
+    with profile(activities=["CPU", "SAMPLING"], sampling_rate_hz=500) as prof:
+        work(2000)
+
+        def child() -> dict[str, Any]:
+            before = sigprof_caught()  # as the parent's run left it
+            with profile(activities=["CPU", "SAMPLING"], sampling_rate_hz=1000) as own:
+                deadline = time.perf_counter() + 0.3
+                while time.perf_counter() < deadline:
+                    work(200)
+            info = own.trace().metadata["stepscope_sampler"]
+            return {
+                "caught_at_start": before,
+                "samples": len(own.trace().samples),
+                "mode": info.get("mode"),
+                "caught_after": sigprof_caught(),
+            }
+
+        report = in_child(child)
+        work(2000)
+    assert report["samples"] > 20, report
+    assert not report["caught_at_start"] and not report["caught_after"], report
+    if native() is not None and sys.version_info >= (3, 11):
+        assert report["mode"] == "signal", report
+    assert len(prof.trace().samples) > 0

@@ -575,6 +575,19 @@ static void unwatch_codes(void) {
 #endif
 }
 
+/* In a forked child: the parent's run is not ours (see ss_sig_after_fork_in_child). */
+static PyObject *sampler_after_fork_in_child(PyObject *module, PyObject *unused) {
+    ss_sig_after_fork_in_child();
+    unwatch_codes();
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef module_functions[] = {
+    {"_sampler_after_fork_in_child", sampler_after_fork_in_child, METH_NOARGS,
+     "Forget a signal-sampling run inherited from the parent (call in a forked child)."},
+    {NULL, NULL, 0, NULL},
+};
+
 /* -- the Python type ----------------------------------------------------------------------- */
 
 static void take_baseline(Sampler *self) {
@@ -905,5 +918,5 @@ int ss_sampler_init(PyObject *module) {
         Py_DECREF(&StackSamplerType);
         return -1;
     }
-    return 0;
+    return PyModule_AddFunctions(module, module_functions);
 }

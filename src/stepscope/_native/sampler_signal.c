@@ -517,6 +517,27 @@ void ss_sig_release(void) {
     atomic_store(&E.owned, 0);
 }
 
+void ss_sig_after_fork_in_child(void) {
+    E.thread_started = 0; /* threads do not survive a fork */
+    E.stop = 0;
+    atomic_store(&E.running, 0);
+    int n = atomic_load(&E.n_slots);
+    for (int i = 0; i < n; i++) {
+        atomic_store(&E.slots[i]->in_flight, 0); /* pending signals are not inherited */
+    }
+    if (E.installed) {
+        sigaction(SIGPROF, &E.previous, NULL);
+        E.installed = 0;
+    }
+    free_slots();
+    E.stale = 0;
+    pthread_mutex_init(&E.mu, NULL); /* the timing thread may have held it at the fork */
+    if (E.cv_ready) {
+        pthread_cond_init(&E.cv, NULL);
+    }
+    atomic_store(&E.owned, 0);
+}
+
 void ss_sig_stats(SsSigStats *out) {
     memset(out, 0, sizeof(*out));
     out->ticks = atomic_load(&E.ticks);
@@ -547,6 +568,7 @@ int ss_sig_drain(void *ctx, ss_busy_fn busy, ss_idle_fn idle) { return 0; }
 int ss_sig_pending_code(const void *code, int forget) { return 0; }
 void ss_sig_stop(int64_t timeout_ns) {}
 void ss_sig_release(void) {}
+void ss_sig_after_fork_in_child(void) {}
 void ss_sig_stats(SsSigStats *out) { memset(out, 0, sizeof(*out)); }
 
 #endif

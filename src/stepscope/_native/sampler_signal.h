@@ -58,6 +58,10 @@ void ss_sig_stop(int64_t timeout_ns);
 /* Free the run's memory (kept, and the handler left installed but inert, if signals were
  * still in flight at stop) and let another run start. */
 void ss_sig_release(void);
+
+/* In a child forked during a run: the timing thread and every signal in flight stayed in the
+ * parent.  Put the SIGPROF action back, free the slots and let the child start its own run. */
+void ss_sig_after_fork_in_child(void);
 void ss_sig_stats(SsSigStats *out);
 /* 1 while a run owns the engine. */
 int ss_sig_busy(void);

@@ -378,6 +378,14 @@ class Sampler:
             if sys.getswitchinterval() == ours:  # untouched by anyone else meanwhile
                 sys.setswitchinterval(previous)
 
+    def forget_in_child(self) -> None:
+        """In a forked child: the timing thread stayed in the parent; undo what it set here."""
+        self._thread = None
+        self._restore_switch_interval()
+        mod = native()
+        if mod is not None and hasattr(mod, "_sampler_after_fork_in_child"):
+            mod._sampler_after_fork_in_child()
+
     def describe(self, data: SamplerData) -> dict[str, Any]:
         """Settings and counters of a finished run, for trace metadata."""
         duration_s = max(self.stopped_ns - self.started_ns, 1) / 1e9
@@ -469,6 +477,13 @@ class SamplerCollector(Collector):
         data, self._data = self._data, None
         if data is not None:
             add_samples(builder, data, ctx.pid)
+
+    def after_fork_in_child(self) -> None:
+        """In a child forked during a window: no sampling there, the parent's samples dropped."""
+        sampler, self._sampler = self._sampler, None
+        self._data = None
+        if sampler is not None:
+            sampler.forget_in_child()
 
     def close(self) -> None:
         """Stop a timing thread still running."""
