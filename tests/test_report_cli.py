@@ -1,0 +1,188 @@
+"""``stepscope report`` and ``stepscope diff`` end to end: real loops, torch, shared GPU traces."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import stepscope
+from stepscope.cli import main
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
+GPU_TRACES = [
+    "alexnet_gpu.json.gz",
+    "amd_mi250_rocm.json.gz",
+    "mtia_inference.json.gz",
+    "nccl_gpu.json.gz",
+    "training_rank0_gpu.json.gz",
+    "triton_gpu.json.gz",
+]
+
+
+def spin(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def record_loop(out: Path, slow_factor: float = 1.0, steps: int = 6) -> Path:
+    """A plain loop under stepscope.profile: data loading, a small and a large function."""
+    with stepscope.profile(on_trace_ready=stepscope.trace_handler(str(out))) as prof:
+        for _ in range(steps):
+            with stepscope.record_function("data_loading"):
+                spin(0.0005)
+            with stepscope.record_function("fn_small"):
+                spin(0.001)
+            with stepscope.record_function("fn_large"):
+                spin(0.004 * slow_factor)
+            prof.step()
+    return out
+
+
+def report_json(tmp_path: Path, target: Path, *extra: str) -> dict[str, Any]:
+    out = tmp_path / "report.json"
+    assert main(["report", str(target), "--json", str(out), *extra]) == 0
+    data: dict[str, Any] = json.loads(out.read_text())
+    assert data["schema"] == "stepscope.report" and data["schema_version"] == 1
+    return data
+
+
+def assert_breakdowns_sum(summary: dict[str, Any]) -> None:
+    for step in [summary["host_total"], *summary["host_steps"]]:
+        total = sum(c["ns"] for c in step["categories"])
+        assert total == pytest.approx(step["total_ns"], rel=0.01)
+    for step in summary["steps"]:
+        assert step["dur_ns"] > 0
+    for step, slices in summary["device_steps"].items():
+        match = [s for s in summary["steps"] if str(s["step"]) == step or step == "all"]
+        assert sum(c["ns"] for c in slices) == pytest.approx(match[0]["dur_ns"], rel=0.01)
+
+
+def test_report_plain_loop(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    record_loop(tmp_path / "traces")
+    data = report_json(tmp_path, tmp_path / "traces")
+    combined = data["combined"]
+    assert_breakdowns_sum(combined)
+    assert combined["has_steps"] and combined["step_stats"]["count"] >= 6
+    shares = {c["name"]: c["pct"] for c in combined["host_total"]["categories"]}
+    # 0.5 of ~5.5 ms is data loading; fn_small/fn_large are other annotated regions
+    assert 5 < shares["data_loading"] < 15
+    assert shares["other_annotated"] > 70
+    names = [r["name"] for r in combined["operators"]]
+    assert names[0] == "fn_large"
+    out = capsys.readouterr().out
+    assert "Top operators" in out and "fn_large" in out and "data_loading" in out
+
+
+def test_report_torch_cpu_loop(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with stepscope.profile(
+        on_trace_ready=stepscope.trace_handler(str(tmp_path / "t")), step_on="optimizer"
+    ):
+        for _ in range(4):
+            x = torch.randn(32, 64)
+            loss = model(x).pow(2).mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+    data = report_json(tmp_path, tmp_path / "t")
+    combined = data["combined"]
+    assert_breakdowns_sum(combined)
+    shares = {c["name"]: c["ns"] for c in combined["host_total"]["categories"]}
+    assert shares["forward"] > 0 and shares["backward"] > 0 and shares["optimizer"] > 0
+    assert any(r["name"].startswith("aten::") for r in combined["operators"])
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason="shared GPU traces not present")
+@pytest.mark.parametrize("name", GPU_TRACES)
+def test_report_shared_gpu_traces(tmp_path: Path, name: str) -> None:
+    copy = tmp_path / name
+    shutil.copyfile(SHARED / name, copy)
+    data = report_json(tmp_path, copy, "--top", "5")
+    combined = data["combined"]
+    assert_breakdowns_sum(combined)
+    device = combined["devices"][0]
+    assert device["device"] == "all"
+    assert device["idle_ns"] + device["compute_ns"] + device["non_compute_ns"] == device["span_ns"]
+    assert len(combined["operators"]) <= 5
+    if name != "mtia_inference.json.gz":
+        assert combined["kernels"] and combined["kernels"][0]["launched_by"]
+    for rec in combined["recommendations"]:
+        assert rec["evidence"]
+
+
+def test_report_directory_of_several_files(tmp_path: Path) -> None:
+    record_loop(tmp_path / "a", steps=3)
+    record_loop(tmp_path / "a", steps=3)
+    data = report_json(tmp_path, tmp_path / "a", "--steps", "0-1")
+    assert len(data["files"]) == 2
+    assert data["combined"]["step_stats"]["count"] == 4
+    assert data["step_range"] == [0, 1]
+
+
+def test_diff_finds_a_20_percent_slowdown(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = record_loop(tmp_path / "base")
+    slow = record_loop(tmp_path / "slow", slow_factor=1.2)
+    out = tmp_path / "diff.json"
+    rc = main(["diff", str(base), str(slow), "--fail-if-slower", "10", "--json", str(out)])
+    assert rc == 1
+    data = json.loads(out.read_text())
+    assert data["schema"] == "stepscope.diff" and data["step"]["pct"] > 10
+    top = data["rows"][0]
+    assert (top["kind"], top["name"], top["status"]) == ("operator", "fn_large", "slower")
+    assert 10 < top["pct"] < 35  # 20 % injected; a loaded 2-core machine adds noise
+    assert "slower than the baseline" in capsys.readouterr().err
+    assert main(["diff", str(base), str(slow), "--fail-if-slower", "50"]) == 0
+
+
+def test_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "r.json"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"traceEvents": [')
+    notgz = tmp_path / "x.json.gz"
+    notgz.write_bytes(gzip.compress(b"[1, 2"))
+    for target, says in (
+        (tmp_path / "missing", "no such file or directory"),
+        (empty, "no trace files"),
+        (bad, "bad.json"),
+        (notgz, "x.json.gz"),
+    ):
+        assert main(["report", str(target), "--json", str(out)]) != 0
+        err = capsys.readouterr().err.strip()
+        assert says in err and len(err.splitlines()) == 1 and "Traceback" not in err
+        assert not out.exists()
+    assert main(["report", str(bad), "--steps", "5-2"]) != 0
+    assert "range ends before it starts" in capsys.readouterr().err
+
+
+def test_steps_out_of_range_says_which_steps_exist(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    record_loop(tmp_path / "t", steps=3)
+    assert main(["report", str(tmp_path / "t"), "--steps", "40-50"]) == 1
+    assert "no step in 40-50" in capsys.readouterr().err
+
+
+def test_html_option_without_the_html_module(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import importlib.util
+
+    record_loop(tmp_path / "t", steps=2)
+    rc = main(["report", str(tmp_path / "t"), "--html", str(tmp_path / "r.html")])
+    if importlib.util.find_spec("stepscope.report.html") is None:
+        assert rc == 1 and "not available yet" in capsys.readouterr().err
+    else:
+        assert rc == 0 and (tmp_path / "r.html").stat().st_size > 0
