@@ -31,14 +31,14 @@ class OptionalBuildExt(build_ext):
         )
 
 
-sources = sorted(glob.glob("src/stepscope/_native/*.c"))
+sources = sorted(glob.glob("src/stepscope/_csrc/*.c"))
 extensions = []
 if os.environ.get("STEPSCOPE_NO_NATIVE_BUILD") != "1":
     extensions.append(
         Extension(
             "stepscope._native",
             sources=sources,
-            depends=glob.glob("src/stepscope/_native/*.h"),
+            depends=glob.glob("src/stepscope/_csrc/*.h"),
             extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
         )
     )

@@ -5,7 +5,7 @@ Two modes.  ``signal`` (the default where it works: the C extension on Linux, Py
 SIGPROF not used by the program): a C timing thread sends SIGPROF to each busy thread and the C
 handler records the stack the thread is executing, so samples land where time is spent; this
 module's thread only drains the recorded samples every ``DRAIN_INTERVAL_S`` (see
-``_native/sampler_signal.c``).  ``thread`` (the twin, and the fallback): the timing thread
+``_csrc/sampler_signal.c``).  ``thread`` (the twin, and the fallback): the timing thread
 itself takes the samples.  Then samples can only be taken where the sampled thread hands over
 the GIL, which biases attribution towards code that hands it over often.
 

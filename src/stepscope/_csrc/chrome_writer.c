@@ -1,9 +1,9 @@
-/* Fast formatting of span columns as Chrome-trace "X" events (twin: chrome.format_spans_python).
+/* Fast formatting of span columns as Chrome-trace "X" events (twin: chrome_writer.format_spans_python).
  *
  * Strings arrive pre-escaped (JSON literals with their quotes) from the trace's string table; args
  * are rendered here when they hold plain JSON values, else by the Python fallback.  The output is
  * byte-identical to the Python twin. */
-#include "trace_values.h"
+#include "chrome_values.h"
 
 #define PUT_LITERAL(b, s) ss_buffer_put((b), (s), sizeof(s) - 1)
 
@@ -303,6 +303,6 @@ static PyMethodDef chrome_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-int ss_chrome_init(PyObject *module) {
+int ss_chrome_writer_init(PyObject *module) {
     return PyModule_AddFunctions(module, chrome_methods);
 }

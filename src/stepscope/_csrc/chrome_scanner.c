@@ -7,7 +7,7 @@
  * document is not a well-formed object with a traceEvents list, it returns None and the caller
  * parses it the ordinary way (which also words the error).  The ordinary path is the twin: both
  * give the same trace. */
-#include "trace_values.h"
+#include "chrome_values.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -591,6 +591,6 @@ static PyMethodDef scan_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-int ss_scan_init(PyObject *module) {
+int ss_chrome_scanner_init(PyObject *module) {
     return PyModule_AddFunctions(module, scan_methods);
 }

@@ -1,9 +1,9 @@
-/* Parsed Chrome-trace events to span columns in one pass (twin: chrome.spans_from_events_python).
+/* Parsed Chrome-trace events to span columns in one pass (twin: chrome_reader.spans_from_events_python).
  *
  * Plain "X" events (string or absent name and cat, integer or string pid/tid, finite numeric ts/dur,
  * object or absent args) are interned and appended to column buffers; the indices of all other events are
  * returned for the validating per-event reader.  The result is identical to the Python twin. */
-#include "trace_values.h"
+#include "chrome_values.h"
 
 int64_t ss_intern(PyObject *text, PyObject *ids, PyObject *strings) {
     PyObject *found = PyDict_GetItemWithError(ids, text);
@@ -244,6 +244,6 @@ static PyMethodDef columns_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-int ss_columns_init(PyObject *module) {
+int ss_chrome_columns_init(PyObject *module) {
     return PyModule_AddFunctions(module, columns_methods);
 }

@@ -13,9 +13,9 @@ PyMODINIT_FUNC PyInit__native(void) {
     if (module == NULL) {
         return NULL;
     }
-    if (ss_clock_init(module) < 0 || ss_chrome_init(module) < 0 || ss_annotations_init(module) < 0 ||
-        ss_tracer_init(module) < 0 || ss_sampler_init(module) < 0 || ss_columns_init(module) < 0 ||
-        ss_scan_init(module) < 0) {
+    if (ss_clock_init(module) < 0 || ss_chrome_writer_init(module) < 0 || ss_annotations_init(module) < 0 ||
+        ss_tracer_init(module) < 0 || ss_sampler_init(module) < 0 || ss_chrome_columns_init(module) < 0 ||
+        ss_chrome_scanner_init(module) < 0) {
         Py_DECREF(module);
         return NULL;
     }

@@ -1,7 +1,7 @@
 /* What the C trace readers and writer share: a growable byte buffer, the string-table intern, and
- * the rules for times and pid/tid labels (the same as trace/chrome.py's _plain_us/_plain_label). */
-#ifndef STEPSCOPE_TRACE_VALUES_H
-#define STEPSCOPE_TRACE_VALUES_H
+ * the rules for times and pid/tid labels (the same as trace/chrome_reader.py's _plain_us/_plain_label). */
+#ifndef STEPSCOPE_CHROME_VALUES_H
+#define STEPSCOPE_CHROME_VALUES_H
 
 #include "stepscope_native.h"
 

@@ -13,11 +13,11 @@ int64_t ss_now_ns(void);
 
 /* Per-part initialisers, called from module.c; each returns 0 or -1 with an exception set. */
 int ss_clock_init(PyObject *module);
-int ss_chrome_init(PyObject *module);
+int ss_chrome_writer_init(PyObject *module);
 int ss_annotations_init(PyObject *module);
 int ss_tracer_init(PyObject *module);
 int ss_sampler_init(PyObject *module);
-int ss_columns_init(PyObject *module);
-int ss_scan_init(PyObject *module);
+int ss_chrome_columns_init(PyObject *module);
+int ss_chrome_scanner_init(PyObject *module);
 
 #endif
