@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from stepscope.trace.names import STEPSCOPE_ROOT
+
 __all__ = ["Program", "find_program", "print_program_traceback"]
 
 BindHook = Callable[[dict[str, Any], str], None]
@@ -30,7 +32,6 @@ BindHook = Callable[[dict[str, Any], str], None]
 
 _HOOKS: dict[int, BindHook] = {}
 _RUNPY_FILES = (runpy.__file__, "<frozen runpy>")
-_STEPSCOPE_ROOT = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
 @dataclass(frozen=True)
@@ -173,7 +174,7 @@ def _with_bind_calls(body: list[ast.stmt], watch: Collection[str], key: int) -> 
 
 def _launcher_frame(tb: types.TracebackType) -> bool:
     file = tb.tb_frame.f_code.co_filename
-    return file.startswith(_STEPSCOPE_ROOT) or file in _RUNPY_FILES
+    return file.startswith(STEPSCOPE_ROOT) or file in _RUNPY_FILES
 
 
 def print_program_traceback(exc: BaseException) -> None:

@@ -29,7 +29,7 @@ from stepscope.analysis.result import (
     TraceSummary,
 )
 from stepscope.analysis.rules import SHORT_KERNEL_NS, recommend
-from stepscope.profiler.sampled_time import sampled_time
+from stepscope.analysis.sampled_time import sampled_time
 from stepscope.trace.model import Trace
 from stepscope.trace.nesting import nest_spans
 

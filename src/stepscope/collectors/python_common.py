@@ -18,6 +18,7 @@ from types import CodeType
 from typing import Any, NamedTuple
 
 from stepscope.trace.model import TraceBuilder
+from stepscope.trace.names import STEPSCOPE_ROOT
 
 __all__ = [
     "DEFAULT_BUFFER_BYTES",
@@ -190,10 +191,6 @@ def _glob_matches(module: str, glob: str) -> bool:
     return fnmatchcase(module, glob) or fnmatchcase(module, glob + ".*")
 
 
-STEPSCOPE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-"""stepscope's own package directory: its code is never recorded (it is not the user's)."""
-
-
 class ModuleFilter:
     """Decides once per code object (or C function's module) whether it is recorded.
 
@@ -313,4 +310,3 @@ def name_ids_for(
     """Builder string ids of the span names of interned targets (0 for excluded ones)."""
     intern = builder.intern
     return array("I", (0 if t is None else intern(names.span_name(t)) for t in targets))
-

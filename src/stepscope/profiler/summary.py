@@ -11,7 +11,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from stepscope.profiler.sampled_time import sampled_time
+from stepscope.analysis.sampled_time import sampled_time
 from stepscope.trace.model import Trace
 from stepscope.trace.nesting import DEVICE_CATEGORIES, group_name, nest_spans
 

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import os
-import sys
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 
 from stepscope.atomic import atomic_output
 from stepscope.text import clean_text
 from stepscope.trace.model import Trace
-from stepscope.trace.nesting import DEVICE_CATEGORIES, group_name, nest_spans
+from stepscope.trace.names import frame_label, sample_frame_label, short_path
+from stepscope.trace.nesting import DEVICE_CATEGORIES, Nesting, group_name, nest_spans
 
 __all__ = [
     "CPU_METRICS",
@@ -19,6 +19,7 @@ __all__ = [
     "frame_label",
     "sample_frame_label",
     "short_path",
+    "span_stacks_ns",
     "write_collapsed",
 ]
 
@@ -28,37 +29,19 @@ DEVICE_METRICS = frozenset(
 )
 
 
-def frame_label(name: str) -> str:
-    """A frame name safe for the collapsed format (no ';', no line breaks)."""
-    return " ".join(name.replace(";", ":").split()) or "?"
-
-
-def short_path(file: str) -> str:
-    """A source path without the longest ``sys.path`` entry it starts with (as py-spy shows it)."""
-    best = ""
-    for entry in sys.path:
-        root = entry.rstrip(os.sep) + os.sep if entry else ""
-        if root and file.startswith(root) and len(root) > len(best):
-            best = root
-    return file[len(best) :] if best else file
-
-
-def sample_frame_label(name: str, file: str) -> str:
-    """The collapsed-stack label of a sampled frame: ``function (path/module.py)``."""
-    return frame_label(f"{name} ({short_path(file)})" if file else name)
-
-
 def collapsed_from_samples(
     trace: Trace,
     *,
     tids: Collection[int | str] | None = None,
     include_idle: bool = True,
     per_thread: bool = False,
+    windows: Sequence[tuple[int, int]] | None = None,
 ) -> dict[str, int]:
     """Stacks of the trace's samples (root first, one frame per function) weighted by count.
 
     ``tids`` keeps only those threads; ``include_idle=False`` drops samples of idle threads;
-    ``per_thread`` puts a ``thread <tid>`` frame at the root of each stack.
+    ``per_thread`` puts a ``thread <tid>`` frame at the root of each stack; ``windows``
+    (``[start_ns, end_ns)`` pairs) keeps only the samples taken inside them.
     """
     samples = trace.samples
     stacks, frames = trace.tables["stacks"], trace.tables["frames"]
@@ -66,11 +49,18 @@ def collapsed_from_samples(
     frame_labels: dict[int, str] = {}
     stack_keys: dict[int, str] = {}
     totals: dict[str, int] = {}
-    for tid, stack, weight, idle in zip(
-        samples["tid"], samples["stack"], samples["weight"], samples["idle"], strict=True
+    for tid, stack, weight, idle, ts in zip(
+        samples["tid"],
+        samples["stack"],
+        samples["weight"],
+        samples["idle"],
+        samples["ts_ns"],
+        strict=True,
     ):
         label = trace.label(tid)
         if (tids is not None and label not in tids) or (idle and not include_idle):
+            continue
+        if windows is not None and not any(lo <= ts < hi for lo, hi in windows):
             continue
         key = stack_keys.get(stack)
         if key is None:
@@ -93,6 +83,36 @@ def collapsed_from_samples(
     return totals
 
 
+def span_stacks_ns(
+    trace: Trace,
+    *,
+    on_device: bool = False,
+    keep: Callable[[int], bool] | None = None,
+    nesting: Nesting | None = None,
+) -> dict[str, int]:
+    """Stacks of one trace's nested spans (root first) weighted by self time in nanoseconds.
+
+    Host spans, or device spans with ``on_device``; ``keep(i)`` (a span index) limits which
+    spans' self times count (their enclosing spans still name the stack).
+    """
+    nesting = nest_spans(trace) if nesting is None else nesting
+    spans = trace.spans
+    names, cats = spans["name"], spans["cat"]
+    strings = trace.strings
+    totals_ns: dict[str, int] = {}
+    for i in range(len(spans)):
+        cat = strings[cats[i]]
+        if cat == "Trace" or (cat in DEVICE_CATEGORIES) != on_device:
+            continue
+        weight = nesting.self_ns[i]
+        if weight <= 0 or (keep is not None and not keep(i)):
+            continue
+        chain = [j for j in (i, *nesting.ancestors(i)) if not nesting.folded[j]]
+        key = ";".join(frame_label(group_name(strings[names[j]])) for j in reversed(chain))
+        totals_ns[key] = totals_ns.get(key, 0) + weight
+    return totals_ns
+
+
 def collapsed_from_spans(
     traces: Iterable[Trace], metric: str = "self_cpu_time_total"
 ) -> dict[str, int]:
@@ -106,19 +126,7 @@ def collapsed_from_spans(
         raise ValueError(f"unknown export_stacks metric {metric!r}; valid metrics: {valid}")
     totals_ns: dict[str, int] = {}
     for trace in traces:
-        nesting = nest_spans(trace)
-        spans = trace.spans
-        names, cats = spans["name"], spans["cat"]
-        strings = trace.strings
-        for i in range(len(spans)):
-            cat = strings[cats[i]]
-            if cat == "Trace" or (cat in DEVICE_CATEGORIES) != on_device:
-                continue
-            weight = nesting.self_ns[i]
-            if weight <= 0:
-                continue
-            chain = [j for j in (i, *nesting.ancestors(i)) if not nesting.folded[j]]
-            key = ";".join(frame_label(group_name(strings[names[j]])) for j in reversed(chain))
+        for key, weight in span_stacks_ns(trace, on_device=on_device).items():
             totals_ns[key] = totals_ns.get(key, 0) + weight
     return {k: round(v / 1000) for k, v in totals_ns.items() if round(v / 1000) > 0}
 

@@ -22,9 +22,8 @@ import runpy
 from array import array
 from dataclasses import dataclass, field
 
-from stepscope.collectors.python_common import STEPSCOPE_ROOT
-from stepscope.report.collapsed import sample_frame_label
 from stepscope.trace.model import Trace
+from stepscope.trace.names import STEPSCOPE_ROOT, sample_frame_label
 from stepscope.trace.nesting import innermost_spans_at
 
 __all__ = ["SampledFunction", "SampledTime", "sampled_time"]
