@@ -2,7 +2,10 @@
 
 A step is a host span named ``ProfilerStep#N`` (not its device-side copy, category
 ``gpu_user_annotation``); a span stepscope closed at the window end
-(``stepscope.open_at_window_end``) is a partial step and left out.  When one step number
+(``stepscope.open_at_window_end``) is a partial step and left out, and so is the last step of a
+window stepscope marks cut short (``stepscope_window_complete: false``: the profile stopped
+before that step's own ``step()``, e.g. the step ``profile.step()`` opened after the loop's last
+iteration) when the window has other steps.  When one step number
 appears on several threads, the longest span is the step.  A trace without steps is analysed
 as one step spanning its host events, on the thread that was busy longest.
 """
@@ -18,7 +21,14 @@ from stepscope.analysis.result import StepStats, StepTime
 from stepscope.trace.model import Trace
 from stepscope.trace.nesting import DEVICE_CATEGORIES
 
-__all__ = ["StepWindow", "find_steps", "parse_step_range", "select_steps", "step_stats"]
+__all__ = [
+    "StepWindow",
+    "find_steps",
+    "left_out_last_step",
+    "parse_step_range",
+    "select_steps",
+    "step_stats",
+]
 
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
 _NOT_HOST = DEVICE_CATEGORIES | {"gpu_user_annotation", "cuda_profiler_range", "Trace"}
@@ -82,7 +92,10 @@ def find_steps(trace: Trace, host: Sequence[bool] | None = None) -> tuple[list[S
             if number not in found or window.dur_ns > found[number].dur_ns:
                 found[number] = window
     if found:
-        return sorted(found.values(), key=lambda w: (w.start_ns, w.step or 0)), True
+        ordered = sorted(found.values(), key=lambda w: (w.start_ns, w.step or 0))
+        if len(ordered) > 1 and trace.metadata.get("stepscope_window_complete") is False:
+            ordered.pop()
+        return ordered, True
     busy: dict[tuple[int, int], int] = {}
     lo, hi = math.inf, -math.inf
     for i in range(len(spans)):
@@ -94,6 +107,16 @@ def find_steps(trace: Trace, host: Sequence[bool] | None = None) -> tuple[list[S
         return [], False
     pid, tid = max(busy, key=lambda k: busy[k])
     return [StepWindow(None, "whole trace", -1, pid, tid, int(lo), int(hi))], False
+
+
+def left_out_last_step(trace: Trace, steps: Sequence[StepWindow]) -> bool:
+    """Whether :func:`find_steps` left out the cut-short last step of this trace's window."""
+    if trace.metadata.get("stepscope_window_complete") is not False or not steps:
+        return False
+    last = max((s.step for s in steps if s.step is not None), default=None)
+    return last is not None and any(
+        int(m.group(1)) > last for m in map(_STEP.match, trace.strings) if m is not None
+    )
 
 
 def parse_step_range(text: str) -> tuple[int, int]:
