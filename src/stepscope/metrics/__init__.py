@@ -55,9 +55,10 @@ from stepscope.metrics.exporters import (
     StatsdExporter,
 )
 from stepscope.metrics.failures import set_strict
-from stepscope.metrics.instruments import Counter, Gauge, Histogram, Scalar
+from stepscope.metrics.instruments import Counter, Gauge, Histogram
 from stepscope.metrics.pipeline import Pipeline
 from stepscope.metrics.ring import Channel, RecordSink
+from stepscope.metrics.scalars import Scalar
 from stepscope.metrics.settings import PipelineSettings, RetryPolicy
 
 __all__ = [

@@ -10,8 +10,9 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from stepscope.metrics.exporters.base import Exporter
-from stepscope.metrics.instruments import DEFAULT_LIMIT, Counter, Gauge, Histogram, Scalar
+from stepscope.metrics.instruments import DEFAULT_LIMIT, Counter, Gauge, Histogram
 from stepscope.metrics.ring import Channel, RecordSink
+from stepscope.metrics.scalars import Scalar
 from stepscope.metrics.settings import PipelineOptions, PipelineSettings
 
 if TYPE_CHECKING:

@@ -15,8 +15,7 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Generic, TypeVar, cast
 
-from stepscope.clock import now_ns, to_unix_ns
-from stepscope.metrics.cooperate import SNAPSHOT_CHUNK, pause_for_others
+from stepscope.metrics.cooperate import SNAPSHOT_CHUNK
 from stepscope.metrics.failures import report_failure
 from stepscope.metrics.points import (
     ExpHistogramValue,
@@ -24,17 +23,14 @@ from stepscope.metrics.points import (
     HistogramValue,
     Kind,
     Labels,
-    ScalarPoint,
     SeriesPoint,
 )
-from stepscope.metrics.ring import RECORDS, Ring
+from stepscope.metrics.ring import Ring
 from stepscope.metrics.values import NUMBERS, as_number, is_tensor, resolve
-from stepscope.steps import current_step
 
 __all__ = [
     "DEFAULT_BUCKETS",
     "DEFAULT_LIMIT",
-    "REDUCERS",
     "Counter",
     "CounterSeries",
     "ExpHistogramSeries",
@@ -42,14 +38,10 @@ __all__ = [
     "GaugeSeries",
     "Histogram",
     "HistogramSeries",
-    "Registry",
-    "Scalar",
-    "ScalarSeries",
 ]
 
 DEFAULT_LIMIT = 2000
 DEFAULT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
-REDUCERS = ("mean", "last", "sum", "min", "max")
 GAUGE_MERGES = ("last", "sum", "max", "min")
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.:-]*\Z")
@@ -59,7 +51,6 @@ OVERFLOW_LABELS: Labels = (("overflow", "true"),)
 
 _OP_INC = 0
 _OP_OBSERVE = 1
-_OP_SET = 2
 
 
 def _check_name(name: object) -> str:
@@ -607,263 +598,3 @@ def _check_buckets(buckets: Iterable[float]) -> tuple[float, ...]:
 
 
 # ----------------------------------------------------------------------------- scalar
-
-
-class ScalarSeries:
-    """One labelled series of a per-step scalar, reduced per step on the export thread."""
-
-    __slots__ = (
-        "_first_ns",
-        "_last",
-        "_last_point",
-        "_open",
-        "_reduce",
-        "_ring",
-        "_stamp",
-        "_stamped",
-        "labels",
-        "name",
-    )
-    drop_key = RECORDS
-    is_record = True
-
-    def __init__(self, name: str, labels: Labels, ring: Ring, reduce: str) -> None:
-        self.name = name
-        self.labels = labels
-        self._ring = ring
-        self._reduce = reduce
-        # export-thread state: step -> [count, sum, min, max, last]
-        self._open: dict[int | None, list[float]] = {}
-        self._last: float | None = None
-        self._last_point: ScalarPoint | None = None
-        # record time: the first value of each step queues (stamp, step, now_ns()) ahead of it;
-        # _stamped is the step stamped last (caller side), reset by the export thread
-        self._stamp = _StepStamp(self)
-        self._stamped: object = _UNSTAMPED
-        self._first_ns: dict[int | None, int] = {}
-
-    def record(self, value: float, step: int | None = None) -> None:
-        """Record ``value`` for ``step`` (default: the shared step counter)."""
-        if step is None:
-            step = current_step()
-        elif step.__class__ is not int or step < 0:
-            _bad_value(self.name, ValueError(f"step must be a non-negative int, got {step!r}"))
-            return
-        if value.__class__ not in NUMBERS:
-            try:
-                value = as_number(value)
-            except TypeError as exc:
-                _bad_value(self.name, exc)
-                return
-        ring = self._ring
-        items = ring.items
-        stamped = self._stamped
-        if step is not stamped and step != stamped:  # identity first: the shared counter's int
-            self._stamped = step
-            if len(items) < ring.capacity:  # a full ring skips the stamp (export time is used)
-                items.append((self._stamp, step, now_ns()))
-        if len(items) < ring.high_water:
-            items.append((self, step, value))
-        else:
-            ring.put(self, step, value)  # nearly full: wakes the export thread, or drops
-
-    def drain(self, step: int | None, value: float) -> None:
-        """Fold one queued value into its step (export thread)."""
-        value = float(value)  # an int too large raises here, before it touches the step
-        acc = self._open.get(step)
-        if acc is None:
-            self._open[step] = [1, value, value, value, value]
-            return
-        acc[0] += 1
-        acc[1] += value
-        if value < acc[2]:
-            acc[2] = value
-        if value > acc[3]:
-            acc[3] = value
-        acc[4] = value
-
-    def close_steps(self, step_now: int | None, final: bool, now_unix_ns: int) -> list[ScalarPoint]:
-        """Reduce and forget the steps that are over (all of them when ``final``)."""
-        if not self._open:
-            return []
-        newest = max((s for s in self._open if s is not None), default=None)
-        if step_now is not None and (newest is None or step_now > newest):
-            newest = step_now
-        points = []
-        for step in sorted(self._open, key=lambda s: -1 if s is None else s):
-            if final or step is None or (newest is not None and step < newest):
-                count, total, low, high, last = self._open.pop(step)
-                value = _reduce(self._reduce, count, total, low, high, last)
-                first = self._first_ns.pop(step, None)
-                when = now_unix_ns if first is None else to_unix_ns(first)
-                point = ScalarPoint(
-                    self.name, self.labels, step, value, int(count), self._reduce, when
-                )
-                self._last = value
-                self._last_point = point
-                points.append(point)
-        if points:
-            self._stamped = _UNSTAMPED  # a later value (same step, or the next interval) restamps
-        if len(self._first_ns) > len(self._open):  # stamps whose value the full ring dropped
-            self._first_ns = {s: t for s, t in self._first_ns.items() if s in self._open}
-        return points
-
-    def pending_count(self) -> int:
-        """Samples folded into steps that are not closed yet."""
-        return int(sum(acc[0] for acc in self._open.values()))
-
-    def last_value(self) -> float | None:
-        """The reduced value of the newest closed step."""
-        return self._last
-
-    def last_point(self) -> ScalarPoint | None:
-        """The newest closed step's point (its step and record time)."""
-        return self._last_point
-
-    def _reset(self) -> None:
-        self._open = {}
-        self._last = None
-        self._last_point = None
-        self._first_ns = {}
-        self._stamped = _UNSTAMPED
-
-
-_UNSTAMPED = object()
-
-
-class _StepStamp:
-    """Ring target carrying when a scalar series got the first value of a step."""
-
-    __slots__ = ("_series",)
-    drop_key = "metrics_time"
-    is_record = False
-
-    def __init__(self, series: ScalarSeries) -> None:
-        self._series = series
-
-    def drain(self, step: int | None, mono_ns: int) -> None:
-        """Keep when the step got its first value."""
-        self._series._first_ns.setdefault(step, mono_ns)
-
-
-def _reduce(how: str, count: float, total: float, low: float, high: float, last: float) -> float:
-    if how == "mean":
-        return total / count
-    if how == "sum":
-        return total
-    if how == "min":
-        return low
-    if how == "max":
-        return high
-    return last
-
-
-class Scalar(ScalarSeries, _Base[ScalarSeries]):
-    """A per-step value (loss, throughput); ``reduce`` folds several values of one step."""
-
-    kind = "scalar"
-
-    def __init__(
-        self, name: str, description: str, unit: str, limit: int, reduce: str, ring: Ring
-    ) -> None:
-        if reduce not in REDUCERS:
-            raise ValueError(f"reduce must be one of {REDUCERS}, got {reduce!r}")
-        self._init_base(
-            name,
-            description,
-            unit,
-            limit,
-            (reduce,),
-            lambda key: ScalarSeries(name, key, ring, reduce),
-        )
-        ScalarSeries.__init__(self, name, (), ring, reduce)
-        self.reduce = reduce
-
-    def family(self, pause: Callable[[], None]) -> Family:
-        """The newest closed value of every series (a gauge for pull exporters)."""
-        points = []
-        for s in self.series():
-            last = s.last_point()
-            if last is not None:
-                points.append(SeriesPoint(s.labels, last.value, last.step, last.time_unix_ns))
-        return Family(self.name, "scalar", self.description, self.unit, tuple(points), "last")
-
-
-# ----------------------------------------------------------------------------- registry
-
-Instrument = Counter | Gauge | Histogram | Scalar
-
-
-class Registry:
-    """Instruments by name; registration is idempotent for the same kind and options."""
-
-    def __init__(self, ring: Ring) -> None:
-        self.ring = ring
-        self._instruments: dict[str, Instrument] = {}
-        self._lock = threading.Lock()
-
-    def register(
-        self, name: str, kind: str, options: tuple[Any, ...], make: Callable[[], Instrument]
-    ) -> Instrument:
-        """The instrument called ``name``, created by ``make`` on first use."""
-        found = self._instruments.get(name)
-        if found is None:
-            with self._lock:
-                found = self._instruments.get(name)
-                if found is None:
-                    made = make()
-                    self._instruments[name] = made
-                    return made
-        if found.kind != kind:
-            raise ValueError(
-                f"metric {name!r} is already registered as a {found.kind}; use another name "
-                f"for the {kind} or call metrics.{found.kind}({name!r})"
-            )
-        if found.options != options:
-            raise ValueError(
-                f"{kind} {name!r} is already registered with options {found.options!r}, "
-                f"not {options!r}; pass the same options or use another name"
-            )
-        return found
-
-    def instruments(self) -> list[Instrument]:
-        """All registered instruments."""
-        return list(self._instruments.values())
-
-    def get(self, name: str) -> Instrument | None:
-        """The instrument called ``name``, if registered."""
-        return self._instruments.get(name)
-
-    def unregister(self, name: str) -> None:
-        """Forget one instrument (tests; series already bound keep working but are not exported)."""
-        with self._lock:
-            self._instruments.pop(name, None)
-
-    def families(self, pause: Callable[[], None] = pause_for_others) -> list[Family]:
-        """Snapshot of every counter, gauge, histogram and scalar."""
-        out = []
-        for instrument in self.instruments():
-            family = instrument.family(pause)
-            if family.points:
-                out.append(family)
-        return out
-
-    def scalars(self) -> list[ScalarSeries]:
-        """Every scalar series."""
-        out: list[ScalarSeries] = []
-        for instrument in self.instruments():
-            if isinstance(instrument, Scalar):
-                out.extend(instrument.series())
-        return out
-
-    def overflowed(self) -> dict[str, int]:
-        """Label sets folded into the overflow series, per instrument."""
-        return {i.name: i._binder.overflowed for i in self.instruments() if i._binder.overflowed}
-
-    def reset_after_fork(self) -> None:
-        """Zero every series in a forked child so it never re-exports the parent's data."""
-        self._lock = threading.Lock()
-        for instrument in self.instruments():
-            instrument._binder.lock = threading.Lock()
-            for s in instrument.series():
-                s._reset()

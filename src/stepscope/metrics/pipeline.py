@@ -29,16 +29,11 @@ from stepscope.metrics.cooperate import pause_for_others
 from stepscope.metrics.delivery import Delivery, after_fork_quietly, close_quietly
 from stepscope.metrics.exporters.base import Exporter
 from stepscope.metrics.failures import LOGGER, report_failure
-from stepscope.metrics.instruments import (
-    DEFAULT_LIMIT,
-    Counter,
-    Gauge,
-    Histogram,
-    Registry,
-    Scalar,
-)
+from stepscope.metrics.instruments import DEFAULT_LIMIT, Counter, Gauge, Histogram
 from stepscope.metrics.points import ExportBatch, ScalarPoint
+from stepscope.metrics.registry import Registry
 from stepscope.metrics.ring import Channel, RecordSink, Ring, RingTarget
+from stepscope.metrics.scalars import Scalar
 from stepscope.metrics.settings import (
     PipelineOptions,
     PipelineSettings,
