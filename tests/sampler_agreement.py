@@ -74,7 +74,7 @@ def measure(
         thread_id=threading.get_native_id(),
         all_threads=False,
         max_duration_s=seconds * 10 + 30,
-        stack_max_len=127,
+        max_depth=127,
         max_samples=10_000_000,
     )
     try:

@@ -256,8 +256,8 @@ def test_bad_settings_are_rejected() -> None:
         FunctionProfiler(timeout_wait_for_running_sec=-1)
     with pytest.raises(TypeError, match="sample_tags"):
         FunctionProfiler(sample_tags="one")
-    with pytest.raises(ValueError, match="stack_max_len"):
-        FunctionProfiler(stack_max_len=0)
+    with pytest.raises(ValueError, match="max_depth"):
+        FunctionProfiler(stack_max_len=0)  # the old spelling still works
     with pytest.raises(TypeError, match="callable"):
         FunctionProfiler().profile(42)
     assert FunctionProfiler(sample_each=0.004).sample_rate_hz == pytest.approx(250)

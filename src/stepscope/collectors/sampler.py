@@ -34,6 +34,7 @@ from stepscope import clock
 from stepscope._ext import native
 from stepscope.collectors.base import Collector, WindowContext
 from stepscope.collectors.sampler_twin import PyStackSampler
+from stepscope.renamed import renamed_option
 from stepscope.trace.model import TraceBuilder
 
 __all__ = [
@@ -194,12 +195,13 @@ def add_samples(builder: TraceBuilder, data: SamplerData, pid: int) -> int:
 
 
 class Sampler:
-    """Samples the stacks of Python threads at ``rate_hz`` on a background timing thread."""
+    """Samples the stacks of Python threads at ``sampling_rate_hz`` on a background thread."""
 
     def __init__(
         self,
-        rate_hz: float = DEFAULT_RATE_HZ,
+        sampling_rate_hz: float | None = None,
         *,
+        rate_hz: float | None = None,
         thread_ids: Iterable[int] | None = None,
         max_samples: int = DEFAULT_MAX_SAMPLES,
         max_depth: int = DEFAULT_MAX_DEPTH,
@@ -209,7 +211,11 @@ class Sampler:
         adjust_switch_interval: bool = True,
         seed: int | None = None,
     ) -> None:
-        """``mode``: ``signal``, ``thread`` or None (signal where it works); see the module."""
+        """``mode``: ``signal``, ``thread`` or None (signal where it works); see the module.
+        ``rate_hz`` is the old spelling of ``sampling_rate_hz``."""
+        rate_hz = renamed_option(
+            "sampling_rate_hz", sampling_rate_hz, "rate_hz", rate_hz, DEFAULT_RATE_HZ
+        )
         if mode not in (None, *MODES):
             raise ValueError(f"sampler mode must be one of {MODES} or None, got {mode!r}")
         if isinstance(rate_hz, bool) or not isinstance(rate_hz, (int, float)) or not rate_hz > 0:
@@ -430,8 +436,9 @@ class SamplerCollector(Collector):
 
     def __init__(
         self,
-        rate_hz: float = DEFAULT_RATE_HZ,
+        sampling_rate_hz: float | None = None,
         *,
+        rate_hz: float | None = None,
         thread_ids: Iterable[int] | None = None,
         max_samples: int = DEFAULT_MAX_SAMPLES,
         max_depth: int = DEFAULT_MAX_DEPTH,
@@ -439,6 +446,9 @@ class SamplerCollector(Collector):
         mode: str | None = None,
         stop_timeout_s: float = 10.0,
     ) -> None:
+        rate_hz = renamed_option(
+            "sampling_rate_hz", sampling_rate_hz, "rate_hz", rate_hz, DEFAULT_RATE_HZ
+        )
         self._options: dict[str, Any] = {
             "thread_ids": None if thread_ids is None else tuple(thread_ids),
             "max_samples": max_samples,

@@ -192,7 +192,7 @@ class profile:
         if ProfilerActivity.SAMPLING in self.activities:
             from stepscope.collectors.sampler import SamplerCollector
 
-            found.append(SamplerCollector(rate_hz=self.sampling_rate_hz))
+            found.append(SamplerCollector(self.sampling_rate_hz))
         return found
 
     def _build_action_map(

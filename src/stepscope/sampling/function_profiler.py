@@ -35,6 +35,7 @@ from typing import Any, TypeVar, cast
 from stepscope import clock
 from stepscope.collectors.sampler import DEFAULT_MAX_SAMPLES
 from stepscope.failures import failure_log, is_strict
+from stepscope.renamed import renamed_option
 from stepscope.sampling.inprocess import InProcessSession
 from stepscope.sampling.pyspy import FORMATS, PySpySession
 from stepscope.sampling.result import ProfileResult, trim_stacks
@@ -84,10 +85,10 @@ class FunctionProfiler:
         *,
         stop_at_error: bool = False,
         max_profile_duration_sec: float = 600.0,
-        sample_rate_hz: float = 100.0,
+        sampling_rate_hz: float | None = None,
         sample_each: float | None = None,
         sample_tags: Iterable[str] | None = None,
-        stack_max_len: int = 127,
+        max_depth: int | None = None,
         timeout_wait_for_running_sec: float = 60.0,
         timeout_wait_for_finished_sec: float = 60.0,
         backend: str = "inprocess",
@@ -97,19 +98,28 @@ class FunctionProfiler:
         include_idle: bool = True,
         max_samples: int = DEFAULT_MAX_SAMPLES,
         output_dir: str | os.PathLike[str] | None = None,
+        sample_rate_hz: float | None = None,
+        stack_max_len: int | None = None,
     ) -> None:
-        """Settings of every run; ``sample_each`` (seconds between samples) overrides the rate."""
+        """Settings of every run; ``sample_each`` (seconds between samples) overrides the rate.
+
+        ``sample_rate_hz`` and ``stack_max_len`` are the old spellings of ``sampling_rate_hz``
+        and ``max_depth``."""
+        sampling_rate_hz = renamed_option(
+            "sampling_rate_hz", sampling_rate_hz, "sample_rate_hz", sample_rate_hz, 100.0
+        )
+        max_depth = renamed_option("max_depth", max_depth, "stack_max_len", stack_max_len, 127)
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
         if py_spy_format not in FORMATS:
             raise ValueError(f"py_spy_format must be one of {FORMATS}, got {py_spy_format!r}")
-        rate = _positive("sample_rate_hz", sample_rate_hz)
+        rate = _positive("sampling_rate_hz", sampling_rate_hz)
         if sample_each is not None:
             rate = 1.0 / _positive("sample_each", sample_each)
-        if isinstance(stack_max_len, bool) or not isinstance(stack_max_len, int):
-            raise TypeError(f"stack_max_len must be an int, got {stack_max_len!r}")
-        if stack_max_len < 1:
-            raise ValueError(f"stack_max_len must be at least 1, got {stack_max_len}")
+        if isinstance(max_depth, bool) or not isinstance(max_depth, int):
+            raise TypeError(f"max_depth must be an int, got {max_depth!r}")
+        if max_depth < 1:
+            raise ValueError(f"max_depth must be at least 1, got {max_depth}")
         tags = () if sample_tags is None else tuple(sample_tags)
         if isinstance(sample_tags, str) or not all(isinstance(t, str) for t in tags):
             raise TypeError(f"sample_tags must be a list of strings, got {sample_tags!r}")
@@ -117,9 +127,9 @@ class FunctionProfiler:
         self.max_profile_duration_sec = _positive(
             "max_profile_duration_sec", max_profile_duration_sec
         )
-        self.sample_rate_hz = rate
+        self.sampling_rate_hz = rate
         self.sample_tags = tags
-        self.stack_max_len = stack_max_len
+        self.max_depth = max_depth
         self.timeout_wait_for_running_sec = _positive(
             "timeout_wait_for_running_sec", timeout_wait_for_running_sec
         )
@@ -141,6 +151,17 @@ class FunctionProfiler:
         """Files written for the most recent run when ``output_dir`` is set."""
 
     # -- the run ---------------------------------------------------------------------------------
+
+    @property
+    def sample_rate_hz(self) -> float:
+        """Old spelling of ``sampling_rate_hz``."""
+        return self.sampling_rate_hz
+
+    @property
+    def stack_max_len(self) -> int:
+        """Old spelling of ``max_depth``."""
+        return self.max_depth
+
     def profile(self, work_function: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
         """Run ``work_function(*args, **kwargs)`` under the sampler; returns its result."""
         if not callable(work_function):
@@ -191,11 +212,11 @@ class FunctionProfiler:
 
     def _settings(self) -> RunSettings:
         return RunSettings(
-            rate_hz=self.sample_rate_hz,
+            rate_hz=self.sampling_rate_hz,
             thread_id=threading.get_native_id(),
             all_threads=self.all_threads,
             max_duration_s=self.max_profile_duration_sec,
-            stack_max_len=self.stack_max_len,
+            max_depth=self.max_depth,
             max_samples=self.max_samples,
         )
 
@@ -239,7 +260,7 @@ class FunctionProfiler:
             result = ProfileResult(
                 trace=trimmed,
                 backend=session.backend,
-                rate_hz=self.sample_rate_hz,
+                rate_hz=self.sampling_rate_hz,
                 duration_s=duration_s,
                 run_id=self.current_run_id or 0,
                 tags=self.sample_tags,

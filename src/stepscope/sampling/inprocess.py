@@ -22,7 +22,7 @@ class InProcessSession:
             settings.rate_hz,
             thread_ids=None if settings.all_threads else [settings.thread_id],
             max_samples=settings.max_samples,
-            max_depth=settings.stack_max_len,
+            max_depth=settings.max_depth,
             max_duration_s=settings.max_duration_s,
         )
         self._sampler.start()

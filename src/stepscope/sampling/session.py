@@ -27,7 +27,7 @@ class RunSettings:
     """Native id of the thread that runs the profiled function."""
     all_threads: bool
     max_duration_s: float
-    stack_max_len: int
+    max_depth: int
     max_samples: int
 
 
