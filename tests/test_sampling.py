@@ -250,8 +250,8 @@ def test_the_function_exception_propagates_unchanged_after_the_sampler_stops(
 def test_bad_settings_are_rejected() -> None:
     with pytest.raises(ValueError, match="backend"):
         FunctionProfiler(backend="strobelight")
-    with pytest.raises(ValueError, match="sample_rate_hz"):
-        FunctionProfiler(sample_rate_hz=0)
+    with pytest.raises(ValueError, match="sampling_rate_hz"):
+        FunctionProfiler(sample_rate_hz=0)  # the old spelling, checked under the new name
     with pytest.raises(ValueError, match="timeout_wait_for_running_sec"):
         FunctionProfiler(timeout_wait_for_running_sec=-1)
     with pytest.raises(TypeError, match="sample_tags"):
