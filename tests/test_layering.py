@@ -1,4 +1,5 @@
-"""How the package is layered: no import cycle between its parts; shared services below formats.
+"""How the package is layered: no import cycle between its parts; shared services below formats;
+no module so long that a reader cannot hold it.
 
 Read from the source (every ``import`` statement, those inside functions included, but not
 those under ``if TYPE_CHECKING:``), so the check sees what a lazy import hides at run time.
@@ -148,3 +149,15 @@ def test_metrics_and_events_import_nothing_from_trace() -> None:
 def test_the_json_encoder_sits_below_every_format() -> None:
     imported = module_imports()["stepscope.jsonenc"]
     assert {_part(n) for n in imported} <= {"text"}
+
+
+MAX_MODULE_LINES = 800
+
+
+def test_no_module_is_over_800_lines() -> None:
+    long = {
+        str(path.relative_to(PACKAGE_DIR)): n
+        for path in sorted(PACKAGE_DIR.rglob("*.py"))
+        if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES
+    }
+    assert long == {}, f"split these modules (over {MAX_MODULE_LINES} lines): {long}"
