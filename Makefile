@@ -27,10 +27,17 @@ $(VENV)/.stamp-test: pyproject.toml setup.py tests/requirements.txt $(VENV)/.sta
 native: $(VENV)/.stamp-base
 	$(PY) setup.py -q build_ext --inplace
 
+# The demo: the example loop under `stepscope run` (steps end at each train_step), then
+# `stepscope report` on its traces: the terminal summary and a self-contained HTML page.
+DEMO_OUT ?= out/demo
 demo: $(VENV)/.stamp-base native
-	$(PY) examples/train_loop.py
+	rm -rf $(DEMO_OUT)/traces
+	$(VENV)/bin/stepscope run -o $(DEMO_OUT)/traces --step-on train_loop:train_step \
+	  --sampling-rate 500 --wait 2 --warmup 1 --active 20 --top 10 examples/train_loop.py
+	$(VENV)/bin/stepscope report $(DEMO_OUT)/traces --html $(DEMO_OUT)/report.html
+	@echo "HTML report (works offline): file://$(abspath $(DEMO_OUT))/report.html"
 
-# Real servers the metrics tests talk to (Prometheus, Pushgateway), installed where we can.
+# Real programs the tests talk to (Prometheus, Pushgateway, Chromium + chromedriver), installed where we can.
 test-services:
 	@bash scripts/install-test-services.sh
 

@@ -1,45 +1,47 @@
-"""A plain-Python training-style loop profiled with a schedule (no torch needed).
+"""A plain-Python training loop (no torch needed), profiled from outside by ``stepscope run``.
 
-Run it with ``make demo`` (or ``python examples/train_loop.py [OUT_DIR]``).  It fits a small
-linear model with mini-batch SGD, profiles two windows of three steps each, prints the
-key_averages table, and writes Chrome traces (open them in https://ui.perfetto.dev) and
-collapsed stacks (for flamegraph.pl or speedscope) under OUT_DIR (default ``out/demo``).
+``make demo`` runs it as::
+
+    stepscope run -o out/demo/traces --step-on train_loop:train_step examples/train_loop.py
+    stepscope report out/demo/traces --html out/demo/report.html
+
+It fits a small linear model with mini-batch SGD.  The code knows nothing of the profiler but
+names its phases with ``stepscope.record_function`` (free when nothing records), so the
+report can split each step into data loading, forward, backward and optimizer; one batch in
+five comes from a slow "shard" so that some steps stand out.  ``python examples/train_loop.py
+[STEPS]`` just trains.
 """
 
 from __future__ import annotations
 
 import random
 import sys
-from collections.abc import Iterator
-from pathlib import Path
 
 import stepscope
 
 FEATURES = 32
-BATCH = 64
+BATCH = 256
+SLOW_EVERY = 5
 
 
-def batches(seed: int = 0) -> Iterator[tuple[list[list[float]], list[float]]]:
-    """Endless mini-batches of a noisy linear problem."""
-    rng = random.Random(seed)
-    true_w = [rng.uniform(-1, 1) for _ in range(FEATURES)]
-    while True:
-        with stepscope.record_function("data.make_batch"):
-            xs = [[rng.gauss(0, 1) for _ in range(FEATURES)] for _ in range(BATCH)]
-            ys = [
-                sum(w * x for w, x in zip(true_w, row, strict=True)) + rng.gauss(0, 0.1)
-                for row in xs
-            ]
-        yield xs, ys
+def load_batch(
+    rng: random.Random, true_w: list[float], slow: bool
+) -> tuple[list[list[float]], list[float]]:
+    """A mini-batch of a noisy linear problem (a slow shard makes and discards extra rows)."""
+    with stepscope.record_function("data_loading"):
+        rows = BATCH * (3 if slow else 1)
+        xs = [[rng.gauss(0, 1) for _ in range(FEATURES)] for _ in range(rows)][:BATCH]
+        ys = [
+            sum(w * x for w, x in zip(true_w, row, strict=True)) + rng.gauss(0, 0.1) for row in xs
+        ]
+    return xs, ys
 
 
-@stepscope.traced
 def forward(w: list[float], xs: list[list[float]]) -> list[float]:
     """Predictions of the linear model."""
     return [sum(wi * xi for wi, xi in zip(w, row, strict=True)) for row in xs]
 
 
-@stepscope.traced
 def loss_and_grad(
     preds: list[float], ys: list[float], xs: list[list[float]]
 ) -> tuple[float, list[float]]:
@@ -53,41 +55,38 @@ def loss_and_grad(
     return loss, grad
 
 
-@stepscope.traced
 def sgd_step(w: list[float], grad: list[float], lr: float) -> None:
     """In-place SGD update."""
     for j, g in enumerate(grad):
         w[j] -= lr * g
 
 
-def main(out_dir: Path) -> None:
-    """Train for 12 steps, profiling steps 2-4 and 7-9."""
-    trace_dir = out_dir / "traces"
+def train_step(
+    w: list[float], batch: tuple[list[list[float]], list[float]], lr: float = 0.05
+) -> float:
+    """One step: forward, backward, optimizer (``--step-on train_loop:train_step``)."""
+    xs, ys = batch
+    with stepscope.record_function("forward"):
+        preds = forward(w, xs)
+    with stepscope.record_function("backward"):
+        loss, grad = loss_and_grad(preds, ys, xs)
+    with stepscope.record_function("optimizer.step"):
+        sgd_step(w, grad, lr)
+    return loss
+
+
+def main(steps: int = 30) -> float:
+    """Train for ``steps`` steps; returns the last loss."""
+    rng = random.Random(0)
+    true_w = [rng.uniform(-1, 1) for _ in range(FEATURES)]
     w = [0.0] * FEATURES
-    data = batches()
     loss = float("nan")
-    with stepscope.profile(
-        schedule=stepscope.schedule(wait=1, warmup=1, active=3, repeat=2),
-        on_trace_ready=stepscope.trace_handler(trace_dir),
-    ) as prof:
-        for _ in range(12):
-            xs, ys = next(data)
-            with stepscope.record_function("forward"):
-                preds = forward(w, xs)
-            with stepscope.record_function("backward"):
-                loss, grad = loss_and_grad(preds, ys, xs)
-            with stepscope.record_function("optimizer"):
-                sgd_step(w, grad, lr=0.05)
-            prof.step()
-    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12))
-    stacks = out_dir / "stacks.txt"
-    prof.export_stacks(stacks)
-    print(f"final loss: {loss:.4f}")
-    print("trace files (open in https://ui.perfetto.dev or chrome://tracing):")
-    for path in prof.trace_files:
-        print(f"  {path}")
-    print(f"collapsed stacks (flamegraph.pl / speedscope): {stacks}")
+    for step in range(steps):
+        batch = load_batch(rng, true_w, slow=step % SLOW_EVERY == SLOW_EVERY - 1)
+        loss = train_step(w, batch)
+    print(f"trained {steps} steps, final loss {loss:.4f}")
+    return loss
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]) if len(sys.argv) > 1 else Path("out/demo"))
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else 30)

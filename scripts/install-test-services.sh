@@ -1,21 +1,28 @@
 #!/usr/bin/env bash
-# Install the real servers the metrics tests talk to (Prometheus and its Pushgateway).
-# Idempotent: does nothing when both binaries are present.  Installs only as root with apt-get;
+# Install the real programs the tests talk to: Prometheus and its Pushgateway (metrics tests),
+# Chromium and its WebDriver (the HTML report's browser test).
+# Idempotent: does nothing when every binary is present.  Installs only as root with apt-get;
 # elsewhere it says why not and exits 0 (the tests then skip, or fail when CI=true).
 set -uo pipefail
 
-need=()
-command -v prometheus >/dev/null 2>&1 || need+=(prometheus)
-command -v prometheus-pushgateway >/dev/null 2>&1 || need+=(prometheus-pushgateway)
+# Two groups, installed separately so that one missing package does not block the other.
+metrics=()
+command -v prometheus >/dev/null 2>&1 || metrics+=(prometheus)
+command -v prometheus-pushgateway >/dev/null 2>&1 || metrics+=(prometheus-pushgateway)
+# Debian's chromium (/usr/bin/chromium) and chromium-driver (/usr/bin/chromedriver)
+browser=()
+command -v chromium >/dev/null 2>&1 || browser+=(chromium)
+[ -x /usr/bin/chromedriver ] || browser+=(chromium-driver)
+need=("${metrics[@]}" "${browser[@]}")
 if [ ${#need[@]} -eq 0 ]; then
   exit 0
 fi
 if [ "$(id -u)" -ne 0 ]; then
-  echo "install-test-services: not root; cannot install ${need[*]} (metrics server tests will skip)" >&2
+  echo "install-test-services: not root; cannot install ${need[*]} (their tests will skip)" >&2
   exit 0
 fi
 if ! command -v apt-get >/dev/null 2>&1; then
-  echo "install-test-services: no apt-get; cannot install ${need[*]} (metrics server tests will skip)" >&2
+  echo "install-test-services: no apt-get; cannot install ${need[*]} (their tests will skip)" >&2
   exit 0
 fi
 echo "install-test-services: installing ${need[*]}" >&2
@@ -29,13 +36,15 @@ fi
 export DEBIAN_FRONTEND=noninteractive
 status=0
 apt-get update -q >/dev/null || status=$?
-if [ $status -eq 0 ]; then
-  apt-get install -y -q --no-install-recommends "${need[@]}" >/dev/null || status=$?
-fi
+for group in "${metrics[*]}" "${browser[*]}"; do
+  [ -n "$group" ] || continue
+  # shellcheck disable=SC2086  # one word per package
+  if [ $status -ne 0 ] || ! apt-get install -y -q --no-install-recommends $group >/dev/null; then
+    echo "install-test-services: could not install $group (apt-get update status $status);" \
+      "the tests that need it will skip" >&2
+  fi
+done
 if [ $made_policy -eq 1 ]; then
   rm -f "$policy"
-fi
-if [ $status -ne 0 ]; then
-  echo "install-test-services: apt-get failed (status $status); metrics server tests will skip" >&2
 fi
 exit 0

@@ -12,6 +12,7 @@ import argparse
 import importlib
 import importlib.util
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
@@ -114,12 +115,13 @@ def write_text(path: str, text: str, what: str) -> None:
         fh.write(text.encode("utf-8"))
 
 
-def write_html_report(report: Report, path: str) -> bool:
-    """Write the HTML report when ``stepscope.report.html`` exists; False when it does not."""
+def write_html_report(report: Report, path: str, traces: Sequence[tuple[str, Trace]] = ()) -> bool:
+    """Write the HTML report (flame graphs from ``traces``) when ``stepscope.report.html``
+    exists; False when it does not."""
     if importlib.util.find_spec("stepscope.report.html") is None:
         return False
     module = importlib.import_module("stepscope.report.html")
-    module.write_html(report, path)
+    module.write_html(report, path, traces)
     return True
 
 
@@ -139,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
         write_text(args.json, report.to_json() + "\n", "JSON report")
         print(f"stepscope report: JSON -> {args.json}", file=sys.stderr)
     if args.html:
-        if write_html_report(report, args.html):
+        if write_html_report(report, args.html, traces):
             print(f"stepscope report: HTML -> {args.html}", file=sys.stderr)
         else:
             print("stepscope report: the HTML report is not available yet", file=sys.stderr)

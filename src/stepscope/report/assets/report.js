@@ -1,0 +1,654 @@
+/* stepscope HTML report: renders the inline report JSON (schema stepscope.report v1).
+ * Every text from a trace goes into the DOM as text (textContent), never as markup.
+ * Charts: uPlot; flame graph: d3-flame-graph (both vendored, inline above this script). */
+(function () {
+  "use strict";
+
+  const DATA = JSON.parse(document.getElementById("stepscope-data").textContent);
+  const SUMMARIES = [DATA.combined].concat(DATA.files.length > 1 ? DATA.files : []);
+  const HOST_COLORS = {
+    data_loading: "#e6a700",
+    forward: "#2e9d48",
+    backward: "#2f6fd6",
+    optimizer: "#a347c2",
+    communication: "#d93f3f",
+    other_annotated: "#17a2b8",
+    other_operators: "#8bc34a",
+    python: "#f2c94c",
+    idle_other: "#b5b5b5",
+  };
+  const DEVICE_COLORS = {
+    computation: "#2e9d48",
+    communication: "#d93f3f",
+    memory: "#e6a700",
+    other: "#17a2b8",
+    idle: "#b5b5b5",
+  };
+  const TEMPORAL_COLORS = { computation: "#2e9d48", non_compute: "#e6a700", idle: "#b5b5b5" };
+  const KERNEL_COLORS = {
+    COMPUTATION: "#2e9d48",
+    COMMUNICATION: "#d93f3f",
+    MEMORY: "#e6a700",
+    OTHER: "#17a2b8",
+  };
+  const state = { view: 0, plots: [], flame: null, redrawFlame: null, flameIndex: 0 };
+
+  // ---- small helpers -------------------------------------------------------------------
+  function h(tag, props, ...children) {
+    const node = document.createElement(tag);
+    for (const [key, value] of Object.entries(props || {})) {
+      if (value === undefined || value === null || value === false) continue;
+      if (key === "class") node.className = value;
+      else if (key === "style") node.style.cssText = value;
+      else if (key.startsWith("on")) node.addEventListener(key.slice(2), value);
+      else node.setAttribute(key, value);
+    }
+    for (const child of children.flat()) {
+      if (child === undefined || child === null || child === false) continue;
+      node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+    }
+    return node;
+  }
+  const nf = (digits) =>
+    new Intl.NumberFormat("en-US", {
+      minimumFractionDigits: digits,
+      maximumFractionDigits: digits,
+    });
+  const NF3 = nf(3);
+  const NF1 = nf(1);
+  const NF0 = nf(0);
+  const ms = (ns) => (ns === null || ns === undefined ? "–" : NF3.format(ns / 1e6));
+  const us = (ns) => (ns === null || ns === undefined ? "–" : NF1.format(ns / 1e3));
+  const pct = (p) => (p === null || p === undefined ? "–" : NF1.format(p) + " %");
+  const stepLabel = (s) => (s.step === null ? "whole trace" : "#" + s.step);
+  const prettyName = (name) => name.replace(/_/g, " ");
+  function shortKernel(name) {
+    let s = name;
+    for (let i = 0; i < 20; i++) {
+      const t = s.replace(/<[^<>]*>/g, "");
+      if (t === s) break;
+      s = t;
+    }
+    return s.replace(/\(.*\)$/, "").replace(/^void /, "");
+  }
+  function section(id, title, ...body) {
+    return h("section", { id: id, class: "card" }, h("h2", {}, title), ...body);
+  }
+  function empty(text) {
+    return h("p", { class: "empty" }, text);
+  }
+  function chartWidth(el) {
+    return Math.max(320, Math.floor(el.getBoundingClientRect().width || 900));
+  }
+
+  // ---- stacked bar (plain DOM) ---------------------------------------------------------
+  function stackBar(categories, colors, title) {
+    const total = categories.reduce((a, c) => a + c.ns, 0);
+    const bar = h("div", { class: "stackbar", role: "img", "aria-label": title });
+    const legend = h("div", { class: "legend" });
+    for (const c of categories) {
+      if (!c.ns) continue;
+      const share = total ? (100 * c.ns) / total : 0;
+      const color = colors[c.name] || "#999";
+      bar.append(
+        h("span", {
+          class: "seg",
+          style: `width:${share}%;background:${color}`,
+          title: `${prettyName(c.name)}: ${ms(c.ns)} ms (${NF1.format(share)} %)`,
+        }),
+      );
+      legend.append(
+        h(
+          "span",
+          { class: "key" },
+          h("i", { style: `background:${color}` }),
+          `${prettyName(c.name)} ${NF1.format(share)} %`,
+        ),
+      );
+    }
+    return h("div", { class: "breakdown" }, bar, legend);
+  }
+
+  // ---- sortable tables -----------------------------------------------------------------
+  // columns: [{title, value: row => sortable value, text?: row => display, num?: bool}]
+  function sortableTable(id, columns, rows, caption) {
+    const table = h("table", { id: id, class: "sortable" });
+    if (caption) table.append(h("caption", {}, caption));
+    const headRow = h("tr");
+    const tbody = h("tbody");
+    let sortCol = -1;
+    let sortDir = 1;
+    function fill() {
+      tbody.replaceChildren();
+      const ordered = rows.slice();
+      if (sortCol >= 0) {
+        const col = columns[sortCol];
+        ordered.sort((a, b) => {
+          const x = col.value(a);
+          const y = col.value(b);
+          if (typeof x === "number" && typeof y === "number") return sortDir * (x - y);
+          return sortDir * String(x).localeCompare(String(y));
+        });
+      }
+      for (const row of ordered) {
+        tbody.append(
+          h(
+            "tr",
+            {},
+            columns.map((col) => {
+              const shown = col.text ? col.text(row) : col.value(row);
+              const full = col.title_of ? col.title_of(row) : null;
+              return h("td", { class: col.num ? "num" : "txt", title: full }, shown);
+            }),
+          ),
+        );
+      }
+    }
+    columns.forEach((col, index) => {
+      const th = h(
+        "th",
+        {
+          class: col.num ? "num" : "txt",
+          "aria-sort": "none",
+          tabindex: "0",
+          title: "click to sort",
+        },
+        col.title,
+      );
+      const sortBy = () => {
+        sortDir = sortCol === index ? -sortDir : col.num ? -1 : 1;
+        sortCol = index;
+        for (const other of headRow.children) other.setAttribute("aria-sort", "none");
+        th.setAttribute("aria-sort", sortDir > 0 ? "ascending" : "descending");
+        fill();
+      };
+      th.addEventListener("click", sortBy);
+      th.addEventListener("keydown", (e) => {
+        if (e.key === "Enter" || e.key === " ") {
+          e.preventDefault();
+          sortBy();
+        }
+      });
+      headRow.append(th);
+    });
+    table.append(h("thead", {}, headRow), tbody);
+    fill();
+    return h("div", { class: "tablewrap" }, table);
+  }
+
+  // ---- uPlot charts --------------------------------------------------------------------
+  function stepAxisValues(labels) {
+    return (u, splits) =>
+      splits.map((v) => (Number.isInteger(v) && labels[v - 1] !== undefined ? labels[v - 1] : ""));
+  }
+  function xScale(n) {
+    return { time: false, range: () => [0.5, n + 0.5] };
+  }
+  function stepChart(target, s) {
+    const n = s.steps.length;
+    const xs = s.steps.map((_, i) => i + 1);
+    const labels = s.steps.map(stepLabel);
+    const sources = s.steps.map((st) => st.source);
+    const durs = s.steps.map((st) => st.dur_ns / 1e6);
+    const median = s.steps.map(() => s.step_stats.median_ns / 1e6);
+    const opts = {
+      width: chartWidth(target),
+      height: 260,
+      scales: { x: xScale(n), y: { range: (u, lo, hi) => [0, hi * 1.08 || 1] } },
+      series: [
+        {
+          label: "step",
+          value: (u, v) =>
+            v === null ? "–" : (sources.length > 1 && DATA.files.length > 1 ? sources[v - 1] + " " : "") + (labels[v - 1] || ""),
+        },
+        {
+          label: "step time (ms)",
+          stroke: "#2f6fd6",
+          fill: "rgba(47,111,214,0.35)",
+          paths: uPlot.paths.bars({ size: [0.7, 60] }),
+          points: { show: false },
+          value: (u, v) => (v === null ? "–" : NF3.format(v)),
+        },
+        {
+          label: "median (ms)",
+          stroke: "#d93f3f",
+          dash: [6, 4],
+          width: 1.5,
+          points: { show: false },
+          value: (u, v) => (v === null ? "–" : NF3.format(v)),
+        },
+      ],
+      axes: [
+        { values: stepAxisValues(labels), space: 40, label: "step" },
+        { label: "ms", size: 60 },
+      ],
+    };
+    state.plots.push(new uPlot(opts, [xs, durs, median], target));
+  }
+
+  // stacked bars: cumulative series drawn from the top category down, legend shows each slice
+  function stackedChart(target, labels, perStep, names, colors, yLabel) {
+    const n = labels.length;
+    const xs = labels.map((_, i) => i + 1);
+    names = names.filter((name) => perStep.some((cats) => cats[name] > 0));
+    const raw = names.map((name) => perStep.map((cats) => (cats[name] || 0) / 1e6));
+    const cum = [];
+    let running = xs.map(() => 0);
+    for (const values of raw) {
+      running = running.map((v, i) => v + values[i]);
+      cum.push(running);
+    }
+    const series = [{ label: "step", value: (u, v) => (v === null ? "–" : labels[v - 1] || "") }];
+    const data = [xs];
+    for (let k = names.length - 1; k >= 0; k--) {
+      const slice = raw[k];
+      series.push({
+        label: prettyName(names[k]),
+        stroke: colors[names[k]] || "#999",
+        fill: colors[names[k]] || "#999",
+        width: 0,
+        paths: uPlot.paths.bars({ size: [0.7, 60] }),
+        points: { show: false },
+        value: (u, v, si, di) => (di === null || di === undefined ? "–" : NF3.format(slice[di])),
+      });
+      data.push(cum[k]);
+    }
+    const opts = {
+      width: chartWidth(target),
+      height: 280,
+      scales: { x: xScale(n), y: { range: (u, lo, hi) => [0, hi * 1.05 || 1] } },
+      series: series,
+      axes: [
+        { values: stepAxisValues(labels), space: 40, label: "step" },
+        { label: yLabel, size: 60 },
+      ],
+    };
+    state.plots.push(new uPlot(opts, data, target));
+  }
+
+  // ---- sections ------------------------------------------------------------------------
+  function summaryCards(s) {
+    const st = s.step_stats;
+    const cards = [
+      ["steps", s.has_steps ? NF0.format(st.count) : "1 (whole trace)"],
+      ["median step", ms(st.median_ns) + " ms"],
+      ["p95 step", ms(st.p95_ns) + " ms"],
+      ["min / max", ms(st.min_ns) + " / " + ms(st.max_ns) + " ms"],
+    ];
+    const all = s.devices.find((d) => d.device === "all") || s.devices[0];
+    if (all) cards.push(["device idle", pct(all.idle_pct)]);
+    cards.push(["recommendations", String(s.recommendations.length)]);
+    const grid = h(
+      "div",
+      { class: "cards" },
+      cards.map(([k, v]) => h("div", { class: "stat" }, h("div", { class: "k" }, k), h("div", { class: "v" }, v))),
+    );
+    const slow = st.slowest.length
+      ? h(
+          "p",
+          {},
+          "Slowest steps: ",
+          st.slowest
+            .map((x) => `${stepLabel(x)} ${ms(x.dur_ns)} ms` + (DATA.files.length > 1 ? ` (${x.source})` : ""))
+            .join(", "),
+        )
+      : null;
+    const files = s.files.length > 1 ? h("p", { class: "dim" }, "Files: ", s.files.join(", ")) : null;
+    const notes = s.notes.length ? h("ul", { class: "notes" }, s.notes.map((n) => h("li", {}, n))) : null;
+    return section("summary", "Summary", grid, slow, files, notes);
+  }
+
+  function recommendations(s) {
+    if (!s.recommendations.length) {
+      return section("recommendations", "Recommendations", empty("None of the rules fired."));
+    }
+    const list = s.recommendations.map((r) =>
+      h(
+        "div",
+        { class: "rec " + r.severity },
+        h("h3", {}, r.title),
+        h("p", {}, r.advice),
+        h(
+          "dl",
+          { class: "evidence" },
+          Object.entries(r.evidence).flatMap(([k, v]) => [
+            h("dt", {}, prettyName(k)),
+            h("dd", {}, typeof v === "number" ? String(v) : JSON.stringify(v)),
+          ]),
+        ),
+        h("p", { class: "dim" }, "rule: ", r.rule),
+      ),
+    );
+    return section("recommendations", "Recommendations", list);
+  }
+
+  function stepsSection(s, after) {
+    const chart = h("div", { id: "step-chart", class: "chart" });
+    const host = h("div", { id: "host-chart", class: "chart" });
+    const body = section(
+      "steps",
+      "Step times",
+      h("p", { class: "dim" }, "Every analysed step; the dashed line is the median."),
+      chart,
+      h("h3", {}, "Where each step's host time went"),
+      stackBar(s.host_total.categories, HOST_COLORS, "host breakdown of all steps"),
+      host,
+    );
+    after.push(() => {
+      stepChart(chart, s);
+      const labels = s.host_steps.map((b) => (b.step === null ? "whole trace" : "#" + b.step));
+      const perStep = s.host_steps.map((b) => Object.fromEntries(b.categories.map((c) => [c.name, c.ns])));
+      const names = Object.keys(HOST_COLORS);
+      stackedChart(host, labels, perStep, names, HOST_COLORS, "ms");
+    });
+    return body;
+  }
+
+  function deviceSection(s, after) {
+    if (!s.devices.length) {
+      return section("device", "Device timeline", empty("No device (GPU) events in this trace."));
+    }
+    const parts = [];
+    for (const d of s.devices) {
+      parts.push(h("h3", {}, `Device ${d.device}`));
+      parts.push(h("p", { class: "dim" }, `${d.scope}; ${NF0.format(d.events)} events over ${ms(d.span_ns)} ms`));
+      parts.push(
+        stackBar(
+          [
+            { name: "computation", ns: d.compute_ns },
+            { name: "non_compute", ns: d.non_compute_ns },
+            { name: "idle", ns: d.idle_ns },
+          ],
+          TEMPORAL_COLORS,
+          `device ${d.device} temporal breakdown`,
+        ),
+      );
+      parts.push(
+        h(
+          "p",
+          {},
+          `idle ${pct(d.idle_pct)} · compute ${pct(d.compute_pct)} · non-compute ${pct(d.non_compute_pct)} (HTA's temporal breakdown)`,
+        ),
+      );
+      const kt = d.kernel_types.map((k) => ({ name: k.kernel_type, ns: k.ns }));
+      if (kt.length) {
+        parts.push(h("p", { class: "dim" }, "Kernel types (share of busy time):"));
+        parts.push(stackBar(kt, KERNEL_COLORS, `device ${d.device} kernel types`));
+      }
+      if (d.streams.length) {
+        parts.push(
+          sortableTable(
+            null,
+            [
+              { title: "stream", value: (r) => r.stream, num: true },
+              { title: "events", value: (r) => r.events, text: (r) => NF0.format(r.events), num: true },
+              { title: "busy ms", value: (r) => r.busy_ns, text: (r) => ms(r.busy_ns), num: true },
+              { title: "idle ms", value: (r) => r.idle_ns, text: (r) => ms(r.idle_ns), num: true },
+              { title: "compute ms", value: (r) => r.computation_ns, text: (r) => ms(r.computation_ns), num: true },
+              { title: "comm ms", value: (r) => r.communication_ns, text: (r) => ms(r.communication_ns), num: true },
+              { title: "memory ms", value: (r) => r.memory_ns, text: (r) => ms(r.memory_ns), num: true },
+            ],
+            d.streams,
+            "Streams",
+          ),
+        );
+      }
+    }
+    const keys = Object.keys(s.device_steps);
+    if (keys.length) {
+      const chart = h("div", { id: "device-chart", class: "chart" });
+      parts.push(h("h3", {}, "Device time within each step"), chart);
+      after.push(() => {
+        const perStep = keys.map((k) => Object.fromEntries(s.device_steps[k].map((c) => [c.name, c.ns])));
+        const labels = keys.map((k) => (/^\d+$/.test(k) ? "#" + k : k));
+        stackedChart(chart, labels, perStep, Object.keys(DEVICE_COLORS), DEVICE_COLORS, "ms");
+      });
+    }
+    if (s.launch_delay) {
+      const ld = s.launch_delay;
+      parts.push(
+        h(
+          "p",
+          {},
+          `CPU→device launch delay: ${NF0.format(ld.count)} launches, mean ${us(ld.mean_ns)} µs, median ${us(ld.median_ns)} µs, p95 ${us(ld.p95_ns)} µs, max ${us(ld.max_ns)} µs`,
+        ),
+      );
+    }
+    return section("device", "Device timeline", parts);
+  }
+
+  function topsSection(s) {
+    const parts = [];
+    if (s.operators.length) {
+      parts.push(
+        sortableTable(
+          "table-operators",
+          [
+            { title: "operator / region", value: (r) => r.name },
+            { title: "category", value: (r) => prettyName(r.category) },
+            { title: "calls", value: (r) => r.calls, text: (r) => NF0.format(r.calls), num: true },
+            { title: "self ms", value: (r) => r.self_ns, text: (r) => ms(r.self_ns), num: true },
+            { title: "total ms", value: (r) => r.total_ns, text: (r) => ms(r.total_ns), num: true },
+            { title: "self % of steps", value: (r) => r.self_pct, text: (r) => NF1.format(r.self_pct), num: true },
+          ],
+          s.operators,
+          "Top operators and regions (by self time)",
+        ),
+      );
+    }
+    if (s.kernels.length) {
+      parts.push(
+        sortableTable(
+          "table-kernels",
+          [
+            { title: "kernel", value: (r) => shortKernel(r.name), title_of: (r) => r.name },
+            { title: "type", value: (r) => r.kernel_type.toLowerCase() },
+            { title: "calls", value: (r) => r.calls, text: (r) => NF0.format(r.calls), num: true },
+            { title: "total ms", value: (r) => r.total_ns, text: (r) => ms(r.total_ns), num: true },
+            { title: "mean µs", value: (r) => r.mean_ns, text: (r) => us(r.mean_ns), num: true },
+            { title: "max µs", value: (r) => r.max_ns, text: (r) => us(r.max_ns), num: true },
+            { title: "launched by", value: (r) => r.launched_by.join(", ") },
+          ],
+          s.kernels,
+          "Top device kernels, with the operators that launched them",
+        ),
+      );
+    }
+    if (s.functions.length) {
+      parts.push(
+        sortableTable(
+          "table-functions",
+          [
+            { title: "Python function", value: (r) => r.name },
+            {
+              title: "calls",
+              value: (r) => r.calls,
+              text: (r) => (r.sampled ? "~" : "") + NF0.format(r.calls),
+              num: true,
+            },
+            { title: "self ms", value: (r) => r.self_ns, text: (r) => ms(r.self_ns), num: true },
+            { title: "total ms", value: (r) => r.total_ns, text: (r) => ms(r.total_ns), num: true },
+          ],
+          s.functions,
+          "Top Python functions (~N: sampled, N samples)",
+        ),
+      );
+    }
+    if (!parts.length) parts.push(empty("No operators, kernels or Python functions in the analysed steps."));
+    return section("tops", "Top tables", h("p", { class: "dim" }, "Click a column title to sort."), parts);
+  }
+
+  function flameSection(view, after) {
+    const graphs = view.flames;
+    if (!graphs.length) {
+      const why = DATA.generator.traces_given
+        ? "No stacks: the analysed steps hold no nested host spans or stack samples."
+        : "No stacks: the page was written without the traces.";
+      return section("flame", "Flame graph", empty(why));
+    }
+    const chart = h("div", { id: "flame-chart" });
+    const details = h("div", { id: "flame-details", class: "dim" }, " ");
+    const picker = h(
+      "select",
+      {
+        id: "flame-kind",
+        onchange: (e) => {
+          state.flameIndex = Number(e.target.value);
+          drawFlame(chart, details, graphs[state.flameIndex]);
+        },
+      },
+      graphs.map((g, i) => h("option", { value: String(i) }, g.title)),
+    );
+    if (state.flameIndex >= graphs.length) state.flameIndex = 0;
+    picker.value = String(state.flameIndex);
+    const search = h("input", {
+      id: "flame-search",
+      type: "search",
+      placeholder: "search frames",
+      oninput: (e) => {
+        if (!state.flame) return;
+        if (e.target.value) state.flame.search(e.target.value);
+        else state.flame.clear();
+      },
+    });
+    const reset = h("button", { type: "button", onclick: () => state.flame && state.flame.resetZoom() }, "reset zoom");
+    after.push(() => drawFlame(chart, details, graphs[state.flameIndex]));
+    return section(
+      "flame",
+      "Flame graph",
+      h("div", { class: "toolbar" }, picker, search, reset),
+      h("p", { class: "dim" }, "Root at the bottom; width is time (or samples). Click a frame to zoom in, hover for its share."),
+      chart,
+      details,
+    );
+  }
+
+  function drawFlame(target, details, graph) {
+    for (const tip of document.querySelectorAll(".d3-flame-graph-tip")) tip.remove();
+    target.replaceChildren();
+    const total = graph.root.value || 1;
+    const fmt = (v) => (graph.unit === "ns" ? ms(v) + " ms" : NF0.format(v) + " samples");
+    const label = (d) => `${d.data.name}: ${fmt(d.value)} (${NF1.format((100 * d.value) / total)} %)`;
+    const tip = flamegraph.tooltip.defaultFlamegraphTooltip().text(label);
+    let searched = "";
+    const showDetails = (text) => {
+      details.textContent = text || searched || "\u00a0";
+    };
+    const chart = flamegraph
+      .default()
+      .width(chartWidth(target))
+      .cellHeight(18)
+      .minFrameSize(1)
+      .transitionDuration(250)
+      .sort(false)
+      .selfValue(false)
+      .tooltip(tip)
+      .setLabelHandler(label)
+      .setDetailsElement(details)
+      .setDetailsHandler(showDetails)
+      .setSearchHandler((results, sum, all) => {
+        searched = results.length
+          ? `search: ${results.length} frames, ${fmt(sum)} of ${fmt(all)} (${NF1.format((100 * sum) / (all || 1))} %)`
+          : "";
+        showDetails("");
+      });
+    d3.select(target).datum(graph.root).call(chart);
+    state.flame = chart;
+    state.redrawFlame = () => drawFlame(target, details, graph);
+  }
+
+  function extrasSection(s) {
+    const parts = [];
+    if (s.counters.length) {
+      parts.push(
+        sortableTable(
+          "table-counters",
+          [
+            { title: "counter", value: (r) => r.name },
+            { title: "series", value: (r) => r.series.join(", ") },
+            { title: "events", value: (r) => r.events, num: true },
+            { title: "min", value: (r) => r.min, num: true },
+            { title: "max", value: (r) => r.max, num: true },
+            { title: "last", value: (r) => r.last, num: true },
+          ],
+          s.counters,
+          "Counters",
+        ),
+      );
+    }
+    const dropped = Object.entries(s.dropped);
+    parts.push(
+      h(
+        "p",
+        {},
+        dropped.length
+          ? "Dropped events: " + dropped.map(([k, v]) => `${k} ${NF0.format(v)}`).join(", ")
+          : "No dropped events recorded.",
+      ),
+    );
+    if (s.profiler_overhead_ns) parts.push(h("p", {}, `Profiler overhead spans: ${ms(s.profiler_overhead_ns)} ms`));
+    return section("extras", "Counters and recorder health", parts);
+  }
+
+  // ---- page ----------------------------------------------------------------------------
+  function render() {
+    for (const p of state.plots) p.destroy();
+    state.plots = [];
+    state.flame = state.redrawFlame = null;
+    const s = SUMMARIES[state.view];
+    const view = DATA.views[state.view];
+    const after = [];
+    const app = document.getElementById("app");
+    app.replaceChildren(
+      summaryCards(s),
+      recommendations(s),
+      stepsSection(s, after),
+      deviceSection(s, after),
+      topsSection(s),
+      flameSection(view, after),
+      extrasSection(s),
+      h(
+        "footer",
+        { class: "dim" },
+        `${DATA.generator.name} ${DATA.generator.version} · ${DATA.generator.created} · schema ${DATA.schema} v${DATA.schema_version}` +
+          (DATA.step_range ? ` · steps ${DATA.step_range[0]}-${DATA.step_range[1]}` : ""),
+      ),
+    );
+    for (const fn of after) fn();
+  }
+
+  function renderViews() {
+    const nav = document.getElementById("views");
+    nav.replaceChildren();
+    if (DATA.views.length < 2) return;
+    DATA.views.forEach((v, i) => {
+      nav.append(
+        h(
+          "button",
+          {
+            type: "button",
+            class: i === state.view ? "active" : "",
+            onclick: () => {
+              state.view = i;
+              renderViews();
+              render();
+            },
+          },
+          v.title,
+        ),
+      );
+    });
+  }
+
+  let resizeTimer = null;
+  window.addEventListener("resize", () => {
+    clearTimeout(resizeTimer);
+    resizeTimer = setTimeout(() => {
+      for (const p of state.plots) p.setSize({ width: chartWidth(p.root.parentNode), height: p.height });
+      if (state.redrawFlame) state.redrawFlame();
+    }, 200);
+  });
+  renderViews();
+  render();
+  document.body.setAttribute("data-rendered", "true");
+})();
