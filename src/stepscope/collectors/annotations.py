@@ -13,12 +13,15 @@ import inspect
 import threading
 from collections.abc import Callable, Mapping
 from types import TracebackType
-from typing import Any, Literal, Protocol, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, cast
 
 from stepscope import clock
-from stepscope._ext import native
+from stepscope._ext import NativeModule, native
 from stepscope.collectors.base import Collector, WindowContext
 from stepscope.trace.model import TraceBuilder
+
+if TYPE_CHECKING:
+    from stepscope._native import RecordFunction
 
 __all__ = [
     "AnnotationCollector",
@@ -172,25 +175,24 @@ class PyRecordFunction:
 class _NativeBackend:
     """Window state held by the C extension."""
 
-    def __init__(self, mod: Any) -> None:
+    def __init__(self, mod: NativeModule) -> None:
         self._mod = mod
 
     def start(self, sink: list[SpanTuple], max_spans: int) -> None:
         self._mod._annotations_start(sink, max_spans)
 
     def stop(self) -> tuple[int, int]:
-        closed, dropped = self._mod._annotations_stop()
-        return int(closed), int(dropped)
+        return self._mod._annotations_stop()
 
     def recording(self) -> bool:
-        return bool(self._mod._annotations_recording())
+        return self._mod._annotations_recording()
 
     def emit(self, name: str, args: Any, start_ns: int, end_ns: int) -> bool:
-        return bool(self._mod._annotations_emit(name, args, start_ns, end_ns))
+        return self._mod._annotations_emit(name, args, start_ns, end_ns)
 
     def set_bridge(self, bridge: Bridge | None) -> int:
         enter, exit_ = bridge if bridge is not None else (None, None)
-        return int(self._mod._annotations_set_bridge(enter, exit_))
+        return self._mod._annotations_set_bridge(enter, exit_)
 
 
 def _decorate(name: str, args: Any, fn: F) -> F:
@@ -223,10 +225,12 @@ def _decorate(name: str, args: Any, fn: F) -> F:
     return cast(F, wrapper)
 
 
+record_function: type[RecordFunction] | type[PyRecordFunction]
+"""``record_function(name, args=None)``: the C class when the extension runs, else its twin."""
 _native_mod = native()
 if _native_mod is not None:
     _native_mod._annotations_set_decorator(_decorate)
-    record_function: Any = _native_mod.RecordFunction
+    record_function = _native_mod.RecordFunction
     default_backend: _Backend = _NativeBackend(_native_mod)
 else:
     record_function = PyRecordFunction

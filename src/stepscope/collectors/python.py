@@ -18,7 +18,7 @@ from types import CodeType, FunctionType, ModuleType
 from typing import Any
 
 from stepscope import clock
-from stepscope._ext import native
+from stepscope._ext import IMPLEMENTATIONS, NativeModule, resolve
 from stepscope.collectors.base import Collector, WindowContext
 from stepscope.collectors.python_common import (
     DEFAULT_BUFFER_BYTES,
@@ -39,7 +39,6 @@ __all__ = ["IMPLEMENTATIONS", "PythonTracerCollector"]
 log = logging.getLogger("stepscope")
 _failures = failure_log("collectors")
 
-IMPLEMENTATIONS = ("auto", "native", "python")
 TOOL_NAME = "stepscope"
 TOOL_IDS = (4, 3, 5)
 """sys.monitoring tool ids tried in order (0 debugger, 1 coverage, 2 profiler are left alone)."""
@@ -73,7 +72,7 @@ def _own_codes() -> tuple[CodeType, ...]:
 class _MonitoringHooks:
     """Registers the C callbacks with sys.monitoring (3.12+) on a free tool id."""
 
-    def __init__(self, mod: ModuleType, trace_c: bool) -> None:
+    def __init__(self, mod: NativeModule, trace_c: bool) -> None:
         mon = sys.monitoring  # type: ignore[attr-defined]
         events = mon.events
         self.callbacks = {
@@ -133,7 +132,7 @@ class _MonitoringHooks:
 class _NativeTracer:
     """The C tracer behind the same interface as :class:`TwinTracer`."""
 
-    def __init__(self, mod: ModuleType) -> None:
+    def __init__(self, mod: NativeModule) -> None:
         self.mod = mod
         self.monitoring = sys.version_info >= (3, 12)
         self.implementation = "c-monitoring" if self.monitoring else "c-profile"
@@ -151,7 +150,11 @@ class _NativeTracer:
             filter=filt,
             ignore=_own_codes(),
             disable=sys.monitoring.DISABLE if self.monitoring else None,  # type: ignore[attr-defined]
-            native_ids={t.ident: t.native_id for t in threading.enumerate()},
+            native_ids={
+                t.ident: t.native_id
+                for t in threading.enumerate()
+                if t.ident is not None and t.native_id is not None
+            },
             tsc=clock.SOURCE == "tsc",
         )
         self._options = options
@@ -180,7 +183,7 @@ class _NativeTracer:
 
     def stop(self) -> dict[str, Any]:
         # The tracer first (it ignores every event from then on), then the hooks.
-        stats: dict[str, Any] = self.mod._tracer_stop()
+        stats: dict[str, Any] = dict(self.mod._tracer_stop())
         if self._hooks is not None:
             self._hooks.remove()
             self._hooks = None
@@ -190,8 +193,7 @@ class _NativeTracer:
         return stats
 
     def interned(self) -> list[CodeType | str | None]:
-        targets: list[CodeType | str | None] = self.mod._tracer_interned()
-        return targets
+        return self.mod._tracer_interned()
 
     def export(self, name_ids: Any, first_id: int = 1) -> list[ThreadSpans]:
         return [thread_spans_from_bytes(row) for row in self.mod._tracer_export(name_ids, first_id)]
@@ -264,20 +266,10 @@ class PythonTracerCollector(Collector):
             buffer_bytes=buffer_bytes,
             drop_policy=drop_policy,
         )
-        if implementation not in IMPLEMENTATIONS:
-            raise ValueError(
-                f"implementation must be one of {', '.join(IMPLEMENTATIONS)}, "
-                f"got {implementation!r}"
-            )
-        mod = native()
-        if implementation == "native" and mod is None:
-            raise RuntimeError(
-                "implementation='native' needs the stepscope C extension, which is not available; "
-                "use implementation='auto' to fall back to the pure-Python tracer"
-            )
+        mod = resolve(implementation)
         self.strict = strict
         self._backend: _NativeTracer | _TwinAdapter = (
-            _NativeTracer(mod) if mod is not None and implementation != "python" else _TwinAdapter()
+            _NativeTracer(mod) if mod is not None else _TwinAdapter()
         )
         self._state = "idle"  # idle -> prepared -> recording -> stopped -> (collect) idle
         self._stats: dict[str, Any] = {}

@@ -25,13 +25,13 @@ import random
 import sys
 import threading
 from array import array
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from types import CodeType
 from typing import Any, Protocol, cast
 
 from stepscope import clock
-from stepscope._ext import native
+from stepscope._ext import IMPLEMENTATIONS, native, resolve
 from stepscope.collectors.base import Collector, WindowContext
 from stepscope.collectors.sampler_twin import PyStackSampler
 from stepscope.renamed import renamed_option
@@ -61,7 +61,8 @@ IDLE_WINDOW_NS = 1_000_000
 """Readings of a thread's CPU clock closer than this keep the previous idle verdict."""
 TRUNCATED_FRAME = "[truncated]"
 SAMPLER_THREAD_NAME = "stepscope-sampler"
-BACKENDS = ("native", "python")
+BACKENDS = IMPLEMENTATIONS
+"""The values of ``implementation=`` (``backend=`` is its old spelling; None means ``auto``)."""
 MODES = ("signal", "thread")
 DRAIN_INTERVAL_S = 0.01
 """Signal mode: how often recorded samples are moved out of the handler's rings."""
@@ -70,13 +71,13 @@ DRAIN_INTERVAL_S = 0.01
 class _Backend(Protocol):
     def sample(self) -> int: ...
     def count(self) -> int: ...
-    def export(self) -> dict[str, Any]: ...
+    def export(self) -> Mapping[str, Any]: ...
 
 
 class _SignalBackend(_Backend, Protocol):
-    def start_signals(self, rate_hz: float, seed: int = 0) -> None: ...
+    def start_signals(self, rate_hz: float, seed: int = 0, /) -> None: ...
     def drain(self) -> int: ...
-    def stop_signals(self, timeout_s: float = 1.0) -> dict[str, Any]: ...
+    def stop_signals(self, timeout_s: float = 1.0, /) -> Mapping[str, Any]: ...
 
 
 def make_backend(
@@ -85,14 +86,11 @@ def make_backend(
     max_depth: int,
     thread_ids: Iterable[int] | None,
 ) -> tuple[str, _Backend]:
-    """A sampler object: ``native`` (C), ``python`` (the twin), or None for C when built."""
-    if kind not in (None, *BACKENDS):
-        raise ValueError(f"sampler backend must be one of {BACKENDS} or None, got {kind!r}")
+    """A sampler object: ``native`` (C), ``python`` (the twin), or ``auto`` (None: the same) for
+    C when built (see :func:`stepscope._ext.resolve`)."""
+    mod = resolve(kind, what="sampler implementation (backend)")
     ids = None if thread_ids is None else [int(t) for t in thread_ids]
-    mod = native()
-    if kind == "native" and mod is None:
-        raise RuntimeError("the C extension is not available; use backend='python'")
-    if kind != "python" and mod is not None:
+    if mod is not None:
         if sys.version_info < (3, 11) and ids is not None:
             # Before 3.11 the C sampler knows threads by ident (no native id in PyThreadState).
             idents = {t.native_id: t.ident for t in threading.enumerate() if t.native_id}
@@ -121,7 +119,7 @@ class SamplerData:
     busy_ns: int
 
     @classmethod
-    def from_export(cls, raw: dict[str, Any]) -> SamplerData:
+    def from_export(cls, raw: Mapping[str, Any]) -> SamplerData:
         """Decode a backend's ``export()``."""
 
         def column(key: str, code: str) -> array[int]:
@@ -206,16 +204,26 @@ class Sampler:
         max_samples: int = DEFAULT_MAX_SAMPLES,
         max_depth: int = DEFAULT_MAX_DEPTH,
         max_duration_s: float | None = None,
+        implementation: str | None = None,
         backend: str | None = None,
         mode: str | None = None,
         adjust_switch_interval: bool = True,
         seed: int | None = None,
     ) -> None:
         """``mode``: ``signal``, ``thread`` or None (signal where it works); see the module.
-        ``rate_hz`` is the old spelling of ``sampling_rate_hz``."""
+        ``implementation``: ``auto`` (default), ``native`` or ``python``.  ``rate_hz`` and
+        ``backend`` are the old spellings of ``sampling_rate_hz`` and ``implementation``."""
         rate_hz = renamed_option(
             "sampling_rate_hz", sampling_rate_hz, "rate_hz", rate_hz, DEFAULT_RATE_HZ
         )
+        implementation = renamed_option(
+            "implementation", implementation, "backend", backend, "auto"
+        )
+        if implementation not in IMPLEMENTATIONS:
+            raise ValueError(
+                f"sampler implementation must be one of {', '.join(IMPLEMENTATIONS)}, "
+                f"got {implementation!r}"
+            )
         if mode not in (None, *MODES):
             raise ValueError(f"sampler mode must be one of {MODES} or None, got {mode!r}")
         if isinstance(rate_hz, bool) or not isinstance(rate_hz, (int, float)) or not rate_hz > 0:
@@ -235,7 +243,7 @@ class Sampler:
         self.max_samples = max_samples
         self.max_depth = max_depth
         self.max_duration_s = max_duration_s
-        self.backend_kind = backend
+        self.implementation = implementation
         self.requested_mode = mode
         self.mode = ""
         """``signal`` or ``thread`` once running (see ``wait_running``)."""
@@ -267,7 +275,7 @@ class Sampler:
         if self._thread is not None:
             raise RuntimeError("this Sampler was already started; create a new one per run")
         self.backend_name, self._backend = make_backend(
-            self.backend_kind, self.max_samples, self.max_depth, self.thread_ids
+            self.implementation, self.max_samples, self.max_depth, self.thread_ids
         )
         self.started_ns = clock.now_ns()
         self._thread = threading.Thread(target=self._run, name=SAMPLER_THREAD_NAME, daemon=True)
@@ -322,7 +330,7 @@ class Sampler:
             self._failed(exc)
         finally:
             try:
-                self.signal_stats = backend.stop_signals(1.0)
+                self.signal_stats = dict(backend.stop_signals(1.0))
             except Exception as exc:
                 self._failed(exc)
 
@@ -442,6 +450,7 @@ class SamplerCollector(Collector):
         thread_ids: Iterable[int] | None = None,
         max_samples: int = DEFAULT_MAX_SAMPLES,
         max_depth: int = DEFAULT_MAX_DEPTH,
+        implementation: str | None = None,
         backend: str | None = None,
         mode: str | None = None,
         stop_timeout_s: float = 10.0,
@@ -453,7 +462,9 @@ class SamplerCollector(Collector):
             "thread_ids": None if thread_ids is None else tuple(thread_ids),
             "max_samples": max_samples,
             "max_depth": max_depth,
-            "backend": backend,
+            "implementation": renamed_option(
+                "implementation", implementation, "backend", backend, "auto"
+            ),
             "mode": mode,
         }
         Sampler(rate_hz, **self._options)  # validate the options now, not at the first window

@@ -237,8 +237,8 @@ def _scan_events(p: Path, data: bytes, drop: bool) -> _EventsRead:
     reader: Callable[..., tuple[list[int], tuple[bytes, ...]]] = (
         mod.spans_from_events if mod is not None else spans_from_events_python
     )
-    indices, columns = reader(events, *b.bulk_tables(), SAMPLED_CATEGORY)
-    return doc, b, [(i, events[i]) for i in indices], columns
+    indices, span_columns = reader(events, *b.bulk_tables(), SAMPLED_CATEGORY)
+    return doc, b, [(i, events[i]) for i in indices], span_columns
 
 
 def _read_document(p: Path, data: bytes, drop: bool) -> Trace:

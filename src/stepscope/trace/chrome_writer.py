@@ -224,9 +224,7 @@ def _event_chunks(
     spans = trace.spans
     cols = tuple(spans[c] for c in ("name", "cat", "pid", "tid", "start_ns", "dur_ns", "args"))
     mod = native()
-    formatter: Callable[..., bytes] = (
-        mod.format_spans if mod is not None else format_spans_python  # type: ignore[assignment]
-    )
+    formatter: Callable[..., bytes] = mod.format_spans if mod is not None else format_spans_python
     for lo in range(0, len(spans), CHUNK_EVENTS):
         hi = min(lo + CHUNK_EVENTS, len(spans))
         yield formatter(cols, lo, hi, strings, trace.args, json_bytes, shift)
