@@ -29,6 +29,8 @@ PACKAGES = [
     "py-spy",
     "prometheus_client",
     "opentelemetry-sdk",
+    "HolisticTraceAnalysis",
+    "orjson",
 ]
 
 

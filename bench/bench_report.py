@@ -1,0 +1,225 @@
+"""``stepscope report`` on a 1M-event GPU trace against HTA, and the Chrome reader against JSON
+parsers.
+
+Targets (issue 15):
+- ``stepscope report`` on a >= 1M-event trace against HTA loading the same trace and computing
+  its temporal breakdown, each in its own fresh process (wall time of the whole process, imports
+  included; peak RSS of the process and anything it started): >= 5x faster, <= 0.3x the memory.
+- the reader's events/s on the shared GPU traces (every phase, not only ``X``) against
+  ``json.loads`` and ``orjson.loads`` of the same bytes (reported, no target).
+
+The big trace is ``training_rank0_gpu.json.gz`` (from HTA's repository, in ../shared/traces)
+repeated with shifted times, step numbers, correlation and flow ids, written to a temporary
+directory (never into ../shared).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from harness import Report
+
+HERE = Path(__file__).resolve().parent
+SHARED = HERE.parent.parent / "shared" / "traces"
+SOURCE = SHARED / "training_rank0_gpu.json.gz"
+GPU_TRACES = [
+    "alexnet_gpu.json.gz",
+    "amd_mi250_rocm.json.gz",
+    "mtia_inference.json.gz",
+    "nccl_gpu.json.gz",
+    "training_rank0_gpu.json.gz",
+    "triton_gpu.json.gz",
+]
+ID_STRIDE = 10_000_000
+STEP_STRIDE = 1_000
+
+
+def replicated_trace(target_events: int, out: Path) -> int:
+    """Write ``SOURCE`` repeated until it holds ``target_events``; returns the event count."""
+    import orjson
+
+    doc = json.loads(gzip.decompress(SOURCE.read_bytes()))
+    events: list[dict[str, Any]] = doc["traceEvents"]
+    body = [e for e in events if e.get("ph") != "M"]
+    times = [e["ts"] for e in body if "ts" in e]
+    ends = [e["ts"] + e.get("dur", 0) for e in body if "ts" in e]
+    shift = max(ends) - min(times) + 1_000.0  # µs between copies
+    copies = -(-(target_events - (len(events) - len(body))) // len(body))
+    out_events = [e for e in events if e.get("ph") == "M"]
+    for k in range(copies):
+        for e in body:
+            c = dict(e)
+            if "ts" in c:
+                c["ts"] = c["ts"] + k * shift
+            if "id" in c and isinstance(c["id"], int):
+                c["id"] = c["id"] + k * ID_STRIDE
+            name = c.get("name", "")
+            if isinstance(name, str) and name.startswith("ProfilerStep#"):
+                c["name"] = f"ProfilerStep#{int(name[13:]) + k * STEP_STRIDE}"
+            args = c.get("args")
+            if isinstance(args, dict) and ("correlation" in args or "External id" in args):
+                args = dict(args)
+                for key in ("correlation", "External id"):
+                    if isinstance(args.get(key), int) and args[key] > 0:
+                        args[key] += k * ID_STRIDE
+                c["args"] = args
+            out_events.append(c)
+    doc["traceEvents"] = out_events
+    out.write_bytes(orjson.dumps(doc))
+    return len(out_events)
+
+
+# ---- children ------------------------------------------------------------------------------
+
+
+def child(kind: str, path: str, scratch: str) -> None:
+    """Run one subject in this (fresh) process; print its in-process seconds and peak RSS."""
+    start = time.perf_counter()
+    if kind.startswith("stepscope"):
+        from stepscope.cli import main
+
+        args = ["report", path, "--json", os.path.join(scratch, "report.json")]
+        if kind == "stepscope-html":
+            args += ["--html", os.path.join(scratch, "report.html")]
+        with open(os.devnull, "w") as sink:
+            saved, sys.stdout = sys.stdout, sink
+            try:
+                rc = main(args)
+            finally:
+                sys.stdout = saved
+        if rc != 0:
+            raise SystemExit(f"stepscope report exited {rc}")
+    else:
+        import logging
+        import warnings
+
+        logging.disable(logging.WARNING)
+        warnings.simplefilter("ignore")
+        from hta.trace_analysis import TraceAnalysis
+
+        analysis = TraceAnalysis(
+            trace_files={0: path}, trace_dir=scratch, include_last_profiler_step=True
+        )
+        breakdown = analysis.get_temporal_breakdown(visualize=False)
+        assert len(breakdown) == 1
+    seconds = time.perf_counter() - start
+    peak = max(
+        resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+        resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss,
+    )
+    print(json.dumps({"seconds": seconds, "maxrss_kb": peak}))
+
+
+def run_child(kind: str, path: Path, scratch: Path) -> tuple[float, float, float]:
+    """(process wall seconds, in-process seconds, peak RSS MiB) of one child run."""
+    start = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, __file__, "--child", kind, str(path), str(scratch)],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        cwd=HERE,
+    )
+    wall = time.perf_counter() - start
+    if done.returncode != 0:
+        raise RuntimeError(f"{kind} child failed: {done.stderr[-2000:]}")
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    return wall, found["seconds"], found["maxrss_kb"] / 1024
+
+
+# ---- the benchmark -------------------------------------------------------------------------
+
+
+def bench_report_vs_hta(report: Report, work: Path) -> None:
+    big = work / "replicated_rank0.pt.trace.json"
+    start = time.perf_counter()
+    events = replicated_trace(1_000_000, big)
+    report.note(
+        f"trace: {SOURCE.name} repeated to {events:,} events "
+        f"({big.stat().st_size / 1e6:.0f} MB of .json), written in "
+        f"{time.perf_counter() - start:.1f} s"
+    )
+    repeat = 1 if report.quick else 3
+    case = f"report {events / 1e6:.2f}M-event trace"
+    samples: dict[str, list[tuple[float, float, float]]] = {}
+    for _ in range(repeat):  # interleaved, so drift hits both alike
+        for kind in ("stepscope", "hta", "stepscope-html"):
+            if kind == "stepscope-html" and samples.get(kind) and report.quick:
+                continue
+            scratch = work / f"scratch-{kind}"
+            scratch.mkdir(exist_ok=True)
+            samples.setdefault(kind, []).append(run_child(kind, big, scratch))
+    names = {
+        "stepscope": "stepscope report --json",
+        "hta": "HTA load + temporal breakdown",
+        "stepscope-html": "stepscope report --json --html",
+    }
+    walls = {k: report.add(case, names[k], "s", [s[0] for s in v]) for k, v in samples.items()}
+    for k, v in samples.items():
+        report.add(case + " (in process)", names[k], "s", [s[1] for s in v])
+    rss = {k: report.add(case, names[k], "MiB peak", [s[2] for s in v]) for k, v in samples.items()}
+    time_ratio = report.ratio("wall time, lower is better", walls["stepscope"], walls["hta"])
+    mem_ratio = report.ratio("peak RSS, lower is better", rss["stepscope"], rss["hta"])
+    report.note(f"stepscope report is {1 / time_ratio:.2f}x faster than HTA on this trace")
+    report.target("stepscope report time / HTA time <= 0.2 (>= 5x faster)", time_ratio, 0.2)
+    report.target("stepscope report peak RSS / HTA peak RSS <= 0.3", mem_ratio, 0.3)
+
+
+def bench_reader(report: Report, work: Path) -> None:
+    import orjson
+
+    from stepscope.trace.chrome import read_chrome_trace
+
+    repeat = 3 if report.quick else 7
+    totals = {"stepscope read_chrome_trace": 0.0, "json.loads": 0.0, "orjson.loads": 0.0}
+    all_events = 0
+    for name in GPU_TRACES:
+        raw = gzip.decompress((SHARED / name).read_bytes())
+        plain = work / name.removesuffix(".gz")
+        plain.write_bytes(raw)
+        events = len(json.loads(raw)["traceEvents"])
+        all_events += events
+        case = f"read {name.removesuffix('.json.gz')} ({events:,} events)"
+        subjects = {
+            "stepscope read_chrome_trace": lambda p=plain: read_chrome_trace(p),
+            "json.loads": lambda p=plain: json.loads(p.read_bytes()),
+            "orjson.loads": lambda p=plain: orjson.loads(p.read_bytes()),
+        }
+        for subject, fn in subjects.items():
+            timed = report.measure(case, subject, fn, repeat=repeat, unit="s")
+            totals[subject] += timed.median
+            report.add(case, subject, "events/s", [events / s for s in timed.samples])
+    rates = {k: all_events / v for k, v in totals.items()}
+    report.note(
+        f"all six shared GPU traces together ({all_events:,} events, every phase): "
+        + ", ".join(f"{k} {v / 1e6:.3f} M events/s" for k, v in rates.items())
+    )
+    report.note(
+        "reader / json.loads events/s: "
+        f"{rates['stepscope read_chrome_trace'] / rates['json.loads']:.2f}; "
+        f"reader / orjson.loads: {rates['stepscope read_chrome_trace'] / rates['orjson.loads']:.2f}"
+    )
+
+
+def run(report: Report) -> None:
+    """Both parts, in a temporary directory."""
+    with tempfile.TemporaryDirectory(prefix="stepscope-bench-report-") as tmp:
+        work = Path(tmp)
+        bench_reader(report, work)
+        bench_report_vs_hta(report, work)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 5 and sys.argv[1] == "--child":
+        child(sys.argv[2], sys.argv[3], sys.argv[4])
+    else:
+        sys.exit("run through bench/run.py (python bench/run.py report)")
