@@ -94,7 +94,7 @@ def test_with_stack_self_times_add_up_to_the_busy_window() -> None:
     names = [trace.strings[n] for n in trace.spans["name"]]
     assert not [n for n in names if "stepscope/" in n or "stepscope\\" in n]
     table = prof.key_averages()
-    self_total = sum(row.self_cpu_time_total for row in table)
+    self_total = sum(row.self_cpu_time_total_ns for row in table)
     tracks: dict[tuple[int, int], list[tuple[int, int]]] = {}
     spans = trace.spans
     for s, d, p, t, c in zip(

@@ -63,7 +63,9 @@ def test_optimizer_steps_drive_the_schedule_without_prof_step() -> None:
     windows: list[list[str]] = []
 
     def keep(p: profile) -> None:
-        windows.append(sorted(s.name for s in p.events() if s.name.startswith("ProfilerStep#")))
+        windows.append(
+            sorted(s.trace_name for s in p.events() if s.trace_name.startswith("ProfilerStep#"))
+        )
 
     with profile(
         schedule=quiet_schedule(wait=1, warmup=1, active=2, repeat=2),

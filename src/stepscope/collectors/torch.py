@@ -40,6 +40,19 @@ DEVICE_NAMES = {
 TORCH_OWN_KEYS = frozenset({"trace_id", "traceName"})
 
 
+FLOPS_KEY = "stepscope_flops"
+"""Trace metadata: ``{External id: flops}`` of torch's ops (Kineto's JSON leaves FLOPs out)."""
+
+
+def _flops_by_id(results: Any) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for event in results.events():
+        flops = event.flops()
+        if flops:
+            out[str(event.correlation_id())] = int(flops)
+    return out
+
+
 def torch_available() -> bool:
     """Whether the running program has imported torch (stepscope never imports it first)."""
     import sys
@@ -90,6 +103,8 @@ class TorchCollector(Collector):
         with_modules: bool = False,
         experimental_config: Any = None,
         bridge_annotations: bool | None = None,
+        activity_filters: dict[str, list[str]] | None = None,
+        post_processing_timeout_s: float | None = None,
     ) -> None:
         self._autograd_profiler: Any = None
         acts = set(activities)
@@ -105,6 +120,9 @@ class TorchCollector(Collector):
             "with_modules": with_modules,
             "experimental_config": experimental_config,
         }
+        self.activity_filters = dict(activity_filters or {})
+        """``{activity name: [event type names]}``: torch records only those types."""
+        self.post_processing_timeout_s = post_processing_timeout_s
         self.bridge_annotations = (
             self.use_device is not None if bridge_annotations is None else bridge_annotations
         )
@@ -161,9 +179,18 @@ class TorchCollector(Collector):
             use_kineto=True,
             with_stack=False,  # Python frames come from stepscope's own tracer
             acc_events=False,
+            post_processing_timeout_s=self.post_processing_timeout_s,
+            activity_filters=self._torch_filters(),
             **self.options,
         )
         self._prof._prepare_trace()
+
+    def _torch_filters(self) -> dict[Any, set[str]] | None:
+        if not self.activity_filters:
+            return None
+        from torch.profiler import ProfilerActivity as TorchActivity
+
+        return {getattr(TorchActivity, k): set(v) for k, v in self.activity_filters.items()}
 
     def _start_torch(self) -> None:
         self._prof._start_trace()
@@ -218,6 +245,8 @@ class TorchCollector(Collector):
         for key in TORCH_OWN_KEYS:
             builder.metadata.pop(key, None)
         builder.metadata["stepscope_torch_events"] = trace.event_count()
+        if self.options["with_flops"]:
+            builder.metadata[FLOPS_KEY] = _flops_by_id(prof.kineto_results)
 
     def _duplicate_annotations(self, trace: Trace) -> set[int]:
         """CPU-side copies of bridged stepscope annotations (stepscope's own spans stay)."""

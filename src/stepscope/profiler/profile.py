@@ -14,6 +14,7 @@ import logging
 import os
 import socket
 import threading
+import uuid
 import warnings
 from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
@@ -23,16 +24,17 @@ from stepscope import __version__, clock, forks, steps
 from stepscope.activity import ProfilerActivity, coerce_activities
 from stepscope.collectors.annotations import AnnotationCollector, record_function
 from stepscope.collectors.base import Collector, WindowContext
-from stepscope.collectors.torch import torch_installed
+from stepscope.collectors.torch import DEVICE_NAMES, torch_installed
 from stepscope.distributed import distributed_info
 from stepscope.failures import failure_log
+from stepscope.profiler.events import EventList, function_events
 from stepscope.profiler.execution_trace import ExecutionTraceCollector
 from stepscope.profiler.schedule import ProfilerAction, Schedule, default_schedule
 from stepscope.profiler.step_trigger import StepTrigger
 from stepscope.profiler.summary import KeyAverages, key_averages
 from stepscope.report.collapsed import collapsed_from_spans, write_collapsed
 from stepscope.trace.chrome_writer import RESERVED_KEYS, WriteStats, write_chrome_trace
-from stepscope.trace.model import Span, Trace, TraceBuilder
+from stepscope.trace.model import Trace, TraceBuilder
 
 __all__ = ["profile"]
 
@@ -73,6 +75,8 @@ class profile:
         execution_trace_observer: Any = None,
         acc_events: bool = False,
         use_cuda: bool | None = None,
+        custom_trace_id_callback: Callable[[], str] | None = None,
+        post_processing_timeout_s: float | None = None,
         flush_on_exit: bool = True,
         collectors: Iterable[Collector] = (),
         max_annotation_spans: int = 2_000_000,
@@ -82,14 +86,31 @@ class profile:
         tracer_options: Mapping[str, Any] | None = None,
         strict: bool | None = None,
     ) -> None:
-        self.activities = coerce_activities(activities)
-        if use_cuda:
+        plain, self.activity_filters = split_activity_filters(activities)
+        self.activities = coerce_activities(plain)
+        if use_cuda is not None:
             warnings.warn(
-                "use_cuda is deprecated, use activities=[ProfilerActivity.CUDA]",
+                "`use_cuda` is deprecated, use `activities` argument instead",
                 FutureWarning,
                 stacklevel=2,
             )
-            self.activities.add(ProfilerActivity.CUDA)
+            if use_cuda:
+                self.activities.add(ProfilerActivity.CUDA)
+            else:
+                self.activities.discard(ProfilerActivity.CUDA)
+        if post_processing_timeout_s is not None and post_processing_timeout_s < 0:
+            raise ValueError("post_processing_timeout_s must be non-negative")
+        if custom_trace_id_callback is not None and not callable(custom_trace_id_callback):
+            raise TypeError(
+                f"custom_trace_id_callback must be callable () -> str, got "
+                f"{custom_trace_id_callback!r}"
+            )
+        self.custom_trace_id_callback = custom_trace_id_callback
+        """Called when each window is prepared; its string is the window's ``trace_id``."""
+        self.post_processing_timeout_s = post_processing_timeout_s
+        """Seconds ``events()`` may spend building events; past it the list is partial."""
+        self._trace_id: str | None = None
+        experimental_config = _checked_experimental_config(experimental_config, with_stack)
         if schedule is not None and not callable(schedule):
             raise TypeError(f"schedule must be callable (step -> ProfilerAction), got {schedule!r}")
         if on_trace_ready is not None and not callable(on_trace_ready):
@@ -103,6 +124,8 @@ class profile:
         self.with_modules = with_modules
         self.experimental_config = experimental_config
         self.execution_trace_observer = execution_trace_observer
+        if not isinstance(acc_events, bool):
+            raise TypeError(f"acc_events must be a bool, got {acc_events!r}")
         self.acc_events = acc_events
         self.flush_on_exit = flush_on_exit
         self.torch_ops = torch_installed() if torch_ops is None else torch_ops
@@ -169,12 +192,16 @@ class profile:
                     with_flops=self.with_flops,
                     with_modules=self.with_modules,
                     experimental_config=self.experimental_config,
+                    activity_filters=self.activity_filters,
+                    post_processing_timeout_s=self.post_processing_timeout_s,
                 )
             )
         else:
             devices = sorted(a.name for a in self.activities & DEVICE_ACTIVITIES)
             needs = [f"activities {', '.join(devices)}"] if devices else []
             needs += [f"{flag}" for flag in torch_options]
+            if self.activity_filters:
+                needs.append("activity filters (dict activities)")
             if needs:
                 what = (
                     "leave torch_ops at its default"
@@ -182,6 +209,10 @@ class profile:
                     else "install torch (pip install 'stepscope[torch]')"
                 )
                 raise ValueError(f"{', '.join(needs)} record through torch's profiler: {what}")
+        if _gc_info_requested(self.experimental_config):
+            from stepscope.collectors.gc import GcCollector
+
+            found.append(GcCollector())
         if self.execution_trace_observer is not None:
             # First in the list: started before, and stopped after, every other collector.
             found.insert(0, ExecutionTraceCollector(self.execution_trace_observer))
@@ -357,6 +388,8 @@ class profile:
     def _new_window(self) -> WindowContext:
         self._broken.clear()
         ctx = self._ctx = WindowContext(window=self._window_index)
+        self._trace_id = self._make_trace_id()
+        ctx.metadata["trace_id"] = self._trace_id
         self._window_first_step = self.step_num
         for collector in self.collectors:
             self._guarded(collector, "prepare", functools.partial(collector.prepare, ctx))
@@ -448,6 +481,24 @@ class profile:
         self._window_metadata = {}
         builder.distributed_info = distributed_info()
 
+    def _make_trace_id(self) -> str:
+        if self.custom_trace_id_callback is None:
+            return f"{uuid.uuid4().int:032X}"
+        value = self.custom_trace_id_callback()
+        if not isinstance(value, str):
+            raise TypeError(f"custom_trace_id_callback returned {value!r}; it must return a str")
+        return value
+
+    def set_custom_trace_id_callback(self, callback: Callable[[], str]) -> None:
+        """Set the trace id generator, called when each window is prepared."""
+        if not callable(callback):
+            raise TypeError(f"callback must be callable () -> str, got {callback!r}")
+        self.custom_trace_id_callback = callback
+
+    def get_trace_id(self) -> str | None:
+        """The id of the current (or last) window's trace."""
+        return self._trace_id
+
     # -- metadata ------------------------------------------------------------------------------
     def add_metadata(self, key: str, value: str) -> None:
         """Add a string entry to the trace metadata (this window, or the next one)."""
@@ -485,16 +536,51 @@ class profile:
             merged.add_trace(t)
         return merged.build()
 
-    def events(self) -> list[Span]:
-        """Every span of the recorded window(s)."""
-        return [span for t in self._require_traces("events()") for span in t.iter_spans()]
+    @property
+    def use_device(self) -> str | None:
+        """The device recorded (``"cuda"``, ``"xpu"``...), as torch's ``use_device``."""
+        for activity, name in DEVICE_NAMES.items():
+            if activity in self.activities:
+                return name
+        return None
+
+    def events(self) -> EventList:
+        """Every span of the recorded window(s) as torch's ``FunctionEvent`` objects (µs)."""
+        if getattr(self.experimental_config, "trace_only", False):
+            raise RuntimeError(
+                "events() is not available when trace_only=True in ExperimentalConfig. "
+                "Use export_chrome_trace() instead."
+            )
+        return function_events(
+            self._require_traces("events()"),
+            use_device=self.use_device,
+            profile_memory=self.profile_memory,
+            with_flops=self.with_flops,
+            timeout_s=self.post_processing_timeout_s,
+            overload_names=experimental_flag(self.experimental_config, "capture_overload_names"),
+        )
 
     def key_averages(
-        self, group_by_input_shape: bool = False, group_by_stack_n: int = 0
+        self,
+        group_by_input_shape: bool = False,
+        group_by_stack_n: int = 0,
+        group_by_overload_name: bool = False,
     ) -> KeyAverages:
-        """Spans grouped by name (and shapes / stack); ``.table()`` prints torch's table."""
+        """Spans grouped as torch groups events; ``.table()`` prints torch's table."""
+        if getattr(self.experimental_config, "trace_only", False):
+            raise RuntimeError(
+                "key_averages() is not available when trace_only=True in ExperimentalConfig. "
+                "Use export_chrome_trace() instead."
+            )
         return key_averages(
-            self._require_traces("key_averages()"), group_by_input_shape, group_by_stack_n
+            self._require_traces("key_averages()"),
+            group_by_input_shape,
+            group_by_stack_n,
+            group_by_overload_name,
+            use_device=self.use_device,
+            profile_memory=self.profile_memory,
+            with_flops=self.with_flops,
+            overload_names=experimental_flag(self.experimental_config, "capture_overload_names"),
         )
 
     def export_chrome_trace(self, path: str | os.PathLike[str]) -> WriteStats:
@@ -574,3 +660,98 @@ def _parse_json(key: str, value: str) -> Any:
             f"metadata {key!r}: value is not valid JSON ({exc.msg} at column {exc.colno}): "
             f"{value!r:.80}; use add_metadata() for plain strings"
         ) from None
+
+
+def split_activity_filters(
+    activities: Iterable[object] | None,
+) -> tuple[list[object] | None, dict[str, list[str]]]:
+    """torch's mixed activity list: plain activities, and ``{activity: [type names]}`` filters.
+
+    Returns the activities and the filters keyed by activity name; an activity named twice is
+    a ``ValueError`` (as in torch).
+    """
+    if activities is None or isinstance(activities, (str, bytes)):
+        return (None if activities is None else list(activities)), {}  # type: ignore[arg-type]
+    if not isinstance(activities, Iterable):
+        raise TypeError(
+            f"activities must be an iterable of ProfilerActivity values, got {activities!r}"
+        )
+    plain: list[object] = []
+    filters: dict[str, list[str]] = {}
+    seen: set[str] = set()
+
+    def note(activity: object) -> str:
+        name = activity if isinstance(activity, str) else getattr(activity, "name", None)
+        if not isinstance(name, str):
+            raise TypeError(f"Expected ProfilerActivity or dict, got {type(activity)}")
+        if name in seen:
+            raise ValueError(f"Activity {activity} specified more than once")
+        seen.add(name)
+        return name
+
+    for item in activities:
+        if isinstance(item, Mapping):
+            for activity, types in item.items():
+                name = note(activity)
+                if name not in ("CPU", *(a.name for a in DEVICE_ACTIVITIES)):
+                    raise ValueError(
+                        f"activity filters select torch's event types; {name} is recorded by "
+                        "stepscope itself and takes no filter: list it without a dict"
+                    )
+                if isinstance(types, (str, bytes)) or not isinstance(types, Iterable):
+                    raise TypeError(
+                        f"the filter of {name} must be a list of activity type names, got {types!r}"
+                    )
+                filters[name] = [str(t) for t in types]
+                plain.append(activity)
+        else:
+            note(item)
+            plain.append(item)
+    return plain, filters
+
+
+def _checked_experimental_config(config: Any, with_stack: bool) -> Any:
+    """torch's ``_ExperimentalConfig`` as stepscope uses it (``trace_only`` + stack: off)."""
+    if config is None:
+        return None
+    if getattr(config, "trace_only", False) and with_stack:
+        warnings.warn(
+            "trace_only=True is incompatible with with_stack=True (stack traces require event "
+            "post-processing). Disabling trace_only.",
+            stacklevel=3,
+        )
+        import copy
+
+        config = copy.copy(config)
+        config.trace_only = False
+    return config
+
+
+# Positions of _ExperimentalConfig's fields in its pickled state (torch exposes few attributes).
+_EXPERIMENTAL_FIELDS = {
+    "capture_overload_names": 8,
+    "record_python_gc_info": 9,
+    "expose_kineto_event_metadata": 10,
+}
+
+
+def experimental_flag(config: Any, name: str) -> bool:
+    """One boolean field of torch's ``_ExperimentalConfig`` (False when absent)."""
+    if config is None:
+        return False
+    if hasattr(config, name):
+        return bool(getattr(config, name))
+    try:
+        state = config.__getstate__()
+    except Exception:
+        return False
+    index = _EXPERIMENTAL_FIELDS.get(name)
+    if index is None or not isinstance(state, tuple) or len(state) <= index:
+        return False
+    return bool(state[index])
+
+
+def _gc_info_requested(config: Any) -> bool:
+    """``record_python_gc_info``: torch records it only with its own Python tracer, which
+    stepscope replaces, so stepscope records the ``Python GC`` spans itself."""
+    return experimental_flag(config, "record_python_gc_info")

@@ -2,25 +2,46 @@
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from stepscope.profiler.summary import KeyAverages
+    from stepscope.profiler.summary import KeyAverages, RowAverage
 
 __all__ = ["key_averages_table"]
 
+TIME_UNITS = (None, "s", "ms", "us")
+FLOP_UNITS = ("FLOPs", "KFLOPs", "MFLOPs", "GFLOPs", "TFLOPs", "PFLOPs")
+COLUMN = 12
 
-def _format_time(ns: float) -> str:
-    us = ns / 1000.0
-    if us >= 1e6:
+
+def _format_time(us: float, unit: str | None = None) -> str:
+    if unit == "s" or (unit is None and us >= 1e6):
         return f"{us / 1e6:.3f}s"
-    if us >= 1e3:
+    if unit == "ms" or (unit is None and us >= 1e3):
         return f"{us / 1e3:.3f}ms"
     return f"{us:.3f}us"
 
 
 def _format_percent(part: float, whole: float) -> str:
-    return f"{(100.0 * part / whole) if whole else 0.0:.2f}%"
+    if not whole:
+        return "NaN" if not part else "inf"
+    return f"{100.0 * part / whole:.2f}%"
+
+
+def _format_memory(nbytes: int) -> str:
+    for size, unit in ((1024**3, "GB"), (1024**2, "MB"), (1024, "KB")):
+        if abs(nbytes) >= size:
+            return f"{nbytes / size:.2f} {unit}"
+    return f"{nbytes} B"
+
+
+def _flops_scale(rows: list[RowAverage]) -> tuple[float, str] | None:
+    positive = [r.flops for r in rows if r.flops > 0]
+    if not positive:
+        return None
+    step = int(max(0.0, min(math.log10(min(positive)) / 3, float(len(FLOP_UNITS) - 1))))
+    return 10.0 ** (-3 * step), FLOP_UNITS[step]
 
 
 def key_averages_table(
@@ -28,70 +49,122 @@ def key_averages_table(
     *,
     sort_by: str | None = None,
     row_limit: int = 100,
+    max_src_column_width: int = 75,
     max_name_column_width: int = 55,
+    max_shapes_column_width: int = 80,
     header: str | None = None,
+    top_level_events_only: bool = False,
+    time_unit: str | None = None,
 ) -> str:
     """The rows as torch.profiler's text table (times in torch's units, notes underneath)."""
+    if time_unit not in TIME_UNITS:
+        raise ValueError(f"time_unit must be one of 's', 'ms', 'us' or None, got {time_unit!r}")
     rows = averages.sorted_rows(sort_by)
+    if top_level_events_only:
+        rows = [r for r in rows if r.cpu_parent is None]
     if row_limit is not None and row_limit >= 0:
         rows = rows[:row_limit]
     self_cpu_total = sum(r.self_cpu_time_total for r in averages.rows)
-    self_device_total = sum(r.self_device_time_total for r in averages.rows)
-    has_device = self_device_total > 0
-    columns = ["Name", "Self CPU %", "Self CPU", "CPU total %", "CPU total", "CPU time avg"]
+    self_device_total = sum(
+        r.self_device_time_total for r in averages.rows if r.on_device and not r.is_user_annotation
+    )
+    has_device = any(r.self_device_time_total > 0 for r in averages.rows)
+    device = (averages.use_device or "cuda").upper()
+    has_overload = any(r.overload_name for r in rows)
+    has_shapes = averages.by_shape and any(r.input_shapes for r in rows)
+    has_stack = averages.by_stack and any(r.stack for r in rows)
+    has_device_mem = any(r.self_device_memory_usage > 0 for r in averages.rows)
+    flops = _flops_scale(rows) if averages.with_flops else None
+    columns = ["Name"]
+    if has_overload:
+        columns.append("Overload Name")
+    columns += ["Self CPU %", "Self CPU", "CPU total %", "CPU total", "CPU time avg"]
     if has_device:
-        columns += ["Self CUDA", "Self CUDA %", "CUDA total", "CUDA time avg"]
+        columns += [f"Self {device}", f"Self {device} %", f"{device} total", f"{device} time avg"]
+    if averages.profile_memory:
+        columns += ["CPU Mem", "Self CPU Mem"]
+        if has_device_mem:
+            columns += [f"{device} Mem", f"Self {device} Mem"]
     columns.append("# of Calls")
-    if averages.by_shape:
+    if has_shapes:
         columns.append("Input Shapes")
-    if averages.by_stack:
+    if flops is not None:
+        columns.append(f"Total {flops[1]}")
+    if has_stack:
         columns.append("Source Location")
     body: list[list[str]] = []
+    extra_lines: list[list[str]] = []
     for r in rows:
         name = r.key
-        if len(name) > max_name_column_width:
+        if len(name) >= max_name_column_width - 3:
             name = name[: max_name_column_width - 3] + "..."
-        cells = [
-            name,
+        cells = [name]
+        if has_overload:
+            cells.append(r.overload_name[: max_name_column_width - 3])
+        cells += [
             _format_percent(r.self_cpu_time_total, self_cpu_total),
-            _format_time(r.self_cpu_time_total),
+            _format_time(r.self_cpu_time_total, time_unit),
             _format_percent(r.cpu_time_total, self_cpu_total),
-            _format_time(r.cpu_time_total),
-            "-" if r.sampled else _format_time(r.cpu_time),
+            _format_time(r.cpu_time_total, time_unit),
+            "-" if r.sampled else _format_time(r.cpu_time, time_unit),
         ]
         if has_device:
             cells += [
-                _format_time(r.self_device_time_total),
+                _format_time(r.self_device_time_total, time_unit),
                 _format_percent(r.self_device_time_total, self_device_total),
-                _format_time(r.device_time_total),
-                _format_time(r.device_time),
+                _format_time(r.device_time_total, time_unit),
+                _format_time(r.device_time, time_unit),
             ]
+        if averages.profile_memory:
+            cells += [_format_memory(r.cpu_memory_usage), _format_memory(r.self_cpu_memory_usage)]
+            if has_device_mem:
+                cells += [
+                    _format_memory(r.device_memory_usage),
+                    _format_memory(r.self_device_memory_usage),
+                ]
         cells.append(f"~{r.count}" if r.sampled else str(r.count))
-        if averages.by_shape:
-            cells.append(r.input_shapes)
-        if averages.by_stack:
-            cells.append(r.stack[0] if r.stack else "")
+        if has_shapes:
+            cells.append(str(r.input_shapes)[:max_shapes_column_width])
+        if flops is not None:
+            cells.append(f"{r.flops * flops[0]:8.3f}" if r.flops > 0 else "--")
+        if has_stack:
+            frames = [f[-max_src_column_width:] for f in r.stack] or [""]
+            cells.append(frames[0])
+            body.append(cells)
+            extra_lines += [[""] * (len(columns) - 1) + [f] for f in frames[1:]]
+            continue
         body.append(cells)
-    widths = [len(c) for c in columns]
-    for cells in body:
+    widths = [max(len(c), COLUMN) for c in columns]
+    widths[0] = len(columns[0])
+    for cells in [*body, *extra_lines]:
         widths = [max(w, len(c)) for w, c in zip(widths, cells, strict=True)]
-    widths[0] = max(widths[0], min(max_name_column_width, widths[0]))
     rule = "  ".join("-" * w for w in widths)
 
     def line(cells: list[str]) -> str:
-        parts = [cells[0].rjust(widths[0])]
-        parts += [c.rjust(w) for c, w in zip(cells[1:], widths[1:], strict=True)]
-        return "  ".join(parts)
+        last = len(cells) - 1
+        return "  ".join(
+            c.ljust(w) if has_stack and k == last else c.rjust(w)
+            for k, (c, w) in enumerate(zip(cells, widths, strict=True))
+        ).rstrip()
 
     out = []
     if header:
         out.append("=" * len(rule))
         out.append(header)
+    if top_level_events_only:
+        out.append("=" * len(rule))
+        out.append("This report only display top-level ops statistics")
     out += [rule, line(columns), rule]
-    out += [line(cells) for cells in body]
+    if has_stack:
+        extra = iter(extra_lines)
+        for r, cells in zip(rows, body, strict=True):
+            out.append(line(cells))
+            out += [line(next(extra)) for _ in r.stack[1:]]
+    else:
+        out += [line(cells) for cells in body]
     out.append(rule)
-    out.append(f"Self CPU time total: {_format_time(self_cpu_total)}")
+    out.append(f"Self CPU time total: {_format_time(self_cpu_total, time_unit)}")
     if has_device:
-        out.append(f"Self CUDA time total: {_format_time(self_device_total)}")
+        out.append(f"Self {device} time total: {_format_time(self_device_total, time_unit)}")
     out += [f"Note: {note}" for note in averages.notes]
     return "\n".join(out) + "\n"
