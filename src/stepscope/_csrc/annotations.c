@@ -113,11 +113,13 @@ static PyObject *rf_enter(RecordFunction *self, PyObject *unused) {
         open_head.prev_open = self;
         self->is_open = 1;
         Py_INCREF(self);
-        if (bridge_enter != NULL && self->bridge_handle == NULL) {
-            self->bridge_handle = PyObject_CallOneArg(bridge_enter, self->name);
-            if (self->bridge_handle == NULL) {
-                bridge_failed();
-            }
+    }
+    /* Another profiler records (torch's, see collectors/torch.py): open its record_function
+       too, whether or not a stepscope window records. */
+    if (bridge_enter != NULL && self->bridge_handle == NULL) {
+        self->bridge_handle = PyObject_CallOneArg(bridge_enter, self->name);
+        if (self->bridge_handle == NULL) {
+            bridge_failed();
         }
     }
     Py_INCREF(self);

@@ -140,11 +140,13 @@ class PyRecordFunction:
             self._tid = threading.get_native_id()
             self._open = True
             backend.open[id(self)] = self
-            if backend.bridge is not None and self._bridge_handle is None:
-                try:
-                    self._bridge_handle = backend.bridge[0](self.name)
-                except Exception:
-                    backend.bridge_failed()
+        # Another profiler records (torch's, see collectors/torch.py): open its
+        # record_function too, whether or not a stepscope window records.
+        if backend.bridge is not None and self._bridge_handle is None:
+            try:
+                self._bridge_handle = backend.bridge[0](self.name)
+            except Exception:
+                backend.bridge_failed()
         return self
 
     def __exit__(

@@ -14,6 +14,7 @@ result are dropped in the merge (stepscope's own spans stand for them).
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 import time
 from collections.abc import Iterable
@@ -27,7 +28,13 @@ from stepscope.collectors.base import Collector, WindowContext
 from stepscope.trace.chrome_reader import read_chrome_trace
 from stepscope.trace.model import Trace, TraceBuilder
 
-__all__ = ["TorchCollector", "torch_available", "torch_installed"]
+__all__ = [
+    "TorchCollector",
+    "advance_kineto_step",
+    "install_torch_profiler_hooks",
+    "torch_available",
+    "torch_installed",
+]
 
 DEVICE_NAMES = {
     ProfilerActivity.CUDA: "cuda",
@@ -193,7 +200,12 @@ class TorchCollector(Collector):
         return {getattr(TorchActivity, k): set(v) for k, v in self.activity_filters.items()}
 
     def _start_torch(self) -> None:
-        self._prof._start_trace()
+        global _own_session
+        _own_session = True
+        try:
+            self._prof._start_trace()
+        finally:
+            _own_session = False
         self._started = True
         self._offset_ns = _wall_offset_ns()
         self._bridged = set()
@@ -295,3 +307,84 @@ class TorchCollector(Collector):
                 self._prof.__exit__(None, None, None)
             finally:
                 self._prof = None
+
+
+# -- torch's own profiler (torch.profiler.profile, dynolog on-demand tracing) -------------------
+_own_session = False  # True while a TorchCollector starts torch's profiler
+_hooked_bridge = False  # the record_function bridge is set for torch's own profiler
+STEP_TRACKER_NAME = "stepscope.profile"
+
+
+def _torch_bridge_enter(name: str) -> Any:
+    import torch.autograd.profiler as autograd_profiler
+
+    handle: Any = autograd_profiler.record_function(name)
+    handle.__enter__()
+    return handle
+
+
+def _torch_bridge_exit(handle: Any) -> None:
+    handle.__exit__(None, None, None)
+
+
+def _on_torch_profiler_start() -> None:
+    """torch's profiler started outside stepscope: stepscope's annotations join its trace."""
+    global _hooked_bridge
+    if _own_session:
+        return
+    default_backend.set_bridge((_torch_bridge_enter, _torch_bridge_exit))
+    _hooked_bridge = True
+
+
+def _on_torch_profiler_stop() -> None:
+    global _hooked_bridge
+    if _hooked_bridge:
+        _hooked_bridge = False
+        default_backend.set_bridge(None)
+
+
+def install_torch_profiler_hooks() -> None:
+    """Follow torch's profiler starting and stopping (once torch is imported).
+
+    torch calls ``_run_on_profiler_start`` / ``_run_on_profiler_stop`` of
+    ``torch.autograd.profiler`` whenever its profiler is enabled or disabled; stepscope chains
+    its own hooks after them, so that ``stepscope.record_function`` blocks also open torch's
+    ``record_function`` while torch (not stepscope) records.
+    """
+    import torch.autograd.profiler as autograd_profiler
+
+    start = getattr(autograd_profiler, "_run_on_profiler_start", None)
+    stop = getattr(autograd_profiler, "_run_on_profiler_stop", None)
+    if start is None or stop is None or getattr(start, "_stepscope_hook", False):
+        return
+
+    def hooked_start() -> None:
+        start()
+        _on_torch_profiler_start()
+
+    def hooked_stop() -> None:
+        stop()
+        _on_torch_profiler_stop()
+
+    hooked_start._stepscope_hook = True  # type: ignore[attr-defined]
+    autograd_profiler._run_on_profiler_start = hooked_start
+    autograd_profiler._run_on_profiler_stop = hooked_stop
+    if getattr(autograd_profiler, "_is_profiler_enabled", False):
+        _on_torch_profiler_start()
+
+
+def advance_kineto_step(phase: str) -> None:
+    """Keep torch's ``KinetoStepTracker`` in step with a profile ("start", "step", "stop").
+
+    On-demand tracing (dynolog) counts steps through it, as with torch.profiler's ``step()``.
+    """
+    tracker = getattr(getattr(sys.modules.get("torch"), "autograd", None), "profiler", None)
+    tracker = getattr(tracker, "KinetoStepTracker", None)
+    if tracker is None:
+        return
+    if phase == "start":
+        tracker.init_step_count(STEP_TRACKER_NAME)
+    elif phase == "step":
+        tracker.increment_step(STEP_TRACKER_NAME)
+    else:
+        tracker.erase_step_count(STEP_TRACKER_NAME)

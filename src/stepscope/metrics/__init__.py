@@ -26,9 +26,11 @@ from stepscope.metrics.api import (
     get_elapsed_time_ms,
     getStream,
     prof,
-    profile,
     publish_metric,
     put_metric,
+)
+from stepscope.metrics.api import (
+    profile as profile,  # torchelastic's deprecated decorator: reachable, not in __all__
 )
 from stepscope.metrics.api_adapter import PipelineMetricHandler
 from stepscope.metrics.default import (
@@ -101,7 +103,6 @@ __all__ = [
     "histogram",
     "open_channel",
     "prof",
-    "profile",
     "publish_metric",
     "put_metric",
     "remove_exporter",

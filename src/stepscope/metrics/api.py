@@ -30,7 +30,6 @@ __all__ = [
     "getStream",
     "get_elapsed_time_ms",
     "prof",
-    "profile",
     "publish_metric",
     "put_metric",
 ]
@@ -119,18 +118,16 @@ class MetricStream:
         if handler.__class__ is not NullMetricHandler:
             _emit(handler, MetricData(_wall_seconds(), self.group_name, metric_name, metric_value))
 
+    def add_elapsed(self, metric_name: str, elapsed_ns: int) -> None:
+        """Send a duration measured by ``@prof`` (integer ms through ``emit`` by default)."""
+        handler = self.handler
+        if handler.__class__ is not NullMetricHandler:
+            _emit_elapsed(handler, self.group_name, metric_name, elapsed_ns)
+
 
 _metrics_map: dict[str | None, MetricHandler] = {}
 _default_metrics_handler: MetricHandler = NullMetricHandler()
-_handlers: dict[str | None, MetricHandler] = {}  # group -> resolved handler (hot-path cache)
 _streams: dict[str | None, MetricStream] = {}
-
-
-def _resolve(group: str | None) -> MetricHandler:
-    handler = _metrics_map.get(group, _default_metrics_handler)
-    if len(_handlers) < _CACHE_LIMIT:
-        _handlers[group] = handler
-    return handler
 
 
 def configure(handler: MetricHandler, group: str | None = None) -> None:
@@ -145,7 +142,6 @@ def configure(handler: MetricHandler, group: str | None = None) -> None:
         _default_metrics_handler = handler
     else:
         _metrics_map[group] = handler
-    _handlers.clear()
     _streams.clear()
 
 
@@ -160,13 +156,8 @@ def getStream(group: str) -> MetricStream:
 
 
 def put_metric(metric_name: str, metric_value: int, metric_group: str = "torchelastic") -> None:
-    """Publish one value of ``metric_name`` in ``metric_group``."""
-    try:
-        handler = _handlers[metric_group]
-    except KeyError:
-        handler = _resolve(metric_group)
-    if handler.__class__ is not NullMetricHandler:
-        _emit(handler, MetricData(_wall_seconds(), metric_group, metric_name, metric_value))
+    """Publish one value of ``metric_name`` in ``metric_group`` (through ``getStream``)."""
+    getStream(metric_group).add_value(metric_name, metric_value)
 
 
 def publish_metric(metric_group: str, metric_name: str, metric_value: int) -> None:
@@ -195,15 +186,16 @@ def _get_metric_name(fn: Callable[..., Any]) -> str:
 
 def _finish(group: str | None, outcome: str | None, duration: str, start_ns: int) -> None:
     elapsed = now_ns() - start_ns
-    try:
-        handler = _handlers[group]
-    except KeyError:
-        handler = _resolve(group)
-    if handler.__class__ is NullMetricHandler:
+    stream = getStream(group)  # type: ignore[arg-type]  # looked up at each call, as torch's
+    if stream.handler.__class__ is NullMetricHandler:
         return
     if outcome is not None:
-        _emit(handler, MetricData(_wall_seconds(), group, outcome, 1))
-    _emit_elapsed(handler, group, duration, elapsed)
+        stream.add_value(outcome, 1)
+    add_elapsed = getattr(stream, "add_elapsed", None)
+    if add_elapsed is not None:
+        add_elapsed(duration, elapsed)
+    else:  # a stream of another kind (e.g. torch's own, patched in by a test)
+        stream.add_value(duration, elapsed // 1_000_000)
 
 
 def _instrument(f: F, group: str | None, key: str) -> F:

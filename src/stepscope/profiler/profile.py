@@ -22,9 +22,15 @@ from typing import Any
 
 from stepscope import __version__, clock, forks, steps
 from stepscope.activity import ProfilerActivity, coerce_activities
+from stepscope.collectors import import_watch
 from stepscope.collectors.annotations import AnnotationCollector, record_function
 from stepscope.collectors.base import Collector, WindowContext
-from stepscope.collectors.torch import DEVICE_NAMES, torch_installed
+from stepscope.collectors.torch import (
+    DEVICE_NAMES,
+    advance_kineto_step,
+    install_torch_profiler_hooks,
+    torch_installed,
+)
 from stepscope.distributed import distributed_info
 from stepscope.failures import failure_log
 from stepscope.profiler.events import EventList, function_events
@@ -305,6 +311,7 @@ class profile:
         if self._step_trigger is not None:
             self._step_trigger.install()
         steps.set_step(self.step_num)
+        advance_kineto_step("start")
         self._transit(ProfilerAction.NONE, self.current_action)
         self._open_step_span()
 
@@ -322,6 +329,7 @@ class profile:
             )
         self.current_action = action
         steps.set_step(self.step_num)
+        advance_kineto_step("step")
         if previous is ProfilerAction.RECORD and action in RECORDING and self._ctx is not None:
             ctx, step = self._ctx, self.step_num
             for collector in self.collectors:
@@ -342,6 +350,7 @@ class profile:
             for collector in self.collectors:
                 self._guarded(collector, "close", collector.close)
             steps.set_step(None)
+            advance_kineto_step("stop")
             _release(self)
 
     def _transit(self, previous: ProfilerAction, current: ProfilerAction | None) -> None:
@@ -626,6 +635,7 @@ def _after_fork_in_child() -> None:
 
 
 forks.after_fork_in_child(_after_fork_in_child)
+import_watch.when_imported("torch", install_torch_profiler_hooks)
 
 
 def _release(prof: profile) -> None:
