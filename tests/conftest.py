@@ -1,14 +1,56 @@
-"""Fixtures shared by several test files."""
+"""Fixtures shared by the test files.
+
+- ``implementation``: each test that takes it runs once on the C extension (``native``, skipped
+  with the reason when the extension is not in use) and once on the pure-Python twins
+  (``python``); pass it on as ``implementation=`` or to ``stepscope._ext.resolve``.
+- An autouse fixture puts back the process-wide state after every test: the step counter,
+  ``stepscope.config`` (``strict`` included), the torchelastic-style metric handlers and a
+  default metrics pipeline the test brought up.
+- ``pipeline``: a private metrics pipeline; ``udp``: a UDP socket that receives StatsD lines.
+"""
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterator
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
 
-from stepscope.metrics import Pipeline
+from stepscope import _ext
+from stepscope.config import config
+from stepscope.metrics import NullMetricHandler, Pipeline, api
+from stepscope.metrics import default as default_pipeline
 from stepscope.steps import set_step
+from tests.metrics_fixtures import udp_receiver
+
+
+@pytest.fixture(params=["native", "python"])
+def implementation(request: pytest.FixtureRequest) -> str:
+    """``native`` (the C extension) or ``python`` (the twins): one run of the test each."""
+    choice: str = request.param
+    if choice == "native" and _ext.native() is None:
+        pytest.skip(f"the C extension is not in use: {_ext.load_error}")
+    return choice
+
+
+@pytest.fixture(autouse=True)
+def _reset_process_state() -> Iterator[None]:
+    """Whatever a test sets process-wide is put back when it ends (pass or fail)."""
+    settings = {f.name: getattr(config, f.name) for f in fields(config) if f.init}
+    pipeline_before = default_pipeline._default
+    yield
+    if default_pipeline._default is not pipeline_before:
+        made, default_pipeline._default = default_pipeline._default, pipeline_before
+        if made is not None:
+            made.shutdown(timeout_s=5)
+    api._metrics_map.clear()
+    api.configure(NullMetricHandler())
+    for name, value in settings.items():
+        if getattr(config, name) != value:
+            setattr(config, name, value)
+    set_step(None)
 
 
 @pytest.fixture
@@ -17,4 +59,11 @@ def pipeline(tmp_path: Path) -> Iterator[Pipeline]:
     p = Pipeline(interval_s=60, handle_sigterm=False, spill_dir=tmp_path / "spill")
     yield p
     p.shutdown(timeout_s=5)
-    set_step(None)
+
+
+@pytest.fixture
+def udp() -> Iterator[socket.socket]:
+    """A bound UDP socket (see ``tests.metrics_fixtures.received``)."""
+    sock = udp_receiver()
+    yield sock
+    sock.close()

@@ -7,12 +7,11 @@ import os
 import threading
 from dataclasses import dataclass
 
-from tests.pure_python_workloads import run_for
-
 from stepscope.collectors.sampler import Sampler, add_samples
 from stepscope.sampling.pyspy import PySpySession
 from stepscope.sampling.session import RunSettings
 from stepscope.trace.model import Trace, TraceBuilder
+from tests.pure_python_workloads import run_for
 
 ANCHOR = "run_for"
 

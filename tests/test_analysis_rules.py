@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from analysis_helpers import Kernel, StepSpec, build
 from stepscope.analysis.analyze import analyze_trace
 from stepscope.trace.model import Trace
+from tests.analysis_helpers import Kernel, StepSpec, build
 
 
 def rules(trace: Trace) -> dict[str, dict[str, object]]:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import threading
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from stepscope._ext import native
+from stepscope._ext import resolve
 from stepscope.collectors import annotations
 from stepscope.collectors.base import WindowContext
 from stepscope.trace import Span, TraceBuilder
@@ -15,16 +16,31 @@ from stepscope.trace import Span, TraceBuilder
 # C-part tests (`-m native`): also run under Python 3.12 and 3.13 by `make test-monitoring`.
 pytestmark = pytest.mark.native
 
-BACKENDS = ["python"] + (["native"] if native() is not None else [])
+if TYPE_CHECKING:
+    from typing import TypeAlias
+
+    from stepscope._native import RecordFunction
+
+    RecordFunctionType: TypeAlias = type[annotations.PyRecordFunction] | type[RecordFunction]
 
 
-def record(kind: str, body: Any, max_spans: int = 0) -> tuple[list[Span], WindowContext]:
-    if kind == "native":
-        make: Any = native().RecordFunction  # type: ignore[union-attr]
-        backend = annotations._NativeBackend(native())
-    else:
-        make = annotations.PyRecordFunction
-        backend = annotations.python_backend
+def record_function_of(implementation: str) -> RecordFunctionType:
+    """The ``record_function`` class of one implementation."""
+    mod = resolve(implementation)
+    return annotations.PyRecordFunction if mod is None else mod.RecordFunction
+
+
+def backend_of(implementation: str) -> annotations._Backend:
+    """The annotation window state of one implementation."""
+    mod = resolve(implementation)
+    return annotations.python_backend if mod is None else annotations._NativeBackend(mod)
+
+
+def record(
+    implementation: str, body: Callable[[RecordFunctionType], None], max_spans: int = 0
+) -> tuple[list[Span], WindowContext]:
+    make = record_function_of(implementation)
+    backend = backend_of(implementation)
     collector = annotations.AnnotationCollector(max_spans=max_spans, backend=backend)
     ctx = WindowContext(window=0)
     collector.start(ctx)
@@ -41,7 +57,7 @@ def shape(spans: list[Span]) -> list[tuple[str, Any]]:
     return sorted((s.name, s.args) for s in spans)
 
 
-def workload(make: Any) -> None:
+def workload(make: RecordFunctionType) -> None:
     with make("outer", {"k": "v"}):
         with make("inner"):
             pass
@@ -59,9 +75,8 @@ def workload(make: Any) -> None:
     dangling.__enter__()
 
 
-@pytest.mark.parametrize("kind", BACKENDS)
-def test_backends_record_the_same_spans(kind: str) -> None:
-    spans, ctx = record(kind, workload)
+def test_backends_record_the_same_spans(implementation: str) -> None:
+    spans, ctx = record(implementation, workload)
     assert shape(spans) == [
         ("dangling", {"stepscope.open_at_window_end": True}),
         ("inner", None),
@@ -79,31 +94,28 @@ def test_backends_record_the_same_spans(kind: str) -> None:
     assert ctx.metadata["stepscope_annotations_open_at_end"] == 1
 
 
-@pytest.mark.parametrize("kind", BACKENDS)
-def test_budget_counts_dropped_spans(kind: str) -> None:
-    def many(make: Any) -> None:
+def test_budget_counts_dropped_spans(implementation: str) -> None:
+    def many(make: RecordFunctionType) -> None:
         for _ in range(10):
             with make("x"):
                 pass
 
-    spans, ctx = record(kind, many, max_spans=4)
+    spans, ctx = record(implementation, many, max_spans=4)
     assert len(spans) == 4
     assert ctx.metadata["stepscope_annotations_dropped"] == 6
     assert ctx.summary == ["6 annotation spans dropped (max_spans=4)"]
 
 
-@pytest.mark.parametrize("kind", BACKENDS)
-def test_spans_entered_before_the_window_are_not_recorded(kind: str) -> None:
-    make: Any = native().RecordFunction if kind == "native" else annotations.PyRecordFunction  # type: ignore[union-attr]
-    early = make("early")
+def test_spans_entered_before_the_window_are_not_recorded(implementation: str) -> None:
+    early = record_function_of(implementation)("early")
     early.__enter__()
 
-    def body(m: Any) -> None:
+    def body(m: RecordFunctionType) -> None:
         early.__exit__(None, None, None)
         with m("inside"):
             pass
 
-    spans, _ = record(kind, body)
+    spans, _ = record(implementation, body)
     assert [s.name for s in spans] == ["inside"]
 
 
@@ -112,17 +124,14 @@ def test_max_spans_is_validated() -> None:
         annotations.AnnotationCollector(max_spans=-1)
 
 
-@pytest.mark.parametrize("kind", BACKENDS)
-def test_emit_span_adds_a_timed_span_only_while_recording(kind: str) -> None:
-    backend = (
-        annotations._NativeBackend(native()) if kind == "native" else annotations.python_backend
-    )
+def test_emit_span_adds_a_timed_span_only_while_recording(implementation: str) -> None:
+    backend = backend_of(implementation)
     assert backend.emit("outside", None, 1, 2) is False
 
-    def body(make: Any) -> None:
+    def body(make: RecordFunctionType) -> None:
         assert backend.emit("checkpoint.save", {"checkpoint_id": "c1"}, 100, 250) is True
 
-    spans, _ = record(kind, body)
+    spans, _ = record(implementation, body)
     (span,) = spans
     assert (span.name, span.start_ns, span.dur_ns, span.args) == (
         "checkpoint.save",

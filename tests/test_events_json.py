@@ -20,7 +20,7 @@ from stepscope import events
 from stepscope.events.coerce import AttrSet, Limits, coerce
 from stepscope.metrics.pipeline import Pipeline
 from stepscope.trace.chrome import json_bytes
-from test_events import captured_logger
+from tests.test_events import captured_logger
 
 
 def strict_loads(raw: bytes | str) -> Any:

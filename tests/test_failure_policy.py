@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -26,14 +26,6 @@ from stepscope.steps import set_step
 from stepscope.tables import MetricTable
 
 FAILING_TABLE = MetricTable.register_table("failure_policy_probe", ["step"])
-
-
-@pytest.fixture(autouse=True)
-def not_strict() -> Iterator[None]:
-    config.strict = False
-    yield
-    config.strict = False
-    set_step(None)
 
 
 @pytest.fixture

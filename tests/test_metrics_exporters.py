@@ -13,14 +13,12 @@ import sys
 import textwrap
 import threading
 import urllib.request
-from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from metrics_fixtures import free_port, received, udp_receiver
 from stepscope.metrics import (
     ConsoleExporter,
     CsvExporter,
@@ -35,6 +33,7 @@ from stepscope.metrics import (
 from stepscope.metrics.exporters.statsd import pack
 from stepscope.metrics.points import ExportBatch, Family, SeriesPoint
 from stepscope.steps import set_step
+from tests.metrics_fixtures import free_port, received
 
 
 def record_some(p: Pipeline) -> None:
@@ -192,13 +191,6 @@ def test_seed_handlers_become_exporters(pipeline: Pipeline) -> None:
 
 
 # ---------------------------------------------------------------------- statsd
-
-
-@pytest.fixture
-def udp() -> Iterator[socket.socket]:
-    sock = udp_receiver()
-    yield sock
-    sock.close()
 
 
 def test_dogstatsd_aggregates_per_interval(pipeline: Pipeline, udp: socket.socket) -> None:

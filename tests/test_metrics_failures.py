@@ -19,7 +19,6 @@ from typing import Any
 
 import pytest
 
-from metrics_fixtures import free_port
 from stepscope.metrics import (
     HandlerExporter,
     JsonlExporter,
@@ -30,6 +29,7 @@ from stepscope.metrics import (
 )
 from stepscope.metrics.exporters.prometheus import PushgatewayExporter
 from stepscope.steps import set_step
+from tests.metrics_fixtures import free_port
 
 
 class FlakyBackend(BaseHTTPRequestHandler):

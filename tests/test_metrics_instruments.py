@@ -9,12 +9,12 @@ from collections.abc import Iterator
 
 import pytest
 
-from metrics_fixtures import CollectingExporter
 from stepscope.metrics import Pipeline
 from stepscope.metrics.failures import failure_counts, set_strict
 from stepscope.metrics.instruments import ExpHistogramSeries
 from stepscope.metrics.points import ExpHistogramValue, HistogramValue
 from stepscope.steps import set_step
+from tests.metrics_fixtures import CollectingExporter
 
 
 @pytest.fixture
@@ -24,8 +24,6 @@ def pipe() -> Iterator[tuple[Pipeline, CollectingExporter]]:
     pipeline.add_exporter(exporter)
     yield pipeline, exporter
     pipeline.shutdown(timeout_s=5)
-    set_step(None)
-    set_strict(False)
 
 
 def test_counter_totals_across_threads(pipe: tuple[Pipeline, CollectingExporter]) -> None:

@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 
-from metrics_fixtures import CollectingExporter, ListSink
 from stepscope.metrics import (
     Pipeline,
     PipelineMetricHandler,
@@ -26,6 +25,7 @@ from stepscope.metrics.exporters.base import Exporter
 from stepscope.metrics.points import ExportBatch, SummaryValue
 from stepscope.metrics.spill import read_spill
 from stepscope.steps import set_step
+from tests.metrics_fixtures import CollectingExporter, ListSink
 
 
 class FlakyExporter(Exporter):
@@ -51,9 +51,6 @@ def pipelines(tmp_path: Path) -> Iterator[list[Pipeline]]:
     yield made
     for p in made:
         p.shutdown(timeout_s=5)
-    set_step(None)
-    api._metrics_map.clear()
-    configure(NullMetricHandler())
 
 
 def make(pipelines: list[Pipeline], tmp_path: Path, **settings: Any) -> Pipeline:

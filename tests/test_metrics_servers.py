@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from metrics_fixtures.servers import PrometheusStack, prometheus_stack  # noqa: F401 - fixture
 from stepscope.metrics import Pipeline
 from stepscope.metrics.exporters.prometheus import PrometheusEndpoint, PushgatewayExporter
 from stepscope.steps import set_step
+from tests.metrics_fixtures.servers import PrometheusStack, prometheus_stack  # noqa: F401 - fixture
 
 
 @pytest.fixture
@@ -18,7 +18,6 @@ def pipeline(tmp_path: Path) -> Iterator[Pipeline]:
     p = Pipeline(interval_s=0.2, handle_sigterm=False, spill_dir=tmp_path)
     yield p
     p.shutdown(timeout_s=5)
-    set_step(None)
 
 
 def value(result: list[dict[str, object]]) -> float | None:

@@ -12,7 +12,6 @@ import socket
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
 from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,6 @@ from typing import Any
 import pytest
 
 import stepscope
-from metrics_fixtures.servers import PrometheusStack, prometheus_stack  # noqa: F401 - fixture
 from stepscope.metrics import (
     ConsoleExporter,
     CsvExporter,
@@ -32,17 +30,10 @@ from stepscope.metrics import (
     put_metric,
 )
 from stepscope.steps import current_step, set_step
+from tests.metrics_fixtures.servers import PrometheusStack, prometheus_stack  # noqa: F401 - fixture
 
 SLACK_NS = 2_000_000  # stepscope's clock vs time.time_ns(): one wall base, read at import
 EXPORT_DELAY_S = 0.3  # the export happens this long after the record, so the two cannot mix up
-
-
-@pytest.fixture
-def pipeline(tmp_path: Path) -> Iterator[Pipeline]:
-    p = Pipeline(interval_s=60, handle_sigterm=False, spill_dir=tmp_path / "spill")
-    yield p
-    p.shutdown(timeout_s=5)
-    set_step(None)
 
 
 def record_timed(p: Pipeline, name: str, step: int, value: float) -> tuple[int, int]:
@@ -195,7 +186,7 @@ def test_statsd_sends_the_step_beside_each_scalar(pipeline: Pipeline) -> None:
 def test_otlp_points_carry_record_time_and_step(pipeline: Pipeline) -> None:
     pytest.importorskip("opentelemetry.exporter.otlp.proto.http")
     from stepscope.metrics.exporters.otlp import OtlpExporter
-    from test_metrics_exporters import OtlpReceiver
+    from tests.test_metrics_exporters import OtlpReceiver
 
     server: Any = ThreadingHTTPServer(("127.0.0.1", 0), OtlpReceiver)
     server.requests = []

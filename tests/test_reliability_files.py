@@ -20,13 +20,13 @@ from pathlib import Path
 
 import pytest
 
-from reliability_helpers import fill, small_tmpfs
 from stepscope import tables
 from stepscope.config import config
 from stepscope.metrics import CsvExporter, JsonlExporter, Pipeline
 from stepscope.metrics.spill import SpillFile, default_spill_dir, read_spill
 from stepscope.steps import set_step
 from stepscope.tables import MetricTable
+from tests.reliability_helpers import fill, small_tmpfs
 
 TABLE = MetricTable.register_table("test_reliability", ["name", "note"])
 

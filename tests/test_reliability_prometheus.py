@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from reliability_helpers import check_exposition
 from stepscope.metrics import Pipeline, PrometheusEndpoint
 from stepscope.metrics.exporters.prometheus import render
 from stepscope.metrics.points import Family, SeriesPoint, SummaryValue
+from tests.reliability_helpers import check_exposition
 
 
 @pytest.fixture

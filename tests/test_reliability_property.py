@@ -30,8 +30,6 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 )
 from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult
 
-from metrics_fixtures import received, udp_receiver
-from reliability_helpers import check_exposition
 from stepscope import tables
 from stepscope.config import config
 from stepscope.metrics import (
@@ -56,6 +54,8 @@ from stepscope.report.speedscope import write_speedscope
 from stepscope.steps import set_step
 from stepscope.tables import MetricTable
 from stepscope.trace import TraceBuilder, read_chrome_trace, write_chrome_trace
+from tests.metrics_fixtures import received, udp_receiver
+from tests.reliability_helpers import check_exposition
 
 csv.field_size_limit(1 << 30)  # a 1 MB label is a valid, if large, CSV field
 

@@ -5,22 +5,14 @@ from __future__ import annotations
 import json
 import math
 import socket
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from metrics_fixtures import received, udp_receiver
 from stepscope.metrics import JsonlExporter, Pipeline, StatsdExporter
 from stepscope.metrics.failures import failure_counts
 from stepscope.steps import set_step
-
-
-@pytest.fixture
-def udp() -> Iterator[socket.socket]:
-    sock = udp_receiver()
-    yield sock
-    sock.close()
+from tests.metrics_fixtures import received
 
 
 def received_lines(sock: socket.socket) -> list[str]:

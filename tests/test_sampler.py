@@ -15,7 +15,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from tests.sampling_workloads import hot, workload
 
 import stepscope
 from stepscope._ext import native
@@ -38,6 +37,7 @@ from stepscope.trace.sampled_spans import (
     SAMPLED_CATEGORY,
     SAMPLED_TID_BASE,
 )
+from tests.sampling_workloads import hot, workload
 
 # C-part tests (`-m native`): also run under Python 3.12 and 3.13 by `make test-monitoring`.
 pytestmark = pytest.mark.native
@@ -51,14 +51,6 @@ def qualname(name: str) -> str:
 def signal_mode_available() -> bool:
     """Whether this build and platform can run the signal sampler."""
     return native() is not None and sys.platform == "linux" and sys.version_info >= (3, 11)
-
-
-BACKENDS = [
-    "python",
-    pytest.param(
-        "native", marks=pytest.mark.skipif(native() is None, reason="C extension not built")
-    ),
-]
 
 
 # -- workloads -----------------------------------------------------------------------------------
@@ -121,9 +113,8 @@ def test_c_sampler_and_twin_record_identical_stacks(parked: threading.Thread) ->
     assert stack[names.index("park_middle")][2] == park_middle.__code__.co_firstlineno + 2
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
 def test_all_parked_samples_are_idle_and_a_spinning_thread_is_busy(
-    backend: str, parked: threading.Thread
+    implementation: str, parked: threading.Thread
 ) -> None:
     stop = threading.Event()
 
@@ -135,7 +126,7 @@ def test_all_parked_samples_are_idle_and_a_spinning_thread_is_busy(
     spinner.start()
     try:
         assert parked.native_id and spinner.native_id
-        _, sampler = make_backend(backend, 1000, 64, [parked.native_id, spinner.native_id])
+        _, sampler = make_backend(implementation, 1000, 64, [parked.native_id, spinner.native_id])
         for _ in range(8):
             time.sleep(0.01)
             sampler.sample()
@@ -150,15 +141,16 @@ def test_all_parked_samples_are_idle_and_a_spinning_thread_is_busy(
     assert sum(idle_by_thread[spinner.native_id]) <= 2  # a loaded machine may starve it briefly
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_deep_stacks_keep_the_innermost_frames_under_a_truncation_marker(backend: str) -> None:
+def test_deep_stacks_keep_the_innermost_frames_under_a_truncation_marker(
+    implementation: str,
+) -> None:
     ready, release = threading.Event(), threading.Event()
     thread = threading.Thread(target=park_deep, args=(40, ready, release))
     thread.start()
     ready.wait(5)
     try:
         assert thread.native_id is not None
-        _, sampler = make_backend(backend, 10, 8, [thread.native_id])
+        _, sampler = make_backend(implementation, 10, 8, [thread.native_id])
         sampler.sample()
         data = SamplerData.from_export(sampler.export())
     finally:
@@ -170,12 +162,11 @@ def test_deep_stacks_keep_the_innermost_frames_under_a_truncation_marker(backend
     assert names[1] == "park_deep"
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
 def test_samples_past_the_budget_are_counted_as_dropped(
-    backend: str, parked: threading.Thread
+    implementation: str, parked: threading.Thread
 ) -> None:
     assert parked.native_id is not None
-    data = sample_times(backend, parked.native_id, 5, max_samples=2)
+    data = sample_times(implementation, parked.native_id, 5, max_samples=2)
     assert len(data) == 2 and data.dropped == 3 and data.ticks == 5
 
 
@@ -189,9 +180,10 @@ def test_the_sampler_skips_its_own_thread_and_unwanted_threads(parked: threading
     assert only_main.sample() == 0
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_both_backends_attribute_a_known_workload(backend: str) -> None:
-    sampler = Sampler(500, thread_ids=[threading.get_native_id()], backend=backend, seed=1)
+def test_both_backends_attribute_a_known_workload(implementation: str) -> None:
+    sampler = Sampler(
+        500, thread_ids=[threading.get_native_id()], implementation=implementation, seed=1
+    )
     sampler.start()
     workload(0.5)
     data = sampler.stop(5)
@@ -202,7 +194,7 @@ def test_both_backends_attribute_a_known_workload(backend: str) -> None:
     hot_share = sum(v for k, v in stacks.items() if k.split(";")[-1].startswith("hot ")) / total
     assert total >= 50, sampler.describe(data)
     assert 0.6 <= hot_share <= 0.8, stacks
-    assert sampler.describe(data)["backend"] == backend
+    assert sampler.describe(data)["backend"] == implementation
 
 
 def test_rate_and_schedule_give_roughly_the_asked_number_of_samples() -> None:

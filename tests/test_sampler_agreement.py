@@ -10,6 +10,7 @@ sampler this replaces was 15-20 points off on raytrace, which no repetition hide
 from __future__ import annotations
 
 import pytest
+
 from tests.sampler_agreement import Agreement, measure
 from tests.test_sampling import needs_py_spy
 

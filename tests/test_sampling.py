@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.sampling_workloads import hot, workload
 
 from stepscope.collectors.sampler import SAMPLER_THREAD_NAME
 from stepscope.sampling import (
@@ -25,6 +24,7 @@ from stepscope.sampling import (
 from stepscope.sampling.pyspy import find_py_spy
 from stepscope.sampling.result import trim_stacks
 from stepscope.trace.model import TraceBuilder
+from tests.sampling_workloads import hot, workload
 
 
 def phases(first: float, second: float) -> None:

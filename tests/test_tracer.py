@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-import tracer_workloads as w
+import tests.tracer_workloads as w
 from stepscope._ext import native
 from stepscope.collectors.base import WindowContext
 from stepscope.collectors.python import PythonTracerCollector
@@ -27,10 +27,6 @@ from stepscope.trace.model import Trace, TraceBuilder
 pytestmark = pytest.mark.native
 
 HAS_NATIVE = native() is not None
-NATIVE = pytest.param(
-    "native", marks=pytest.mark.skipif(not HAS_NATIVE, reason="C extension not built")
-)
-IMPLS = [NATIVE, "python"]
 PY312 = sys.version_info >= (3, 12)
 
 
@@ -60,10 +56,10 @@ class Node:
 
 
 def record(
-    impl: str, fn: Callable[[], object], **options: Any
+    implementation: str, fn: Callable[[], object], **options: Any
 ) -> tuple[Trace, WindowContext, PythonTracerCollector]:
     """Drive one window of the collector around ``fn``."""
-    collector = PythonTracerCollector(implementation=impl, strict=True, **options)
+    collector = PythonTracerCollector(implementation=implementation, strict=True, **options)
     ctx = WindowContext(window=0)
     collector.prepare(ctx)
     collector.start(ctx)
@@ -116,23 +112,21 @@ def assert_nested(all_nodes: list[Node]) -> None:
             last = c.start
 
 
-@pytest.mark.parametrize("impl", IMPLS)
-def test_recursion_gives_the_exact_call_tree(impl: str) -> None:
-    trace, ctx, _ = record(impl, lambda: w.fib(6))
+def test_recursion_gives_the_exact_call_tree(implementation: str) -> None:
+    trace, ctx, _ = record(implementation, lambda: w.fib(6))
     fib_ids = {m.args["Python id"] for m in find(trace, "fib")}
     roots = [n for n in find(trace, "fib") if n.args["Python parent id"] not in fib_ids]
     assert len(roots) == 1
     top = roots[0]
     assert top.shape() == w.fib_shape(6)
     assert len(find(trace, "fib")) == 25  # fib(6) makes 25 calls
-    assert top.name.startswith("tracer_workloads.py(")
+    assert top.name.startswith("tests/tracer_workloads.py(")
     assert_nested(nodes(trace))
     assert ctx.metadata["stepscope_python_tracer"]["dropped_events"] == 0
 
 
-@pytest.mark.parametrize("impl", IMPLS)
-def test_generators_give_one_span_per_resumption(impl: str) -> None:
-    trace, _, _ = record(impl, lambda: (w.consume(3), w.abandon()))
+def test_generators_give_one_span_per_resumption(implementation: str) -> None:
+    trace, _, _ = record(implementation, lambda: (w.consume(3), w.abandon()))
     (consume,) = find(trace, "consume")
     assert [c.short for c in consume.children] == ["counter"] * 4
     (abandon,) = find(trace, "abandon")
@@ -144,9 +138,8 @@ def test_generators_give_one_span_per_resumption(impl: str) -> None:
     assert_nested(nodes(trace))
 
 
-@pytest.mark.parametrize("impl", IMPLS)
-def test_async_functions_are_balanced(impl: str) -> None:
-    trace, _, _ = record(impl, lambda: w.run_async(3))
+def test_async_functions_are_balanced(implementation: str) -> None:
+    trace, _, _ = record(implementation, lambda: w.run_async(3))
     all_nodes = nodes(trace)
     assert_nested(all_nodes)
     leaves = find(trace, "leaf")
@@ -157,14 +150,13 @@ def test_async_functions_are_balanced(impl: str) -> None:
         assert "Open at window end" not in leaf.args
 
 
-@pytest.mark.parametrize("impl", IMPLS)
-def test_exceptions_and_sys_exit_unwind_balanced(impl: str) -> None:
+def test_exceptions_and_sys_exit_unwind_balanced(implementation: str) -> None:
     def body() -> None:
         w.level1()
         with pytest.raises(SystemExit):
             w.quitter()
 
-    trace, _, _ = record(impl, body)
+    trace, _, _ = record(implementation, body)
     (top,) = find(trace, "level1")
     assert top.shape() == ("level1", [("level2", [("level3", [])])])
     (quit_span,) = find(trace, "quitter")
@@ -172,8 +164,7 @@ def test_exceptions_and_sys_exit_unwind_balanced(impl: str) -> None:
     assert_nested(nodes(trace))
 
 
-@pytest.mark.parametrize("impl", IMPLS)
-def test_threads_started_and_ended_inside_the_window(impl: str) -> None:
+def test_threads_started_and_ended_inside_the_window(implementation: str) -> None:
     seen: list[int] = []
 
     def body() -> None:
@@ -181,7 +172,7 @@ def test_threads_started_and_ended_inside_the_window(impl: str) -> None:
         t.start()
         t.join()
 
-    trace, _, _ = record(impl, body)
+    trace, _, _ = record(implementation, body)
     (tid,) = seen
     fibs = [n for n in find(trace, "fib") if n.tid == tid]
     assert len(fibs) == 5
@@ -192,9 +183,8 @@ def test_threads_started_and_ended_inside_the_window(impl: str) -> None:
     assert len(top_fib) == 1 and top_fib[0].shape() == w.fib_shape(3)
 
 
-@pytest.mark.parametrize("impl", IMPLS)
-def test_threads_already_running_when_the_window_starts(impl: str) -> None:
-    if impl == "python" and not PY312:
+def test_threads_already_running_when_the_window_starts(implementation: str) -> None:
+    if implementation == "python" and not PY312:
         pytest.skip("pure Python reaches running threads only on 3.12+")
     go = threading.Event()
     done = threading.Event()
@@ -217,7 +207,7 @@ def test_threads_already_running_when_the_window_starts(impl: str) -> None:
         done.wait(10)
 
     try:
-        trace, _, _ = record(impl, body)
+        trace, _, _ = record(implementation, body)
     finally:
         go.set()
         t.join(10)
@@ -229,9 +219,8 @@ def test_threads_already_running_when_the_window_starts(impl: str) -> None:
     assert_nested(thread_nodes)
 
 
-@pytest.mark.parametrize("impl", IMPLS)
-def test_frames_open_at_window_end_are_closed_and_flagged(impl: str) -> None:
-    collector = PythonTracerCollector(implementation=impl, strict=True)
+def test_frames_open_at_window_end_are_closed_and_flagged(implementation: str) -> None:
+    collector = PythonTracerCollector(implementation=implementation, strict=True)
     ctx = WindowContext(window=0)
     collector.prepare(ctx)
 
@@ -261,29 +250,26 @@ def test_frames_open_at_window_end_are_closed_and_flagged(impl: str) -> None:
 # -- filters ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("impl", IMPLS)
-def test_include_records_only_matching_modules(impl: str) -> None:
-    trace, _, _ = record(impl, lambda: w.mixed(), include=("tracer_workloads",))
+def test_include_records_only_matching_modules(implementation: str) -> None:
+    trace, _, _ = record(implementation, lambda: w.mixed(), include=("tests.tracer_workloads",))
     names = {n.name.split("(")[0] for n in nodes(trace)}
-    assert names == {"tracer_workloads.py"}
+    assert names == {"tests/tracer_workloads.py"}
     (mixed,) = find(trace, "mixed")
     assert mixed.args["Python parent id"] is None
 
 
-@pytest.mark.parametrize("impl", IMPLS)
-def test_exclude_skips_a_module_but_keeps_its_callees(impl: str) -> None:
+def test_exclude_skips_a_module_but_keeps_its_callees(implementation: str) -> None:
     def body() -> None:
         json.dumps({"a": [1, 2]}, default=lambda o: o)
         w.fib(2)
 
-    trace, _, _ = record(impl, body, exclude=("json", "tracer_workloads"))
-    assert not [n for n in nodes(trace) if n.name.startswith(("json/", "tracer_workloads"))]
+    trace, _, _ = record(implementation, body, exclude=("json", "tests.tracer_workloads"))
+    assert not [n for n in nodes(trace) if n.name.startswith(("json/", "tests/tracer_workloads"))]
     assert find(trace, "test_exclude_skips_a_module_but_keeps_its_callees.<locals>.body")
 
 
-@pytest.mark.parametrize("impl", IMPLS)
-def test_max_depth_limits_the_tree(impl: str) -> None:
-    trace, _, _ = record(impl, lambda: w.fib(8), max_depth=4)
+def test_max_depth_limits_the_tree(implementation: str) -> None:
+    trace, _, _ = record(implementation, lambda: w.fib(8), max_depth=4)
     all_nodes = nodes(trace)
 
     def depth(n: Node, parents: dict[int, Node]) -> int:
@@ -297,19 +283,20 @@ def test_max_depth_limits_the_tree(impl: str) -> None:
     assert max(depth(n, by_id) for n in all_nodes) == 4
 
 
-@pytest.mark.parametrize("impl", IMPLS)
-def test_min_duration_keeps_only_long_calls(impl: str) -> None:
+def test_min_duration_keeps_only_long_calls(implementation: str) -> None:
     trace, _, _ = record(
-        impl, lambda: w.slow_and_quick(), min_duration_ns=5_000_000, include=("tracer_workloads",)
+        implementation,
+        lambda: w.slow_and_quick(),
+        min_duration_ns=5_000_000,
+        include=("tests.tracer_workloads",),
     )
     assert [n.short for n in nodes(trace)] == ["slow_and_quick", "slow"]
 
 
-@pytest.mark.parametrize("impl", IMPLS)
-def test_c_functions_are_opt_in(impl: str) -> None:
-    off, _, _ = record(impl, lambda: w.consume(2))
+def test_c_functions_are_opt_in(implementation: str) -> None:
+    off, _, _ = record(implementation, lambda: w.consume(2))
     assert not [n for n in nodes(off) if n.name.startswith("<built-in")]
-    on, _, _ = record(impl, lambda: w.consume(2), trace_c_functions=True)
+    on, _, _ = record(implementation, lambda: w.consume(2), trace_c_functions=True)
     (consume,) = find(on, "consume")
     names = [c.name for c in consume.children]
     assert "<built-in function sum>" in names
@@ -319,18 +306,21 @@ def test_c_functions_are_opt_in(impl: str) -> None:
 # -- budgets ----------------------------------------------------------------------------------
 
 
-def _count_fib(impl: str, **options: Any) -> tuple[Trace, WindowContext]:
-    trace, ctx, _ = record(impl, lambda: w.fib(10), include=("tracer_workloads",), **options)
+def _count_fib(implementation: str, **options: Any) -> tuple[Trace, WindowContext]:
+    trace, ctx, _ = record(
+        implementation, lambda: w.fib(10), include=("tests.tracer_workloads",), **options
+    )
     return trace, ctx
 
 
-@pytest.mark.parametrize("impl", IMPLS)
-def test_budget_newest_keeps_the_first_calls(impl: str, caplog: pytest.LogCaptureFixture) -> None:
-    full, _ = _count_fib(impl)
+def test_budget_newest_keeps_the_first_calls(
+    implementation: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    full, _ = _count_fib(implementation)
     total = len(full.spans)
     assert total == 177  # fib(10)
     with caplog.at_level(logging.WARNING, logger="stepscope"):
-        trace, ctx = _count_fib(impl, event_budget=50, drop_policy="newest")
+        trace, ctx = _count_fib(implementation, event_budget=50, drop_policy="newest")
     info = ctx.metadata["stepscope_python_tracer"]
     assert len(trace.spans) == 50 == info["events"]
     assert info["dropped_events"] == total - 50
@@ -345,9 +335,8 @@ def test_budget_newest_keeps_the_first_calls(impl: str, caplog: pytest.LogCaptur
     assert max(depths) == 50 or top.walk()[:10] == [(d, "fib") for d in range(10)]
 
 
-@pytest.mark.parametrize("impl", IMPLS)
-def test_budget_oldest_keeps_the_last_calls(impl: str) -> None:
-    trace, ctx = _count_fib(impl, event_budget=40, drop_policy="oldest")
+def test_budget_oldest_keeps_the_last_calls(implementation: str) -> None:
+    trace, ctx = _count_fib(implementation, event_budget=40, drop_policy="oldest")
     info = ctx.metadata["stepscope_python_tracer"]
     kept = len(trace.spans)
     # Whole chunks (budget // 8 = 5 records) are evicted at a time.
@@ -359,7 +348,7 @@ def test_budget_oldest_keeps_the_last_calls(impl: str) -> None:
 
 
 def test_collector_warns_once_across_windows(caplog: pytest.LogCaptureFixture) -> None:
-    collector = PythonTracerCollector(event_budget=5, include=("tracer_workloads",))
+    collector = PythonTracerCollector(event_budget=5, include=("tests.tracer_workloads",))
     with caplog.at_level(logging.WARNING, logger="stepscope"):
         for window in range(2):
             ctx = WindowContext(window=window)
@@ -380,8 +369,8 @@ def test_collector_warns_once_across_windows(caplog: pytest.LogCaptureFixture) -
 @pytest.mark.parametrize("trace_c", [False, True])
 def test_c_and_pure_python_give_the_same_tree(trace_c: bool) -> None:
     trees = []
-    for impl in ("native", "python"):
-        trace, _, _ = record(impl, lambda: w.mixed(), trace_c_functions=trace_c)
+    for implementation in ("native", "python"):
+        trace, _, _ = record(implementation, lambda: w.mixed(), trace_c_functions=trace_c)
         (mixed,) = find(trace, "mixed")
         trees.append(mixed.walk())
     assert trees[0] == trees[1]
@@ -415,10 +404,9 @@ def test_cprofile_and_coverage_keep_working(tmp_path: Path) -> None:
     assert len(find(trace, "fib")) == 41
 
 
-@pytest.mark.parametrize("impl", IMPLS)
-def test_nothing_stays_installed_after_stop(impl: str) -> None:
+def test_nothing_stays_installed_after_stop(implementation: str) -> None:
     before = (sys.getprofile(), threading.getprofile())
-    record(impl, lambda: w.fib(3))
+    record(implementation, lambda: w.fib(3))
     assert (sys.getprofile(), threading.getprofile()) == before
     if PY312:
         tools = [sys.monitoring.get_tool(t) for t in range(6)]  # type: ignore[attr-defined]
@@ -427,7 +415,7 @@ def test_nothing_stays_installed_after_stop(impl: str) -> None:
 
 @pytest.mark.skipif(not (HAS_NATIVE and PY312), reason="sys.monitoring path")
 def test_changed_filters_restart_disabled_events() -> None:
-    excluded, _, _ = record("native", lambda: w.fib(4), exclude=("tracer_workloads",))
+    excluded, _, _ = record("native", lambda: w.fib(4), exclude=("tests.tracer_workloads",))
     assert not find(excluded, "fib")
     included, _, _ = record("native", lambda: w.fib(4))
     assert len(find(included, "fib")) == 9
