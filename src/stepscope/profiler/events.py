@@ -245,7 +245,7 @@ class FunctionEvent:
     @property
     def cpu_time_total(self) -> float:
         """Duration on the CPU (µs); 0 for device events."""
-        return self.time_range.elapsed_us() if self._on_cpu else 0
+        return self.dur_ns / 1000.0 if self._on_cpu else 0
 
     @property
     def self_cpu_time_total(self) -> float:
@@ -261,7 +261,7 @@ class FunctionEvent:
             return sum(k.duration for k in self.kernels) + sum(
                 c.device_time_total for c in self.cpu_children
             )
-        return self.time_range.elapsed_us()
+        return self.dur_ns / 1000.0
 
     @property
     def self_device_time_total(self) -> float:

@@ -1,0 +1,375 @@
+"""torch.profiler compatibility: results, units and options as torch 2.13 gives them.
+
+The behaviours are those pytorch's own tests check (test/profiler/test_profiler.py,
+test/profiler/test_record_function.py); each test here runs the same kind of program under
+stepscope, and the differential test runs a small model under torch.profiler and stepscope in
+one process and compares the results.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import logging
+import re
+import statistics
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import stepscope  # noqa: E402
+from stepscope import profile, record_function, schedule  # noqa: E402
+
+pytestmark = pytest.mark.torch
+
+TorchActivity = torch.profiler.ProfilerActivity
+DeviceType = torch.autograd.DeviceType
+ExperimentalConfig = torch._C._profiler._ExperimentalConfig
+
+
+def small_model() -> tuple[Any, Any]:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    return model, torch.randn(4, 16)
+
+
+def quiet(**kwargs: Any) -> profile:
+    return profile(**kwargs)
+
+
+# -- the differential test ---------------------------------------------------------------------
+
+
+def test_key_averages_and_events_match_torch_profiler_on_a_small_model() -> None:
+    model, x = small_model()
+    for _ in range(3):  # warm up the model and both profilers
+        model(x)
+        with torch.profiler.profile():
+            model(x)
+    options = {"record_shapes": True, "with_flops": True}
+    with torch.profiler.profile(**options) as tp:
+        model(x)
+    with profile(**options) as sp:
+        model(x)
+
+    t_events = list(tp.events())
+    s_events = [e for e in sp.events() if e.cat == "cpu_op"]
+
+    def view(e: Any) -> tuple[Any, ...]:
+        parent = (
+            e.cpu_parent.name
+            if e.cpu_parent is not None and e.cpu_parent.cat != "user_annotation"
+            else None
+        )
+        return (
+            e.name,
+            e.input_shapes,
+            e.concrete_inputs,
+            e.flops or 0,
+            e.is_user_annotation,
+            e.device_type,
+            parent,
+            len(e.cpu_children),
+        )
+
+    for e in t_events:  # torch's parents are ops only here (no step annotation)
+        e.cat = "cpu_op"
+    assert [view(e) for e in s_events] == [view(e) for e in t_events]
+    assert all(e.device_type == DeviceType.CPU for e in s_events)
+    # units: µs, the same scale as torch's (medians within 10x of each other, run to run)
+    for s, t in zip(s_events, t_events, strict=True):
+        assert s.cpu_time_total == pytest.approx(s.dur_ns / 1000)
+        assert s.time_range.elapsed_us() == pytest.approx(s.cpu_time_total)
+        assert s.self_cpu_time_total <= s.cpu_time_total
+    s_med = statistics.median(e.cpu_time_total for e in s_events)
+    t_med = statistics.median(e.cpu_time_total for e in t_events)
+    assert 0.1 < s_med / t_med < 10, (s_med, t_med)
+
+    t_rows = {r.key: r for r in tp.key_averages()}
+    s_rows = {r.key: r for r in sp.key_averages() if r.key != "ProfilerStep*"}
+    assert {k: r.count for k, r in s_rows.items()} == {k: r.count for k, r in t_rows.items()}
+    assert {k: r.flops for k, r in s_rows.items()} == {k: r.flops for k, r in t_rows.items()}
+    for key, t in t_rows.items():
+        s = s_rows[key]
+        assert (s.input_shapes, s.stack, s.overload_name) == (t.input_shapes, t.stack, "")
+        assert s.is_user_annotation == t.is_user_annotation
+        assert s.cpu_time_total == pytest.approx(s.cpu_time_total_ns / 1000)
+        assert s.cpu_time == pytest.approx(s.cpu_time_total / s.count)
+    s_total = sum(r.self_cpu_time_total for r in s_rows.values())
+    t_total = sum(r.self_cpu_time_total for r in t_rows.values())
+    assert 0.1 < s_total / t_total < 10, (s_total, t_total)
+
+    def shaped(rows: Any) -> set[tuple[str, str, int]]:
+        return {(r.key, str(r.input_shapes), r.count) for r in rows if r.key != "ProfilerStep*"}
+
+    assert shaped(sp.key_averages(group_by_input_shape=True)) == shaped(
+        tp.key_averages(group_by_input_shape=True)
+    )
+    t_header = tp.key_averages().table().splitlines()[1]
+    s_header = sp.key_averages().table().splitlines()[1]
+    assert re.search(r"Total \w*FLOPs", t_header) and re.search(r"Total \w*FLOPs", s_header)
+    assert s_header.split() == t_header.split()
+
+
+# -- key_averages rows and the table -----------------------------------------------------------
+
+
+def test_table_time_unit_overrides_every_time() -> None:
+    model, x = small_model()
+    with profile() as prof:
+        model(x)
+    averages = prof.key_averages()
+    for unit, scale in (("s", 1e6), ("ms", 1e3), ("us", 1.0)):
+        text = averages.table(time_unit=unit)
+        others = {"s", "ms", "us"} - {unit}
+        assert re.search(rf"\.[0-9]{{3}}{unit}\b", text)
+        for other in others:
+            assert not re.search(rf"\.[0-9]{{3}}{other}\b", text), (unit, other)
+        for row in averages:
+            assert f"{row.cpu_time / scale:.3f}{unit}" in text
+            assert f"{row.cpu_time_total / scale:.3f}{unit}" in text
+    with pytest.raises(ValueError, match="time_unit"):
+        averages.table(time_unit="ns")
+
+
+def test_schedule_counts_with_and_without_acc_events() -> None:
+    def count(warmup: int, active: int, repeat: int, acc_events: bool = True) -> int:
+        sched = schedule(wait=0, warmup=warmup, active=active, repeat=repeat)
+        with profile(schedule=sched, acc_events=acc_events) as prof:
+            for _ in range(100):
+                torch.add(1, 2)
+                prof.step()
+        return sum(r.count for r in prof.key_averages() if r.key == "aten::add")
+
+    assert count(0, 1, 1) == 1
+    assert count(0, 5, 10) == 50
+    assert count(10, 10, 4) == 40
+    assert count(10, 10, 4, acc_events=False) == 10
+    assert count(0, 5, 0, acc_events=False) == 0
+
+
+def test_total_average_sums_every_row() -> None:
+    with profile() as prof:
+        torch.add(torch.ones(2), torch.ones(2))
+    averages = prof.key_averages()
+    total = averages.total_average()
+    assert total.key == "Total"
+    assert total.count == sum(r.count for r in averages)
+    assert total.self_cpu_time_total == pytest.approx(sum(r.self_cpu_time_total for r in averages))
+    assert prof.events().total_average().count == total.count
+
+
+def test_rows_carry_torch_attributes() -> None:
+    with profile(profile_memory=True) as prof, record_function("region"):
+        torch.ones(64, 64)
+    rows = {r.key: r for r in prof.key_averages()}
+    region, ones = rows["region"], rows["aten::ones"]
+    assert region.is_user_annotation and not ones.is_user_annotation
+    assert ones.device_type == DeviceType.CPU and ones.node_id == -1
+    assert (ones.input_shapes, ones.stack, ones.overload_name) == ("", [], "")
+    assert ones.cpu_memory_usage == 64 * 64 * 4
+    assert ones.cpu_parent is not None and ones.cpu_parent.name == "region"
+    assert [c.name for c in ones.cpu_children] == ["aten::empty", "aten::fill_"]
+    assert ones.cpu_time_total_str.endswith("us") or ones.cpu_time_total_str.endswith("ms")
+    text = prof.key_averages().table(sort_by="cpu_memory_usage")
+    assert "CPU Mem" in text and "Self CPU Mem" in text and "16.00 KB" in text
+    with pytest.warns(FutureWarning, match="device_time"):
+        assert ones.cuda_time == 0
+
+
+def test_group_by_overload_name_with_captured_overloads() -> None:
+    config = ExperimentalConfig(capture_overload_names=True)
+    with profile(experimental_config=config) as prof:
+        torch.add(torch.ones(2), torch.ones(2))
+    by_overload = {(r.key, r.overload_name) for r in prof.key_averages(group_by_overload_name=True)}
+    assert ("aten::add", "Tensor") in by_overload
+    assert ("aten::empty", "memory_format") in by_overload
+    assert "aten::add" in {r.key for r in prof.key_averages()}
+    assert "Overload Name" in prof.key_averages(group_by_overload_name=True).table()
+    add = next(e for e in prof.events() if e.name == "aten::add")
+    assert add.overload_name == "Tensor" and add.trace_name == "aten::add"
+
+
+# -- events() ------------------------------------------------------------------------------------
+
+
+def test_events_have_torch_function_event_attributes() -> None:
+    x = torch.rand(2, 6)
+    with profile(record_shapes=True) as prof:
+        x.as_strided([4, 3], [1, 4])
+    events = prof.events()
+    (strided,) = [e for e in events if e.name == "aten::as_strided"]
+    assert strided.input_shapes[0] == [2, 6]
+    assert strided.concrete_inputs[1:3] == [[4, 3], [1, 4]]
+    assert strided.kwinputs == {}
+    assert strided.key == strided.name and strided.count == 1
+    assert strided.device_type == DeviceType.CPU and not strided.is_async
+    assert strided.thread == strided.tid and strided.scope == 0
+    assert strided.time_range.end - strided.time_range.start == pytest.approx(
+        strided.cpu_time_total
+    )
+    assert strided.id > 0 and len({e.id for e in events}) == len(events)
+    step = next(e for e in events if e.trace_name == "ProfilerStep#0")
+    assert step.name == "ProfilerStep*" and step.is_user_annotation
+    assert events.self_cpu_time_total == pytest.approx(sum(e.self_cpu_time_total for e in events))
+
+
+def test_record_function_kwinputs_and_custom_autograd_function_shapes() -> None:
+    class Scale(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: Any, scale: float, y: Any) -> Any:
+            return x + y * scale
+
+        @staticmethod
+        def backward(ctx: Any, grad: Any) -> Any:
+            return grad, None, grad
+
+    x = torch.ones(2, 3, requires_grad=True)
+    y = torch.ones(4, requires_grad=True)
+    with profile(record_shapes=True) as prof:
+        Scale.apply(x, 2.0, y[:3])
+        with record_function("tagged", {"stream": 0, "grid": "g"}):
+            pass
+    (scale,) = [e for e in prof.events() if e.name == "Scale"]
+    assert scale.input_shapes == [[2, 3], [], [3]]
+    (tagged,) = [e for e in prof.events() if e.name == "tagged"]
+    assert tagged.kwinputs == {"stream": 0, "grid": "g"} and tagged.input_shapes == []
+
+
+def test_trace_only_makes_events_raise_as_torch() -> None:
+    with profile(experimental_config=ExperimentalConfig(trace_only=True)) as prof:
+        torch.ones(1)
+    with pytest.raises(RuntimeError, match="trace_only=True"):
+        prof.events()
+    with pytest.raises(RuntimeError, match="trace_only=True"):
+        prof.key_averages()
+    with pytest.warns(UserWarning, match="Disabling trace_only"):
+        prof = profile(with_stack=True, experimental_config=ExperimentalConfig(trace_only=True))
+    assert prof.experimental_config.trace_only is False
+
+
+# -- options -------------------------------------------------------------------------------------
+
+
+def test_post_processing_timeout() -> None:
+    with pytest.raises(ValueError, match="post_processing_timeout_s must be non-negative"):
+        profile(post_processing_timeout_s=-1.0)
+    with profile(post_processing_timeout_s=60.0) as prof:
+        torch.mm(torch.randn(10, 10), torch.randn(10, 10))
+    assert any(e.name == "aten::mm" for e in prof.events())
+
+
+def test_post_processing_timeout_zero_gives_partial_events(caplog: Any) -> None:
+    with profile(post_processing_timeout_s=0.0) as prof:
+        for _ in range(10):
+            torch.mm(torch.randn(10, 10), torch.randn(10, 10))
+    with caplog.at_level(logging.WARNING, logger="stepscope"):
+        events = prof.events()
+    assert any("timed out" in m and "partial results" in m for m in caplog.messages)
+    assert len(events) < len(prof.trace().spans)
+
+
+def test_custom_trace_id_callback_names_each_window(tmp_path: Path) -> None:
+    ids = iter(["first", "second"])
+    sched = schedule(wait=0, warmup=0, active=1, repeat=2)
+    seen: list[str | None] = []
+    with profile(
+        schedule=sched,
+        custom_trace_id_callback=lambda: next(ids),
+        on_trace_ready=lambda p: seen.append(p.get_trace_id()),
+    ) as prof:
+        for _ in range(3):
+            prof.step()
+    assert seen == ["first", "second"]
+    assert prof.trace().metadata["trace_id"] == "second"
+    prof.set_custom_trace_id_callback(lambda: "third")
+    with pytest.raises(TypeError):
+        profile(custom_trace_id_callback="nope")  # type: ignore[arg-type]
+    with profile() as plain:
+        pass
+    assert re.fullmatch(r"[0-9A-F]{32}", plain.get_trace_id() or "")
+
+
+def test_dict_activity_filters() -> None:
+    with profile(activities=[{TorchActivity.CPU: ["CPU_OP"]}]) as prof, record_function("mine"):
+        torch.add(torch.ones(1), torch.ones(1))
+    names = {e.name for e in prof.events()}
+    assert "aten::add" in names and "mine" in names  # stepscope's own annotations stay
+    with pytest.raises(ValueError, match="more than once"):
+        profile(activities=[TorchActivity.CPU, {TorchActivity.CPU: ["CPU_OP"]}])
+    with pytest.raises(ValueError, match="takes no filter"):
+        profile(activities=[{stepscope.ProfilerActivity.SAMPLING: ["x"]}])
+    with pytest.raises(TypeError, match="Expected ProfilerActivity or dict"):
+        profile(activities=[3])
+
+
+def test_record_python_gc_info_records_gc_spans() -> None:
+    def payload() -> None:
+        with record_function("pre_gc"):
+            torch.ones(1)
+        gc.collect()
+        with record_function("post_gc"):
+            torch.ones(1)
+
+    for flag in (True, False):
+        with profile(experimental_config=ExperimentalConfig(record_python_gc_info=flag)) as prof:
+            payload()
+        events = {e.name: e for e in prof.events() if e.name != "Python GC"}
+        gcs = [e for e in prof.events() if e.name == "Python GC"]
+        if not flag:
+            assert gcs == []
+            continue
+        pre, post = events["pre_gc"], events["post_gc"]
+        assert any(pre.end_ns <= g.start_ns and g.end_ns <= post.start_ns for g in gcs)
+    assert gc.callbacks == [c for c in gc.callbacks if getattr(c, "__self__", None) is None]
+
+
+def test_expose_kineto_event_metadata_keeps_what_torch_writes(tmp_path: Path) -> None:
+    config = ExperimentalConfig(expose_kineto_event_metadata=True)
+    with torch.profiler.profile(experimental_config=config) as tp:
+        torch.add(torch.ones(1), torch.ones(1))
+    with profile(experimental_config=config) as sp:
+        torch.add(torch.ones(1), torch.ones(1))
+    tp.export_chrome_trace(str(tmp_path / "t.json"))
+    t_args = next(
+        e["args"]
+        for e in json.loads((tmp_path / "t.json").read_text())["traceEvents"]
+        if e.get("name") == "aten::add"
+    )
+    s_args = next(e.args for e in sp.events() if e.name == "aten::add")
+    kept = set(t_args) - {"Ev Idx", "Record function id", "External id", "Concrete Inputs"}
+    assert kept <= set(s_args or {})
+
+
+def test_use_cuda_is_deprecated_as_torch() -> None:
+    with pytest.warns(FutureWarning, match="use_cuda"):
+        prof = profile(use_cuda=False)
+    assert stepscope.ProfilerActivity.CUDA not in prof.activities
+
+
+# -- interplay with torch's own profiler ---------------------------------------------------------
+
+
+def test_stepscope_annotations_appear_in_torch_profilers_trace() -> None:
+    with torch.profiler.profile() as tp, record_function("stepscope_block"):
+        torch.add(torch.ones(1), torch.ones(1))
+    (block,) = [e for e in tp.events() if e.name == "stepscope_block"]
+    assert block.is_user_annotation
+    assert "aten::add" in {c.name for c in block.cpu_children}
+    with profile() as sp, record_function("only_once"):
+        torch.ones(1)
+    assert Counter(e.name for e in sp.events())["only_once"] == 1
+
+
+def test_step_advances_kineto_step_tracker() -> None:
+    tracker = torch.autograd.profiler.KinetoStepTracker
+    before = tracker.current_step()
+    with profile() as prof:
+        for _ in range(4):
+            prof.step()
+    assert tracker.current_step() == before + 4
+    assert "stepscope.profile" not in tracker._step_dict
