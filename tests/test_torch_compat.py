@@ -372,3 +372,45 @@ def test_step_advances_kineto_step_tracker() -> None:
             prof.step()
     assert tracker.current_step() == before + 4
     assert "stepscope.profile" not in tracker._step_dict
+
+
+def test_torch_sees_its_profiler_enabled_inside_a_stepscope_window() -> None:
+    assert not torch.autograd.profiler._is_profiler_enabled
+    with profile():
+        assert torch.autograd.profiler._is_profiler_enabled
+        assert torch._C._autograd._profiler_type() == torch._C._profiler.ActiveProfilerType.KINETO
+    assert not torch.autograd.profiler._is_profiler_enabled
+
+
+def test_record_function_fast_inputs_and_kwinputs() -> None:
+    x, y = torch.rand(4, 4), torch.rand(4, 4)
+    fast = torch._C._profiler._RecordFunctionFast
+    with profile(record_shapes=True) as prof:
+        for _ in range(4):
+            with fast("rff_plain"):
+                x.add(y)
+        with fast("rff_args", [x, y], {"stream": 0, "grid": "lambda x : x + 1"}):
+            x.add(y)
+    plain = [e for e in prof.events() if e.name == "rff_plain"]
+    assert len(plain) == 4 and all(e.input_shapes == [] and e.kwinputs == {} for e in plain)
+    (with_args,) = [e for e in prof.events() if e.name == "rff_args"]
+    assert with_args.input_shapes == [[4, 4], [4, 4]]
+    assert with_args.kwinputs == {"stream": 0, "grid": "lambda x : x + 1"}
+
+
+def test_high_level_optimizer_and_dataloader_events() -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    data = [(torch.randn(4), torch.randn(2)) for _ in range(8)]
+    loader = torch.utils.data.DataLoader(data, batch_size=1)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    with profile(schedule=schedule(wait=0, warmup=0, active=100)) as prof:
+        for x, y in loader:
+            loss = (model(x) - y).pow(2).sum()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    counts = Counter(e.name for e in prof.events())
+    assert counts["Optimizer.step#SGD.step"] == 8
+    assert counts["Optimizer.zero_grad#SGD.zero_grad"] == 8
+    assert counts["enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"] == 9
