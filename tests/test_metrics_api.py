@@ -330,3 +330,36 @@ def test_keyboard_interrupt_records_duration_but_no_outcome() -> None:
         interrupted()
     names = set(handler.metric_data)
     assert names == {f"{_get_metric_name(interrupted)}.duration.ms"}
+
+
+def test_prof_and_put_metric_go_through_getstream_as_torchelastic(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """torchelastic's own tests patch ``getStream`` instead of calling ``configure``."""
+    handler = RecordingHandler()
+    stream = MetricStream("torchelastic", handler)
+    monkeypatch.setattr(api, "getStream", lambda group: stream)
+    service = Service()
+    service.bar()
+    assert handler.metric_data["Service.bar.success"].value == 1
+    assert "Service.bar.failure" not in handler.metric_data
+    assert "Service.bar.duration.ms" in handler.metric_data
+    with pytest.raises(RuntimeError):
+        service.throw()
+    assert handler.metric_data["Service.throw.failure"].value == 1
+    assert "Service.throw.duration.ms" in handler.metric_data
+    Child().base_func()
+    assert handler.metric_data["Child.func.success"].value == 1
+    api.put_metric("loss", 3, "anything")
+    assert handler.metric_data["loss"].value == 3
+    assert handler.metric_data["loss"].group_name == "torchelastic"  # the patched stream's
+
+
+def test_configure_still_routes_groups_after_getstream_change() -> None:
+    default, agent = RecordingHandler(), RecordingHandler()
+    configure(default)
+    configure(agent, group="agent")
+    Service().bar2()
+    api.put_metric("x", 1)
+    assert "Service.bar2.success" in agent.metric_data
+    assert "x" in default.metric_data and "x" not in agent.metric_data
