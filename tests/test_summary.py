@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from stepscope.profiler.events import Kernel, function_events
 from stepscope.profiler.summary import key_averages
 from stepscope.report.collapsed import collapsed_from_spans, write_collapsed
 from stepscope.trace import Trace, TraceBuilder
@@ -164,3 +165,31 @@ def test_same_named_only_child_is_folded_like_torch() -> None:
     assert rows["aten::add"].count == 3
     stacks = collapsed_from_spans([trace])
     assert stacks["aten::mean"] == 70 and "aten::mean;aten::mean" not in stacks
+
+
+def test_kernels_count_for_the_op_that_launched_them_as_in_torch() -> None:
+    """A kernel carries its op's ``External id``: its time is the op's device time, and the
+    enclosing op's total device time, as torch's event tree counts it."""
+    b = TraceBuilder(base_time_ns=0)
+    b.span("aten::linear", "cpu_op", 1, 1, 0, 50 * US, {"External id": 1})
+    b.span("aten::addmm", "cpu_op", 1, 1, 10 * US, 30 * US, {"External id": 2})
+    b.span("cudaLaunchKernel", "cuda_runtime", 1, 1, 20 * US, 5 * US, {"correlation": 9})
+    b.span("gemm", "kernel", 0, 7, 60 * US, 8 * US, {"External id": 2, "device": 0, "stream": 7})
+    trace = b.build()
+    rows = {r.key: r for r in key_averages([trace], use_device="cuda")}
+    assert rows["aten::addmm"].self_device_time_total == 8
+    assert rows["aten::addmm"].device_time_total == 8
+    assert rows["aten::linear"].device_time_total == 8
+    assert rows["aten::linear"].self_device_time_total == 0
+    assert rows["gemm"].device_time_total == 8 and rows["gemm"].on_device
+    text = key_averages([trace], use_device="cuda").table()
+    assert "Self CUDA time total: 8.000us" in text  # the kernel counted once
+    events = function_events([trace], use_device="cuda")
+    addmm = next(e for e in events if e.name == "aten::addmm")
+    assert addmm.kernels == [Kernel("gemm", 0, 8.0)]
+    assert addmm.cpu_parent is not None and addmm.cpu_parent.name == "aten::linear"
+    gemm = next(e for e in events if e.name == "gemm")
+    assert gemm.device_type.name == "CUDA" and gemm.cpu_time_total == 0
+    assert gemm.device_resource_id == 7
+    linear = next(e for e in events if e.name == "aten::linear")
+    assert linear.device_time_total == 8 and linear.self_device_time_total == 0
