@@ -84,20 +84,29 @@ def replicated_trace(target_events: int, out: Path) -> int:
 def child(kind: str, path: str, scratch: str) -> None:
     """Run one subject in this (fresh) process; print its in-process seconds and peak RSS."""
     start = time.perf_counter()
+    phases: dict[str, float] = {}
     if kind.startswith("stepscope"):
-        from stepscope.cli import main
+        # what `stepscope report PATH --json F [--html H]` runs, phase by phase
+        from rich.console import Console
 
-        args = ["report", path, "--json", os.path.join(scratch, "report.json")]
-        if kind == "stepscope-html":
-            args += ["--html", os.path.join(scratch, "report.html")]
+        from stepscope.analysis.analyze import analyze
+        from stepscope.commands.report import (
+            load_traces,
+            render_report_to,
+            write_html_report,
+            write_text,
+        )
+
+        traces, _ = load_traces(Path(path), sys.stderr)
+        phases["read"] = time.perf_counter() - start
+        result = analyze(traces)
+        phases["analyse"] = time.perf_counter() - start - phases["read"]
         with open(os.devnull, "w") as sink:
-            saved, sys.stdout = sys.stdout, sink
-            try:
-                rc = main(args)
-            finally:
-                sys.stdout = saved
-        if rc != 0:
-            raise SystemExit(f"stepscope report exited {rc}")
+            render_report_to(result, Console(file=sink))
+        write_text(os.path.join(scratch, "report.json"), result.to_json() + "\n", "JSON")
+        if kind == "stepscope-html":
+            write_html_report(result, os.path.join(scratch, "report.html"), traces)
+        phases["render and write"] = time.perf_counter() - start - sum(phases.values())
     else:
         import logging
         import warnings
@@ -116,11 +125,11 @@ def child(kind: str, path: str, scratch: str) -> None:
         resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
         resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss,
     )
-    print(json.dumps({"seconds": seconds, "maxrss_kb": peak}))
+    print(json.dumps({"seconds": seconds, "maxrss_kb": peak, "phases": phases}))
 
 
-def run_child(kind: str, path: Path, scratch: Path) -> tuple[float, float, float]:
-    """(process wall seconds, in-process seconds, peak RSS MiB) of one child run."""
+def run_child(kind: str, path: Path, scratch: Path) -> tuple[float, float, float, dict[str, float]]:
+    """(process wall seconds, in-process seconds, peak RSS MiB, phase seconds) of one run."""
     start = time.perf_counter()
     done = subprocess.run(
         [sys.executable, __file__, "--child", kind, str(path), str(scratch)],
@@ -133,7 +142,7 @@ def run_child(kind: str, path: Path, scratch: Path) -> tuple[float, float, float
     if done.returncode != 0:
         raise RuntimeError(f"{kind} child failed: {done.stderr[-2000:]}")
     found = json.loads(done.stdout.strip().splitlines()[-1])
-    return wall, found["seconds"], found["maxrss_kb"] / 1024
+    return wall, found["seconds"], found["maxrss_kb"] / 1024, found["phases"]
 
 
 # ---- the benchmark -------------------------------------------------------------------------
@@ -150,7 +159,7 @@ def bench_report_vs_hta(report: Report, work: Path) -> None:
     )
     repeat = 1 if report.quick else 3
     case = f"report {events / 1e6:.2f}M-event trace"
-    samples: dict[str, list[tuple[float, float, float]]] = {}
+    samples: dict[str, list[tuple[float, float, float, dict[str, float]]]] = {}
     for _ in range(repeat):  # interleaved, so drift hits both alike
         for kind in ("stepscope", "hta", "stepscope-html"):
             if kind == "stepscope-html" and samples.get(kind) and report.quick:
@@ -170,6 +179,14 @@ def bench_report_vs_hta(report: Report, work: Path) -> None:
     time_ratio = report.ratio("wall time, lower is better", walls["stepscope"], walls["hta"])
     mem_ratio = report.ratio("peak RSS, lower is better", rss["stepscope"], rss["hta"])
     report.note(f"stepscope report is {1 / time_ratio:.2f}x faster than HTA on this trace")
+    for kind in ("stepscope", "stepscope-html"):
+        runs = [s[3] for s in samples.get(kind, [])]
+        if runs:
+            split = ", ".join(
+                f"{phase} {sorted(r[phase] for r in runs)[len(runs) // 2]:.1f} s"
+                for phase in runs[0]
+            )
+            report.note(f"{names[kind]}, median per phase: {split}")
     report.target("stepscope report time / HTA time <= 0.2 (>= 5x faster)", time_ratio, 0.2)
     report.target("stepscope report peak RSS / HTA peak RSS <= 0.3", mem_ratio, 0.3)
 

@@ -191,11 +191,11 @@ def _data_json(report: Report, traces: Sequence[tuple[str, Trace]]) -> str:
     summaries = [report.combined]
     if len(report.files) > 1:
         summaries += report.files
-    flames = report_flames(report, traces) if traces else [[] for _ in summaries]
-    if len(flames) != len(summaries):
+    if traces and len(traces) != len(report.files):
         raise ValueError(
             f"write_html: {len(traces)} traces given for a report of {len(report.files)} files"
         )
+    flames = report_flames(report, traces) if traces else [[] for _ in summaries]
     data = report.to_dict()
     data["views"] = [
         {"title": s.source, "flames": f} for s, f in zip(summaries, flames, strict=True)
