@@ -118,7 +118,9 @@ def test_step_outliers_fire_and_quiet() -> None:
 
 
 def test_dropped_events_fire_and_quiet() -> None:
-    meta = {"stepscope_python_tracer": {"dropped_events": 42, "event_budget": 10}}
+    meta: dict[str, object] = {
+        "stepscope_python_tracer": {"dropped_events": 42, "event_budget": 10}
+    }
     evidence = rules(build([StepSpec(1000)], metadata=meta))["dropped_events"]
     assert evidence == {"python_tracer_dropped_calls": 42}
     assert "dropped_events" not in rules(build([StepSpec(1000)]))

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from stepscope._ext import resolve
-from stepscope.collectors import annotations
+from stepscope.collectors import annotations as ann
 from stepscope.collectors.base import WindowContext
 from stepscope.trace import Span, TraceBuilder
 
@@ -21,19 +21,19 @@ if TYPE_CHECKING:
 
     from stepscope._native import RecordFunction
 
-    RecordFunctionType: TypeAlias = type[annotations.PyRecordFunction] | type[RecordFunction]
+    RecordFunctionType: TypeAlias = type[ann.PyRecordFunction] | type[RecordFunction]
 
 
 def record_function_of(implementation: str) -> RecordFunctionType:
     """The ``record_function`` class of one implementation."""
     mod = resolve(implementation)
-    return annotations.PyRecordFunction if mod is None else mod.RecordFunction
+    return ann.PyRecordFunction if mod is None else mod.RecordFunction
 
 
-def backend_of(implementation: str) -> annotations._Backend:
+def backend_of(implementation: str) -> ann._Backend:
     """The annotation window state of one implementation."""
     mod = resolve(implementation)
-    return annotations.python_backend if mod is None else annotations._NativeBackend(mod)
+    return ann.python_backend if mod is None else ann._NativeBackend(mod)
 
 
 def record(
@@ -41,7 +41,7 @@ def record(
 ) -> tuple[list[Span], WindowContext]:
     make = record_function_of(implementation)
     backend = backend_of(implementation)
-    collector = annotations.AnnotationCollector(max_spans=max_spans, backend=backend)
+    collector = ann.AnnotationCollector(max_spans=max_spans, backend=backend)
     ctx = WindowContext(window=0)
     collector.start(ctx)
     try:
@@ -121,7 +121,7 @@ def test_spans_entered_before_the_window_are_not_recorded(implementation: str) -
 
 def test_max_spans_is_validated() -> None:
     with pytest.raises(ValueError, match="max_spans"):
-        annotations.AnnotationCollector(max_spans=-1)
+        ann.AnnotationCollector(max_spans=-1)
 
 
 def test_emit_span_adds_a_timed_span_only_while_recording(implementation: str) -> None:

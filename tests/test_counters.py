@@ -131,13 +131,15 @@ def test_reset_racing_with_increments_loses_nothing() -> None:
 def _reset_race() -> None:
     cs = CounterSet("t")
     per_thread, threads = 30_000, 3
-    workers = [
-        threading.Thread(target=lambda: [cs.inc("n") for _ in range(per_thread)])
-        for _ in range(threads)
-    ]
+
+    def count() -> None:
+        for _ in range(per_thread):
+            cs.inc("n")
+
+    workers = [threading.Thread(target=count) for _ in range(threads)]
     for w in workers:
         w.start()
-    cleared = 0
+    cleared: int | float = 0
     while any(w.is_alive() for w in workers):
         cleared += cs.reset().get("n", 0)  # each increment lands before or after a reset
     for w in workers:

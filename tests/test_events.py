@@ -14,7 +14,7 @@ import pickle
 import subprocess
 import sys
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Generator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ import stepscope
 from stepscope import events
 from stepscope.clock import now_ns, to_unix_ns
 from stepscope.config import config
+from stepscope.distributed import rank_and_world_size
 from stepscope.events import call as call_module
 from stepscope.steps import set_step
 
@@ -54,6 +55,10 @@ def captured_logger(level: int = logging.INFO) -> tuple[logging.Logger, Capture]
     handler = Capture()
     logger.addHandler(handler)
     return logger, handler
+
+
+def nothing() -> None:
+    """A function to wrap."""
 
 
 @pytest.fixture(autouse=True)
@@ -101,7 +106,7 @@ def test_success_start_then_end_with_every_field() -> None:
     assert "status" not in start and "error" not in end
     rec = cap.records[0]
     assert rec.levelno == logging.INFO
-    assert (rec.funcName, rec.lineno) == ("load", load.__wrapped__.__code__.co_firstlineno)
+    assert (rec.funcName, rec.lineno) == ("load", inspect.unwrap(load).__code__.co_firstlineno)
     assert rec.getMessage().startswith("load start shard=3")
 
 
@@ -181,9 +186,9 @@ def test_nothing_at_all_when_the_logger_is_disabled_and_no_window_records(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     logger, cap = captured_logger(logging.WARNING)
-    extracted = []
+    extracted: list[Any] = []
     lookups = []
-    real = call_module.rank_and_world_size
+    real = rank_and_world_size
 
     def counting_lookup() -> tuple[int | None, int | None]:
         lookups.append(1)
@@ -191,11 +196,15 @@ def test_nothing_at_all_when_the_logger_is_disabled_and_no_window_records(
 
     monkeypatch.setattr(call_module, "rank_and_world_size", counting_lookup)
 
-    @events.logged("quiet", logger=logger, fields={"n": lambda a: extracted.append(a) or 1})
+    def extract(a: Any) -> int:
+        extracted.append(a)
+        return 1
+
+    @events.logged("quiet", logger=logger, fields={"n": extract})
     def quiet(x: int) -> int:
         return x + 1
 
-    first = events.logged("probe", level="ERROR", logger=logger)(lambda: None)
+    first = events.logged("probe", level="ERROR", logger=logger)(nothing)
     first()
     assert [quiet(i) for i in range(100)] == list(range(1, 101))
     first()
@@ -312,10 +321,10 @@ def test_methods_classmethods_and_staticmethods(tmp_path: Path) -> None:
 
 def test_generator_ends_when_exhausted_and_links_only_its_own_body() -> None:
     logger, cap = captured_logger()
-    inner = events.logged("inner", logger=logger)(lambda: None)
+    inner = events.logged("inner", logger=logger)(nothing)
 
     @events.logged("produce", logger=logger)
-    def produce(n: int) -> Iterator[int]:
+    def produce(n: int) -> Generator[int, str | None, None]:
         for i in range(n):
             inner()
             got = yield i
@@ -351,7 +360,7 @@ def test_generator_closed_early_and_generator_raising() -> None:
     cleaned = []
 
     @events.logged("stream", logger=logger)
-    def stream() -> Iterator[int]:
+    def stream() -> Generator[int, None, None]:
         try:
             yield 1
             yield 2
@@ -375,7 +384,7 @@ def test_generator_closed_early_and_generator_raising() -> None:
     assert cap.events[-1]["error"] == {"type": "OSError", "message": "gone"}
 
     @events.logged("echo", logger=logger)
-    def echo() -> Iterator[str]:
+    def echo() -> Generator[str, None, None]:
         try:
             yield "ready"
         except ValueError as exc:
@@ -390,7 +399,7 @@ def test_generator_return_value_passes_through() -> None:
     logger, _ = captured_logger()
 
     @events.logged("g", logger=logger)
-    def g() -> Iterator[int]:
+    def g() -> Generator[int, None, int]:
         yield 1
         return 99
 
@@ -603,13 +612,18 @@ def test_generated_wrapper_keeps_signature_defaults_and_errors() -> None:
 
     g = events.logged("f", logger=logger)(f)
     assert inspect.signature(g) == inspect.signature(f)
-    assert g.__wrapped__ is f and g.__name__ == "f" and g.__doc__ == f.__doc__
+    assert inspect.unwrap(g) is f and g.__name__ == "f" and g.__doc__ == f.__doc__
     for level in (logging.WARNING, logging.INFO):
         logger.setLevel(level)
         assert g(1, d=4) == f(1, d=4)
         assert g(1, d=4)[2] is sentinel
         assert g(1, 3, [7], 8, 9, d=4, e=6, z=0) == f(1, 3, [7], 8, 9, d=4, e=6, z=0)
-        for bad_args, bad_kwargs in (((), {"d": 1}), ((1,), {}), ((1, 2, 3), {"c": 1, "d": 1})):
+        bad_calls: list[tuple[tuple[Any, ...], dict[str, Any]]] = [
+            ((), {"d": 1}),
+            ((1,), {}),
+            ((1, 2, 3), {"c": 1, "d": 1}),
+        ]
+        for bad_args, bad_kwargs in bad_calls:
             with pytest.raises(TypeError) as ours:
                 g(*bad_args, **bad_kwargs)
             with pytest.raises(TypeError) as theirs:
@@ -813,7 +827,7 @@ def test_fields_forms_and_failing_extractors() -> None:
     logger, cap = captured_logger()
 
     def several(args: Any) -> dict[str, Any]:
-        return {"sum": args["a"] + args["b"], 7: "int key"}
+        return {"sum": args["a"] + args["b"], 7: "int key"}  # type: ignore[dict-item]  # the test
 
     def broken(args: Any) -> Any:
         raise LookupError("no such thing")

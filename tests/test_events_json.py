@@ -168,7 +168,8 @@ def test_attribute_limits_count_what_is_dropped(limits: None) -> None:
     assert not small.add("big3", ["y" * 50] * 3)  # over the total budget
     assert small.dropped == 1
     logger, cap = captured_logger()
-    with events.logged("many", logger=logger, **{f"k{i}": i for i in range(5)}):
+    many: dict[str, Any] = {f"k{i}": i for i in range(5)}
+    with events.logged("many", logger=logger, **many):
         pass
     assert cap.events[0]["attrs"] == {"k0": 0, "k1": 1, "k2": 2}
     assert cap.events[0]["attrs_dropped"] == 2

@@ -12,9 +12,13 @@ import textwrap
 from pathlib import Path
 
 import pytest
-import tomllib
 
 from stepscope.extras import EXTRAS, MissingExtraError, missing_extra
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # tomllib is new in 3.11; tomli is its backport
+    tomllib = pytest.importorskip("tomli")
 
 ROOT = Path(__file__).resolve().parents[1]
 

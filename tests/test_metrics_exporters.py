@@ -522,7 +522,7 @@ def test_otel_meter_bridge_with_in_memory_reader(
 ) -> None:
     pytest.importorskip("opentelemetry.sdk")
     from opentelemetry.sdk.metrics import MeterProvider
-    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader, NumberDataPoint
 
     from stepscope.metrics.exporters.otlp import OtelMeterBridge
 
@@ -539,10 +539,16 @@ def test_otel_meter_bridge_with_in_memory_reader(
     found = {
         m.name: m for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics
     }
-    point = found["requests"].data.data_points[0]
-    assert point.value == 3.0 and dict(point.attributes) == {"route": "/a"}
-    assert found["lr"].data.data_points[0].value == 0.01
-    assert found["loss"].data.data_points[0].value == 3.0
+
+    def number(name: str) -> NumberDataPoint:
+        point = found[name].data.data_points[0]
+        assert isinstance(point, NumberDataPoint)
+        return point
+
+    point = number("requests")
+    assert point.value == 3.0 and dict(point.attributes or {}) == {"route": "/a"}
+    assert number("lr").value == 0.01
+    assert number("loss").value == 3.0
     assert "latency" in bridge.skipped and "latency" not in found
     assert any("cannot be observed" in r.getMessage() for r in caplog.records)
     provider.shutdown()

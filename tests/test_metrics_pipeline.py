@@ -217,7 +217,7 @@ def test_exporter_names_are_unique_and_removal_closes(
     p.remove_exporter(a)
     assert a.closed and p.exporters() == [b]
     with pytest.raises(TypeError, match="HandlerExporter"):
-        p.add_exporter(NullMetricHandler())  # type: ignore[arg-type]
+        p.add_exporter(NullMetricHandler())  # type: ignore[type-var]
 
 
 def test_configure_validates(pipelines: list[Pipeline], tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -64,7 +65,7 @@ def whole_json_lines(path: Path, kind: str | None = "scalar") -> list[dict[str, 
     return [r for r in rows if kind is None or r.get("kind") == kind]
 
 
-def check_accounting(p: Pipeline, name: str) -> dict[str, object]:
+def check_accounting(p: Pipeline, name: str) -> dict[str, Any]:
     acc = p.accounting()[name]
     assert acc["exported"] + acc["spilled"] + acc["dropped"] == acc["produced"], acc
     return acc
@@ -73,7 +74,7 @@ def check_accounting(p: Pipeline, name: str) -> dict[str, object]:
 def test_jsonl_on_a_full_disk_never_glues_lines(disk: Path, tmp_path: Path) -> None:
     p = pipeline_for(tmp_path / "spill")
     out = disk / "m.jsonl"
-    exporter = p.add_exporter(JsonlExporter(out))
+    p.add_exporter(JsonlExporter(out))
     record_steps(p, 0, 3)
     p.flush(10)
     assert len(whole_json_lines(out)) == 3
@@ -88,7 +89,7 @@ def test_jsonl_on_a_full_disk_never_glues_lines(disk: Path, tmp_path: Path) -> N
     p.flush(10)
     rows = whole_json_lines(out)
     assert [r["step"] for r in rows] == [0, 1, 2, 43, 44]
-    assert read_spill(exporter and tmp_path / "spill" / f"jsonl-{os.getpid()}.jsonl")
+    assert read_spill(tmp_path / "spill" / f"jsonl-{os.getpid()}.jsonl")
     p.shutdown(5)
     check_accounting(p, "jsonl")
 
@@ -128,7 +129,11 @@ def test_metric_table_on_a_full_disk_ends_on_a_whole_row(disk: Path) -> None:
             TABLE.add_row(lambda: {"name": "first", "note": "ok"})
             fill(disk, leave=100)
             for i in range(20):
-                TABLE.add_row(lambda i=i: {"name": f"row{i}", "note": "n" * 300})
+
+                def row(i: int = i) -> dict[str, str]:
+                    return {"name": f"row{i}", "note": "n" * 300}
+
+                TABLE.add_row(row)
             assert TABLE.num_write_errors > 0
             data = (disk / "metric_table_test_reliability.csv").read_bytes()
             assert data.endswith(b"\n")

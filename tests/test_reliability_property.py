@@ -181,8 +181,8 @@ def test_every_exporter_survives_hostile_input(
             if row[3]:
                 assert isinstance(strict_json(row[3]), dict)
         for datagram in received(udp):
-            for line in datagram.decode("utf-8").split("\n"):
-                assert STATSD_LINE.fullmatch(line), line[:200]
+            for statsd_line in datagram.decode("utf-8").split("\n"):
+                assert STATSD_LINE.fullmatch(statsd_line), statsd_line[:200]
         for payload in proto.payloads:
             ExportMetricsServiceRequest.FromString(payload)
         console.getvalue().encode("utf-8")
@@ -221,7 +221,11 @@ def test_every_file_writer_survives_hostile_input(
     with config.patch(tables_dir=str(tmp), metric_tables="test_hostile", run_name=texts[0]):
         try:
             for text in texts:
-                TABLE.add_row(lambda text=text: {"text": text, "value": value})
+
+                def row(text: str = text) -> dict[str, str | float]:
+                    return {"text": text, "value": value}
+
+                TABLE.add_row(row)
         finally:
             TABLE.close()
     with open(tmp / "metric_table_test_hostile.csv", newline="", encoding="utf-8") as fh:

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from stepscope.cli import main
-from stepscope.commands.run import resolve_step_on, torch_installed
+from stepscope.collectors.torch import torch_installed
+from stepscope.commands.run import resolve_step_on
 from stepscope.trace import read_chrome_trace
 
 PLAIN_SCRIPT = """

@@ -205,8 +205,13 @@ def test_a_concurrent_run_executes_unprofiled_or_raises_with_stop_at_error(
         assert entered.wait(10)
         second = FunctionProfiler()
         calls: list[str] = []
+
         # the seed returned None here without running the function; we run it unprofiled
-        assert second.profile(lambda: calls.append("ran") or "second") == "second"
+        def run() -> str:
+            calls.append("ran")
+            return "second"
+
+        assert second.profile(run) == "second"
         assert calls == ["ran"] and second.profile_result is None
         assert "concurrent runs are not supported" in caplog.text
         strict = FunctionProfiler(stop_at_error=True)
@@ -259,7 +264,7 @@ def test_bad_settings_are_rejected() -> None:
     with pytest.raises(ValueError, match="max_depth"):
         FunctionProfiler(stack_max_len=0)  # the old spelling still works
     with pytest.raises(TypeError, match="callable"):
-        FunctionProfiler().profile(42)
+        FunctionProfiler().profile(42)  # type: ignore[arg-type]  # the error is the test
     assert FunctionProfiler(sample_each=0.004).sample_rate_hz == pytest.approx(250)
 
 
@@ -295,7 +300,7 @@ def test_outputs_collapsed_speedscope_svg_and_table(tmp_path: Path) -> None:
     lines = paths["collapsed"].read_text().splitlines()
     counts = {line.rsplit(" ", 1)[0]: int(line.rsplit(" ", 1)[1]) for line in lines}
     assert sum(counts.values()) == result.total_samples
-    assert max(counts, key=counts.__getitem__).endswith(";hot (sampling_workloads.py)")
+    assert max(counts, key=counts.__getitem__).endswith(";hot (tests/sampling_workloads.py)")
     doc = json.loads(paths["speedscope"].read_text())
     # titled with the function; weights in milliseconds of sampling (issue 12, point 9)
     assert doc["name"] == f"tests.sampling_workloads.workload (stepscope run {result.run_id})"
@@ -313,10 +318,10 @@ def test_outputs_collapsed_speedscope_svg_and_table(tmp_path: Path) -> None:
         f"tests.sampling_workloads.workload (stepscope run {result.run_id}): "
     )
     titles = [t.text or "" for t in svg.iter("{http://www.w3.org/2000/svg}title")]
-    assert any(t.startswith("hot (sampling_workloads.py)") for t in titles)
+    assert any(t.startswith("hot (tests/sampling_workloads.py)") for t in titles)
     table = result.table(5)
     assert table.startswith("tests.sampling_workloads.workload: ")
-    assert table.splitlines()[2].endswith("hot (sampling_workloads.py)")
+    assert table.splitlines()[2].endswith("hot (tests/sampling_workloads.py)")
     assert f"{result.total_samples} samples" in table
 
 

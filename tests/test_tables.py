@@ -289,7 +289,11 @@ def test_threads_append_whole_lines(out_dir: Path) -> None:
 
     def worker(i: int) -> None:
         for j in range(150):
-            PROBE.add_row(lambda j=j: {"name": f"t{i}-{j}", "latency": float(j), "note": payload})
+
+            def row(j: int = j) -> dict[str, str | float]:
+                return {"name": f"t{i}-{j}", "latency": float(j), "note": payload}
+
+            PROBE.add_row(row)
 
     threads = [threading.Thread(target=worker, args=(i,)) for i in range(6)]
     for t in threads:
@@ -305,9 +309,11 @@ def _process_writer(directory: str, index: int, barrier: Any) -> None:
     with config.patch(tables_dir=directory, metric_tables="test_probe", run_name=f"p{index}"):
         barrier.wait()  # every process opens the (missing) file at the same moment
         for j in range(200):
-            PROBE.add_row(
-                lambda j=j: {"name": f"{index}-{j}", "latency": j * 0.5, "note": "y" * 5000}
-            )
+
+            def row(j: int = j) -> dict[str, str | float]:
+                return {"name": f"{index}-{j}", "latency": j * 0.5, "note": "y" * 5000}
+
+            PROBE.add_row(row)
 
 
 def test_processes_append_whole_lines_and_one_header(out_dir: Path) -> None:

@@ -167,8 +167,12 @@ def test_exceptions_and_sys_exit_unwind_balanced(implementation: str) -> None:
 def test_threads_started_and_ended_inside_the_window(implementation: str) -> None:
     seen: list[int] = []
 
+    def in_thread() -> None:
+        seen.append(threading.get_native_id())
+        w.fib(3)
+
     def body() -> None:
-        t = threading.Thread(target=lambda: seen.append(threading.get_native_id()) or w.fib(3))
+        t = threading.Thread(target=in_thread)
         t.start()
         t.join()
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 
 
 def fib(n: int) -> int:
@@ -28,7 +28,7 @@ def consume(k: int) -> int:
     return sum(counter(k))
 
 
-def guarded(k: int) -> Iterator[int]:
+def guarded(k: int) -> Generator[int, None, None]:
     """A generator with cleanup, so closing it runs code in it."""
     try:
         yield from range(k)

@@ -13,7 +13,7 @@ import inspect
 import threading
 from collections.abc import Callable, Mapping
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, cast, overload
 
 from stepscope import clock
 from stepscope._ext import NativeModule, native
@@ -21,11 +21,12 @@ from stepscope.collectors.base import Collector, WindowContext
 from stepscope.trace.model import TraceBuilder
 
 if TYPE_CHECKING:
-    from stepscope._native import RecordFunction
+    from typing_extensions import Self
 
 __all__ = [
     "AnnotationCollector",
     "PyRecordFunction",
+    "RecordFunctionType",
     "emit_span",
     "is_recording",
     "record_function",
@@ -46,6 +47,26 @@ class _Backend(Protocol):
     def recording(self) -> bool: ...
     def set_bridge(self, bridge: Bridge | None) -> int: ...
     def emit(self, name: str, args: Any, start_ns: int, end_ns: int) -> bool: ...
+
+
+class RecordFunctionType(Protocol):
+    """The class ``record_function`` is: the C ``stepscope._native.RecordFunction`` or its twin
+    :class:`PyRecordFunction` (the same constructor, context manager and decorator)."""
+
+    def __init__(self, name: str, args: Any = None) -> None: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def args(self) -> Any: ...
+    def __enter__(self) -> Self: ...
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+        /,
+    ) -> Literal[False]: ...
+    def __call__(self, fn: F, /) -> F: ...
 
 
 class _PythonBackend:
@@ -227,7 +248,7 @@ def _decorate(name: str, args: Any, fn: F) -> F:
     return cast(F, wrapper)
 
 
-record_function: type[RecordFunction] | type[PyRecordFunction]
+record_function: type[RecordFunctionType]
 """``record_function(name, args=None)``: the C class when the extension runs, else its twin."""
 _native_mod = native()
 if _native_mod is not None:
@@ -255,7 +276,11 @@ def emit_span(name: str, start_ns: int, end_ns: int, args: Mapping[str, Any] | N
     return default_backend.emit(name, args, start_ns, end_ns)
 
 
-def traced(fn: F | None = None, *, name: str | None = None) -> Any:
+@overload
+def traced(fn: F, *, name: str | None = None) -> F: ...
+@overload
+def traced(fn: None = None, *, name: str | None = None) -> Callable[[F], F]: ...
+def traced(fn: F | None = None, *, name: str | None = None) -> F | Callable[[F], F]:
     """Decorator: each call of the function is a span named after its qualified name."""
 
     def apply(f: F) -> F:
