@@ -399,6 +399,7 @@ def key_averages(
         dev_total, dev_self = _device_times(trace, nesting, on_device)
         mem_cpu, mem_dev, _ = span_memory(trace, nesting)
         flops_by_id = flops_of(trace)
+        need_args = group_by_input_shape or bool(flops_by_id)  # args are parsed on demand
         self_mem_cpu, self_mem_dev = list(mem_cpu), list(mem_dev)
         for i in range(len(spans)):
             p = nesting.parent[i]
@@ -415,7 +416,7 @@ def key_averages(
                 name, overload = split_overload(name)
             if not group_by_overload_name:
                 overload = ""
-            args = trace.args_at(argrefs[i]) if argrefs[i] >= 0 else None
+            args = trace.args_at(argrefs[i]) if need_args and argrefs[i] >= 0 else None
             shapes = _input_shapes(args) if group_by_input_shape else ""
             stack: tuple[str, ...] = ()
             if group_by_stack_n:
