@@ -193,3 +193,29 @@ def test_kernels_count_for_the_op_that_launched_them_as_in_torch() -> None:
     assert gemm.device_resource_id == 7
     linear = next(e for e in events if e.name == "aten::linear")
     assert linear.device_time_total == 8 and linear.self_device_time_total == 0
+
+
+def test_allocations_count_for_the_spans_around_them_and_the_rest_is_a_memory_row() -> None:
+    b = TraceBuilder(base_time_ns=0)
+    b.span("aten::ones", "cpu_op", 1, 1, 0, 10 * US)
+    b.span("aten::empty", "cpu_op", 1, 1, 1 * US, 2 * US)
+    cpu = {"Device Type": 0, "Device Id": -1}
+    b.instant("[memory]", "cpu_instant_event", 1, 1, 2 * US, args={"Bytes": 256, **cpu})
+    b.instant("[memory]", "cpu_instant_event", 1, 1, 5 * US, args={"Bytes": 64, **cpu})
+    b.instant("[memory]", "cpu_instant_event", 1, 1, 20 * US, args={"Bytes": -256, **cpu})
+    trace = b.build()
+    rows = {r.key: r for r in key_averages([trace], profile_memory=True)}
+    assert (rows["aten::ones"].cpu_memory_usage, rows["aten::ones"].self_cpu_memory_usage) == (
+        320,
+        64,
+    )
+    assert rows["aten::empty"].cpu_memory_usage == 256
+    assert (rows["[memory]"].count, rows["[memory]"].cpu_memory_usage) == (1, -256)
+    assert "[memory]" not in {r.key for r in key_averages([trace])}  # only with profile_memory
+    events = function_events([trace], profile_memory=True)
+    assert [(e.name, e.cpu_memory_usage) for e in events] == [
+        ("aten::ones", 320),
+        ("aten::empty", 256),
+        ("[memory]", -256),
+    ]
+    assert "Self CPU Mem" in key_averages([trace], profile_memory=True).table()

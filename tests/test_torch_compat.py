@@ -414,3 +414,35 @@ def test_high_level_optimizer_and_dataloader_events() -> None:
     assert counts["Optimizer.step#SGD.step"] == 8
     assert counts["Optimizer.zero_grad#SGD.zero_grad"] == 8
     assert counts["enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"] == 9
+
+
+def test_memory_columns_match_torch_profiler() -> None:
+    x = torch.ones(4)
+
+    def work() -> None:
+        y = torch.ones(64)
+        del y
+        (x + 1).sum()
+
+    work()
+    # With a schedule torch records ProfilerStep#N too (stepscope always does): the
+    # allocations outside every op then count for the step, in both.
+    with torch.profiler.profile(
+        profile_memory=True, schedule=torch.profiler.schedule(wait=0, warmup=0, active=1)
+    ) as tp:
+        work()
+        tp.step()
+    with profile(profile_memory=True, schedule=schedule(wait=0, warmup=0, active=1)) as sp:
+        work()
+        sp.step()
+
+    def memory(rows: Any) -> dict[str, tuple[int, int, int]]:
+        return {r.key: (r.count, r.cpu_memory_usage, r.self_cpu_memory_usage) for r in rows}
+
+    assert memory(sp.key_averages()) == memory(tp.key_averages())
+    assert [(e.name, e.cpu_memory_usage) for e in sp.events()] == [
+        (e.name, e.cpu_memory_usage) for e in tp.events()
+    ]
+    with profile(profile_memory=True) as unscheduled:
+        torch.ones(8)
+    assert "CPU Mem" in unscheduled.key_averages().table()

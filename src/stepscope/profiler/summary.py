@@ -15,6 +15,7 @@ from typing import Any
 
 from stepscope.analysis.sampled_time import sampled_time
 from stepscope.profiler.events import (
+    MEMORY_EVENT,
     PYTHON_CATEGORY,
     SKIPPED_CATEGORIES,
     USER_CATEGORIES,
@@ -397,7 +398,9 @@ def key_averages(
         if use_device is None and any(on_device):
             use_device = "cuda"
         dev_total, dev_self = _device_times(trace, nesting, on_device)
-        mem_cpu, mem_dev, _ = span_memory(trace, nesting)
+        mem_cpu, mem_dev, unmatched = span_memory(trace, nesting)
+        if profile_memory:
+            _add_memory_rows(trace, unmatched, groups, use_device)
         flops_by_id = flops_of(trace)
         need_args = group_by_input_shape or bool(flops_by_id)  # args are parsed on demand
         self_mem_cpu, self_mem_dev = list(mem_cpu), list(mem_dev)
@@ -471,6 +474,30 @@ def key_averages(
         profile_memory=profile_memory,
         with_flops=with_flops,
     )
+
+
+def _add_memory_rows(
+    trace: Trace,
+    indices: list[int],
+    groups: dict[GroupKey, RowAverage],
+    use_device: str | None,
+) -> None:
+    """The ``[memory]`` row: allocations outside every op, as torch lists them."""
+    args_col = trace.instants["args"]
+    for j in indices:
+        key = (MEMORY_EVENT, False, False, "", "", ())
+        row = groups.get(key)
+        if row is None:
+            row = groups[key] = RowAverage(MEMORY_EVENT, use_device=use_device)
+        args = trace.args_at(args_col[j]) or {}
+        nbytes = int(args.get("Bytes", 0) or 0)
+        row.count += 1
+        if args.get("Device Type", 0) == 0:
+            row.cpu_memory_usage += nbytes
+            row.self_cpu_memory_usage += nbytes
+        else:
+            row.device_memory_usage += nbytes
+            row.self_device_memory_usage += nbytes
 
 
 def _device_times(
