@@ -139,7 +139,8 @@ def test_torch_imported_inside_the_program_is_recorded(tmp_path: Path, step_on: 
     assert done.stderr.count("program ran") == 1
     names = [n for path in trace_files(tmp_path) for n in span_names(path)]
     assert names.count("aten::addmm") >= 2, sorted(set(names))
-    assert "aten::" in done.stderr  # and in the table (beside the sampled import of torch)
+    if step_on != "none":  # a whole-run window's table is led by the sampled import of torch
+        assert "aten::" in done.stderr
 
 
 def test_a_profile_created_before_import_torch_records_torch_ops(tmp_path: Path) -> None:
