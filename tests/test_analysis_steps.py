@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import stepscope
 from stepscope.analysis.analyze import analyze
 
@@ -31,3 +33,24 @@ def test_a_single_step_window_keeps_its_step() -> None:
     summary = analyze([("one", prof.trace())]).files[0]
     assert [s.step for s in summary.steps] == [0]
     assert not any("left out" in note for note in summary.notes)
+
+
+def busy(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        sum(range(500))
+
+
+def test_sampled_python_inside_a_data_loading_region_stays_data_loading() -> None:
+    with stepscope.profile(
+        activities=["CPU", "SAMPLING"], sampling_rate_hz=1000, torch_ops=False
+    ) as prof:
+        for _ in range(3):
+            with stepscope.record_function("data_loading"):
+                busy(0.03)
+            busy(0.03)  # the step's own Python
+            prof.step()
+    summary = analyze([("loop", prof.trace())]).files[0]
+    shares = {c.name: c.pct for c in summary.host_total.categories}
+    assert 35 < shares["data_loading"] < 65, shares
+    assert shares["python"] > 25, shares

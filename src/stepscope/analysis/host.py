@@ -23,7 +23,9 @@ span (or the step has none), else ``other_operators``.  The step span's own time
 open below it) is ``idle_other`` — uninstrumented Python or waiting — except the part during
 which a backward span runs on another thread of the same process (the autograd engine's
 device threads), which is ``backward``; with stack samples and no ``python_function`` spans,
-sampled Python time moves out of a span's self time into ``python`` (as ``key_averages``).
+sampled Python time moves out of uncategorised time (the step's own, ``idle_other``) into
+``python`` — time inside a categorised span (data loading, optimizer, an annotation) stays in
+that span's category.
 A span that outlives its step is cut at the step's end; what spans do not cover is
 ``idle_other``.
 """
@@ -166,7 +168,10 @@ def host_breakdowns(
             share = self_ns[i]
             if end < starts[i] + durs[i] and durs[i] > 0:  # cut at the step's end
                 share = share * (end - starts[i]) // durs[i]
-            taken = min(python_taken.get(i, 0), share)
+            # samples name the Python inside uncategorised time only: a data-loading or
+            # optimizer region stays what it is, whatever Python ran inside it
+            refinable = category in ("idle_other", "python")
+            taken = min(python_taken.get(i, 0), share) if refinable else 0
             totals[category] += share - taken
             totals["python"] += taken
             if nesting.parent[i] == step.span or step.span < 0:
