@@ -273,3 +273,39 @@ def test_version_module_entry_point_and_plain_help() -> None:
         check=True,
     ).stdout
     assert "--step-on" in helptext and "``" not in helptext and ":func:" not in helptext
+
+
+@pytest.mark.parametrize("flags", [("--sampling-rate", "1000"), ("--with-stack",)])
+def test_no_frame_of_stepscope_or_its_launcher_reaches_the_results(
+    tmp_path: Path, flags: tuple[str, ...]
+) -> None:
+    console_script = Path(sys.executable).parent / "stepscope"
+    if not console_script.exists():
+        pytest.skip("the stepscope console script is not installed beside this interpreter")
+    path = tmp_path / "prog.py"
+    path.write_text(textwrap.dedent(PLAIN))
+    done = subprocess.run(
+        [
+            *(str(console_script), "run", "-o", str(tmp_path / "out")),
+            *("--step-on", "prog:Trainer.step", *flags, "--wait=0", str(path), "30", "4"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    [trace_path] = trace_files(tmp_path)
+    trace = read_chrome_trace(trace_path)
+    frames = trace.tables["frames"]
+    files = {trace.strings[f] for f in frames["file"]}
+    names = {trace.strings[n] for n in trace.spans["name"]}
+
+    def own(text: str) -> bool:
+        return "stepscope/" in text or "bin/stepscope" in text or "runpy" in text
+
+    assert not [f for f in files if own(f)], files
+    assert not [n for n in names if own(n) or n.startswith("stepscope(")], names
+    rows = [row[0] for row in table_rows(done.stderr)]
+    assert not [r for r in rows if own(r) or "(stepscope" in r], rows

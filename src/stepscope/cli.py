@@ -9,6 +9,7 @@ import sys
 from collections.abc import Sequence
 
 from stepscope import __version__
+from stepscope.trace.names import hide_launcher
 
 # subcommand -> module defining ``add_arguments(parser)`` and ``run(args) -> int``
 SUBCOMMANDS: dict[str, str] = {
@@ -49,6 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
+    if argv is None and sys.argv and sys.argv[0]:
+        hide_launcher(sys.argv[0])  # the console script's frames are not the user's
     parser = build_parser()
     args = parser.parse_args(argv)
     if getattr(args, "_module", None) is None:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stepscope.trace.names import STEPSCOPE_ROOT
+from stepscope.trace.names import is_hidden
 
 __all__ = ["Program", "find_program", "print_program_traceback"]
 
@@ -31,7 +31,6 @@ BindHook = Callable[[dict[str, Any], str], None]
 """Called as ``hook(namespace, name)`` right after the program's top level binds ``name``."""
 
 _HOOKS: dict[int, BindHook] = {}
-_RUNPY_FILES = (runpy.__file__, "<frozen runpy>")
 
 
 @dataclass(frozen=True)
@@ -174,7 +173,7 @@ def _with_bind_calls(body: list[ast.stmt], watch: Collection[str], key: int) -> 
 
 def _launcher_frame(tb: types.TracebackType) -> bool:
     file = tb.tb_frame.f_code.co_filename
-    return file.startswith(STEPSCOPE_ROOT) or file in _RUNPY_FILES
+    return is_hidden(file)
 
 
 def print_program_traceback(exc: BaseException) -> None:

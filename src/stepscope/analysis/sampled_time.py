@@ -17,21 +17,17 @@ the stacks.
 
 from __future__ import annotations
 
-import os
-import runpy
 from array import array
 from dataclasses import dataclass, field
 
 from stepscope.trace.model import Trace
-from stepscope.trace.names import STEPSCOPE_ROOT, sample_frame_label
+from stepscope.trace.names import is_hidden, sample_frame_label
 from stepscope.trace.nesting import innermost_spans_at
 
 __all__ = ["SampledFunction", "SampledTime", "sampled_time"]
 
 PYTHON_HOLDERS = frozenset({"user_annotation", "python_function", "Trace", ""})
 """Span categories whose time samples may claim (anything else, e.g. ``cpu_op``, keeps it)."""
-HIDDEN_FILES = (STEPSCOPE_ROOT, os.path.dirname(runpy.__file__) + os.sep + "runpy.py")
-HIDDEN_NAMES = frozenset({"<frozen runpy>"})
 
 
 @dataclass
@@ -54,10 +50,6 @@ class SampledTime:
     samples_in_ops: int = 0
 
 
-def _hidden(file: str) -> bool:
-    return file.startswith(HIDDEN_FILES) or file in HIDDEN_NAMES
-
-
 def sampled_time(trace: Trace, self_ns: array[int]) -> SampledTime:
     """Sampled functions of ``trace`` and the span self time they take over."""
     result = SampledTime()
@@ -75,7 +67,7 @@ def sampled_time(trace: Trace, self_ns: array[int]) -> SampledTime:
             found = labels[stack] = [
                 sample_frame_label(strings[frames["name"][fid]], file)
                 for fid, file in files
-                if not _hidden(file)
+                if not is_hidden(file)
             ]
         return found
 

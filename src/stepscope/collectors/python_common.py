@@ -18,7 +18,7 @@ from types import CodeType
 from typing import Any, NamedTuple
 
 from stepscope.trace.model import TraceBuilder
-from stepscope.trace.names import STEPSCOPE_ROOT
+from stepscope.trace.names import is_hidden
 
 __all__ = [
     "DEFAULT_BUFFER_BYTES",
@@ -194,27 +194,21 @@ def _glob_matches(module: str, glob: str) -> bool:
 class ModuleFilter:
     """Decides once per code object (or C function's module) whether it is recorded.
 
-    Code under ``hidden_roots`` (stepscope's own package, and whatever a launcher adds, e.g.
-    ``runpy``) is never recorded, whatever the globs say; calls it makes still are.
+    Code that is stepscope's own or a launcher's (``trace.names.is_hidden``: stepscope's
+    package, ``runpy``, the ``stepscope`` console script) is never recorded, whatever the globs
+    say; calls it makes still are.
     """
 
-    def __init__(
-        self,
-        include: Sequence[str],
-        exclude: Sequence[str],
-        names: SourceNames,
-        hidden_roots: Sequence[str] = (STEPSCOPE_ROOT,),
-    ) -> None:
+    def __init__(self, include: Sequence[str], exclude: Sequence[str], names: SourceNames) -> None:
         self.include = tuple(include)
         self.exclude = tuple(exclude)
-        self.hidden_roots = tuple(hidden_roots)
         self._names = names
         self._decided: dict[str, bool] = {}
 
     @property
     def active(self) -> bool:
         """Whether anything is left out (otherwise everything is recorded)."""
-        return bool(self.include or self.exclude or self.hidden_roots)
+        return True  # stepscope's own code is always left out
 
     def module_included(self, module: str) -> bool:
         """Whether calls from ``module`` are recorded."""
@@ -234,7 +228,7 @@ class ModuleFilter:
         if isinstance(target, str):
             return self.module_included(target)
         filename = target.co_filename
-        if filename.startswith(self.hidden_roots):
+        if is_hidden(filename):
             return False
         return self.module_included(self._names.module(filename))
 

@@ -36,6 +36,7 @@ from stepscope.collectors.base import Collector, WindowContext
 from stepscope.collectors.sampler_twin import PyStackSampler
 from stepscope.renamed import renamed_option
 from stepscope.trace.model import TraceBuilder
+from stepscope.trace.names import is_hidden
 
 __all__ = [
     "DEFAULT_MAX_DEPTH",
@@ -170,8 +171,9 @@ def code_label(code: CodeType | None) -> tuple[str, str]:
 def add_samples(builder: TraceBuilder, data: SamplerData, pid: int) -> int:
     """Append a run's frames, stacks and samples to ``builder``; returns the sample count."""
     labels = [code_label(code) for code in data.codes]
+    # stepscope's own frames and the launcher's are left out of the stacks (-1)
     frames = [
-        builder.frame(labels[code][0], labels[code][1], line)
+        -1 if is_hidden(labels[code][1]) else builder.frame(labels[code][0], labels[code][1], line)
         for code, line in zip(data.frame_code, data.frame_line, strict=True)
     ]
     parents, frame_of = data.stack_parent, data.stack_frame
@@ -184,7 +186,9 @@ def add_samples(builder: TraceBuilder, data: SamplerData, pid: int) -> int:
             path: list[int] = []
             node = stack
             while node >= 0:
-                path.append(frames[frame_of[node]])
+                frame = frames[frame_of[node]]
+                if frame >= 0:
+                    path.append(frame)
                 node = parents[node]
             path.reverse()
             sid = stacks[stack] = builder.stack(path)

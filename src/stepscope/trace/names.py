@@ -4,12 +4,36 @@ code is stepscope's own (never shown in a user's results)."""
 from __future__ import annotations
 
 import os
+import runpy
 import sys
 
-__all__ = ["STEPSCOPE_ROOT", "frame_label", "sample_frame_label", "short_path"]
+__all__ = [
+    "STEPSCOPE_ROOT",
+    "frame_label",
+    "hide_launcher",
+    "is_hidden",
+    "sample_frame_label",
+    "short_path",
+]
 
 STEPSCOPE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 """stepscope's own package directory: its code is never recorded (it is not the user's)."""
+
+_hidden_files = {runpy.__file__, "<frozen runpy>"}
+"""Launchers of the user's program: runpy, and the ``stepscope`` console script when used."""
+
+
+def hide_launcher(path: str) -> None:
+    """Treat the source file ``path`` (e.g. the console script that started stepscope) as a
+    launcher whose frames never appear in results."""
+    _hidden_files.add(os.path.abspath(path))  # normalised: a code object may say "a/../b"
+
+
+def is_hidden(file: str) -> bool:
+    """Whether frames of source file ``file`` are stepscope's own or a launcher's."""
+    if file.startswith(STEPSCOPE_ROOT) or file in _hidden_files:
+        return True
+    return os.path.isabs(file) and os.path.normpath(file) in _hidden_files
 
 
 def frame_label(name: str) -> str:
