@@ -168,12 +168,18 @@ def code_label(code: CodeType | None) -> tuple[str, str]:
     return getattr(code, "co_qualname", code.co_name), code.co_filename
 
 
-def add_samples(builder: TraceBuilder, data: SamplerData, pid: int) -> int:
-    """Append a run's frames, stacks and samples to ``builder``; returns the sample count."""
+def add_samples(
+    builder: TraceBuilder, data: SamplerData, pid: int, *, keep_own_frames: bool = False
+) -> int:
+    """Append a run's frames, stacks and samples to ``builder``; returns the sample count.
+
+    Frames of stepscope itself and of the program's launcher are left out of the stacks unless
+    ``keep_own_frames`` (the function profiler cuts its stacks at its own frame)."""
     labels = [code_label(code) for code in data.codes]
-    # stepscope's own frames and the launcher's are left out of the stacks (-1)
     frames = [
-        -1 if is_hidden(labels[code][1]) else builder.frame(labels[code][0], labels[code][1], line)
+        -1
+        if not keep_own_frames and is_hidden(labels[code][1])
+        else builder.frame(labels[code][0], labels[code][1], line)
         for code, line in zip(data.frame_code, data.frame_line, strict=True)
     ]
     parents, frame_of = data.stack_parent, data.stack_frame

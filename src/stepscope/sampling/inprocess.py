@@ -44,7 +44,7 @@ class InProcessSession:
         if self._sampler.errors:
             raise FunctionProfilerError(f"the in-process sampler failed: {self._sampler.error}")
         builder = TraceBuilder()
-        add_samples(builder, data, os.getpid())
+        add_samples(builder, data, os.getpid(), keep_own_frames=True)
         builder.metadata["stepscope_sampler"] = self._sampler.describe(data)
         return builder.build(), self._sampler.truncated, data.dropped
 
