@@ -19,7 +19,7 @@ def test_flame_graph_svg_holds_control_characters_and_lone_surrogates(tmp_path: 
     root = ET.fromstring(path.read_bytes())  # strict XML parser: raises on invalid XML
     titles = [t.text or "" for t in root.iter("{http://www.w3.org/2000/svg}title")]
     assert any(t.startswith('<leaf & "q">\ufffd (5 samples') for t in titles)
-    assert any(t.startswith("caf\ufffd\ufffd\ufffd\ufffd\ufffd[31m") for t in titles)
+    assert any(t.startswith("caf\ufffd\ufffd\ufffd[31m") for t in titles)  # surrogate, NUL, ESC
     ET.fromstring(flamegraph_svg(stacks).encode("utf-8"))
 
 

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import re
+
 __all__ = ["clean_text"]
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def clean_text(text: str) -> str:
-    """``text`` with unpaired surrogates (not encodable as UTF-8) replaced by U+FFFD."""
+    """``text`` with each unpaired surrogate (not encodable as UTF-8) replaced by one U+FFFD."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
-        return text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+        return _SURROGATE.sub("\ufffd", text)
     return text
