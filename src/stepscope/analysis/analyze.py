@@ -10,9 +10,11 @@ launched inside the chosen steps.
 from __future__ import annotations
 
 from array import array
+from bisect import bisect_right
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from itertools import compress
 
 from stepscope.analysis import device as dev
 from stepscope.analysis import host, ops, steps
@@ -57,8 +59,23 @@ class _Facts:
     sums: dict[str, float] = field(default_factory=dict)
 
 
-def _in_windows(t: int, windows: Sequence[tuple[int, int]]) -> bool:
-    return any(lo <= t < hi for lo, hi in windows)
+class _Windows:
+    """Membership in a union of half-open windows ``[lo, hi)``, by bisection."""
+
+    def __init__(self, windows: Sequence[tuple[int, int]]) -> None:
+        merged: list[tuple[int, int]] = []
+        for lo, hi in sorted(w for w in windows if w[1] > w[0]):
+            if merged and lo <= merged[-1][1]:
+                if hi > merged[-1][1]:
+                    merged[-1] = (merged[-1][0], hi)
+            else:
+                merged.append((lo, hi))
+        self.los = [lo for lo, _ in merged]
+        self.his = [hi for _, hi in merged]
+
+    def __contains__(self, t: int) -> bool:
+        k = bisect_right(self.los, t) - 1
+        return k >= 0 and t < self.his[k]
 
 
 def _facts(trace: Trace, source: str, step_range: tuple[int, int] | None) -> _Facts:
@@ -96,11 +113,11 @@ def _facts(trace: Trace, source: str, step_range: tuple[int, int] | None) -> _Fa
     host_steps = host.host_breakdowns(trace, nesting, self_ns, is_host, chosen, python_taken)
     for i, taken in python_taken.items():
         self_ns[i] -= taken
-    windows = [(s.start_ns, s.end_ns) for s in chosen]
+    windows = _Windows([(s.start_ns, s.end_ns) for s in chosen])
     if has_steps:
-        members = [i for i in range(len(spans)) if is_host[i] and _in_windows(starts[i], windows)]
+        members = [i for i in compress(range(len(spans)), is_host) if starts[i] in windows]
     else:
-        members = [i for i in range(len(spans)) if is_host[i]]
+        members = list(compress(range(len(spans)), is_host))
     step_total = sum(s.dur_ns for s in chosen)
 
     events = dev.device_events(trace)
@@ -113,7 +130,7 @@ def _facts(trace: Trace, source: str, step_range: tuple[int, int] | None) -> _Fa
             cpu = events.cpu_correlation.get(events.correlation[p])
             launched = starts[cpu] if cpu is not None and events.correlation[p] >= 0 else None
             when = launched if launched is not None else events.raw_start[p]
-            if _in_windows(when, windows):
+            if when in windows:
                 positions.append(p)
         scope = f"launched in steps {step_range[0]}-{step_range[1]}"
     devices = dev.device_breakdowns(events, positions, scope)
@@ -121,8 +138,9 @@ def _facts(trace: Trace, source: str, step_range: tuple[int, int] | None) -> _Fa
     sums: dict[str, float] = {"step_ns": float(step_total), "steps": float(len(chosen))}
     if positions:
         idle = 0
+        index = dev.position_index(events, positions)
         for s in chosen:
-            cats_ = dev.step_device_categories(events, positions, (s.start_ns, s.end_ns))
+            cats_ = dev.step_device_categories(events, positions, (s.start_ns, s.end_ns), index)
             device_steps[str(s.step) if s.step is not None else "all"] = cats_
             idle += cats_[-1].ns
         sums["device_idle_ns"] = float(idle)
@@ -138,11 +156,9 @@ def _facts(trace: Trace, source: str, step_range: tuple[int, int] | None) -> _Fa
         ]
         sums["pageable_h2d_count"] = float(len(pageable))
         sums["pageable_h2d_ns"] = float(sum(durs[events.index[p]] for p in pageable))
-    overhead = sum(
-        spans["dur_ns"][i]
-        for i in range(len(spans))
-        if strings[cats[i]] in ("overhead", "Overhead")
-    )
+    overhead_cats = {c for c, text in enumerate(strings) if text in ("overhead", "Overhead")}
+    durations = spans["dur_ns"]
+    overhead = sum(durations[i] for i in range(len(spans)) if cats[i] in overhead_cats)
     return _Facts(
         source=source,
         has_steps=has_steps,

@@ -27,8 +27,10 @@ from __future__ import annotations
 
 import math
 import re
+from array import array
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from stepscope.analysis.result import (
     Category,
@@ -37,6 +39,7 @@ from stepscope.analysis.result import (
     StreamBreakdown,
 )
 from stepscope.trace.model import Trace
+from stepscope.trace.raw_args import arg_values
 
 __all__ = [
     "COMMUNICATION",
@@ -44,6 +47,7 @@ __all__ = [
     "MEMORY",
     "OTHER",
     "DeviceEvents",
+    "PositionIndex",
     "breakdown",
     "device_breakdowns",
     "device_events",
@@ -51,6 +55,7 @@ __all__ = [
     "hta_times",
     "kernel_type",
     "merge_intervals",
+    "position_index",
     "step_device_categories",
 ]
 
@@ -122,6 +127,9 @@ class DeviceEvents:
     but no correlation id)."""
     step_spans: list[int]
     """CPU spans whose name contains ``ProfilerStep``."""
+    span_correlation: array[int] = field(default_factory=lambda: array("q"))
+    """Every span's ``correlation`` arg as an integer (-1: none); spans of category ``Trace``
+    are not read (-2).  Empty when not computed."""
 
     def __len__(self) -> int:
         return len(self.index)
@@ -157,39 +165,64 @@ def device_events(trace: Trace) -> DeviceEvents:
     names, cats, argrefs = spans["name"], spans["cat"], spans["args"]
     pids, starts, durs = spans["pid"], spans["start_ns"], spans["dur_ns"]
     strings = trace.strings
+    all_args = trace.args
     trace_cat = {i for i, s in enumerate(strings) if s == "Trace"}
     step_names = {i for i, s in enumerate(strings) if "ProfilerStep" in s}
+    sync_names = {i for i, s in enumerate(strings) if s in _SYNC_NAMES}
+    kinds: dict[int, str] = {}
+    labels: dict[int, str] = {}
     out = DeviceEvents([], [], [], [], [], [], [], [], [], {}, {}, [], [])
+    cpu_correlation, cpu_count = out.cpu_correlation, out.cpu_correlation_count
+    keys = ("stream", "correlation", "device")
+    span_correlation = out.span_correlation
+    span_correlation.extend(array("q", [-1]) * len(spans))
     for i in range(len(spans)):
         if cats[i] in trace_cat:
+            span_correlation[i] = -2
             continue
         ref = argrefs[i]
-        args = trace.args_at(ref) if ref >= 0 else None
-        stream = _as_stream(args.get("stream")) if args else -1
-        correlation = _as_int(args.get("correlation")) if args else -1
-        name = strings[names[i]]
-        is_gpu = (stream >= 0 and correlation >= 0) or name in _SYNC_NAMES
+        if ref < 0:
+            stream = correlation = -1
+            device = None
+        else:
+            raw_stream, raw_correlation, device = arg_values(all_args[ref], keys)
+            stream = -1 if raw_stream is None else _as_stream(raw_stream)
+            correlation = -1 if raw_correlation is None else _as_int(raw_correlation)
+            span_correlation[i] = correlation
+        name_id = names[i]
+        is_gpu = (stream >= 0 and correlation >= 0) or name_id in sync_names
         if stream != -1:
-            device = args.get("device") if args else None
+            name = strings[name_id]
+            kind = kinds.get(name_id)
+            if kind is None:
+                kind = kinds[name_id] = kernel_type(name)
+            if device is not None:
+                where = str(device)
+            else:
+                pid = pids[i]
+                where = labels.get(pid, "")
+                if not where:
+                    where = labels[pid] = str(trace.label(pid))
             out.index.append(i)
-            out.device.append(str(device if device is not None else trace.label(pids[i])))
+            out.device.append(where)
             out.stream.append(stream)
             start, end = hta_times(starts[i], durs[i])
             out.start.append(start)
             out.end.append(end)
             out.raw_start.append(starts[i])
             out.correlation.append(correlation)
-            out.kind.append(kernel_type(name))
+            out.kind.append(kind)
             out.name.append(name)
             if not is_gpu:
                 out.cpu_stream_events.append(len(out.index) - 1)
         if not is_gpu:
             if correlation >= 0:
-                out.cpu_correlation.setdefault(correlation, i)
-                out.cpu_correlation_count[correlation] = (
-                    out.cpu_correlation_count.get(correlation, 0) + 1
-                )
-            if names[i] in step_names:
+                if correlation in cpu_count:
+                    cpu_count[correlation] += 1
+                else:
+                    cpu_correlation[correlation] = i
+                    cpu_count[correlation] = 1
+            if name_id in step_names:
                 out.step_spans.append(i)
     return out
 
@@ -232,12 +265,19 @@ def _kept_correlations(trace: Trace, events: DeviceEvents, keep: Callable[[int],
     if len(found) == len(events.cpu_correlation):
         return found
     # a correlation id carried by several CPU spans: kept when any of them is
+    all_args = trace.args
+    keys = ("correlation",)
+    known = events.span_correlation
+    if len(known) != len(spans):
+        known = array("q", [-2]) * len(spans)
     for i in range(len(spans)):
         ref = argrefs[i]
         if ref < 0 or i in gpu:
             continue
-        args = trace.args_at(ref)
-        correlation = _as_int(args.get("correlation")) if args else -1
+        correlation = known[i]
+        if correlation == -2:
+            (value,) = arg_values(all_args[ref], keys)
+            correlation = -1 if value is None else _as_int(value)
         if correlation >= 0 and correlation not in found and keep(i):
             found.add(correlation)
     return found
@@ -369,17 +409,49 @@ def device_breakdowns(
     return result
 
 
+@dataclass(frozen=True)
+class PositionIndex:
+    """Positions of device events sorted by start, with the running maximum of their ends:
+    the events overlapping a window are one slice of ``order``."""
+
+    order: list[int]
+    starts: list[int]
+    max_end: list[int]
+
+    def overlapping(self, lo: int, hi: int) -> list[int]:
+        """Every position whose event may overlap ``(lo, hi)`` (and a few that touch it)."""
+        first = bisect_right(self.max_end, lo)  # before it every event ends at or before lo
+        last = bisect_left(self.starts, hi)  # from it every event starts at or after hi
+        return self.order[first:last]
+
+
+def position_index(events: DeviceEvents, positions: Sequence[int]) -> PositionIndex:
+    """Index ``positions`` by start time (see ``PositionIndex``)."""
+    start, end = events.start, events.end
+    order = sorted(positions, key=start.__getitem__)
+    max_end: list[int] = []
+    top: int | None = None
+    for p in order:
+        top = end[p] if top is None or end[p] > top else top
+        max_end.append(top)
+    return PositionIndex(order, [start[p] for p in order], max_end)
+
+
 def step_device_categories(
-    events: DeviceEvents, positions: Sequence[int], window: tuple[int, int]
+    events: DeviceEvents,
+    positions: Sequence[int],
+    window: tuple[int, int],
+    index: PositionIndex | None = None,
 ) -> list[Category]:
     """Device time within one step's wall time: exclusive slices that sum to the step.
 
     ``computation`` (a computation kernel runs), ``communication`` (communication, no
     computation), ``memory`` (only memcpy/memset), ``other`` (only sync events), ``idle``.
+    ``index`` (``position_index`` of the same positions) finds the step's events faster.
     """
     lo, hi = window
     clipped: dict[str, list[tuple[int, int]]] = {}
-    for p in positions:
+    for p in positions if index is None else index.overlapping(lo, hi):
         s, e = max(events.start[p], lo), min(events.end[p], hi)
         if e > s:
             clipped.setdefault(events.kind[p], []).append((s, e))

@@ -33,7 +33,9 @@ A span that outlives its step is cut at the step's end; what spans do not cover 
 from __future__ import annotations
 
 import re
+from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
+from itertools import compress
 
 from stepscope.analysis.device import merge_intervals
 from stepscope.analysis.result import HOST_CATEGORIES, Category, HostBreakdown
@@ -138,20 +140,29 @@ def host_breakdowns(
     categories = span_categories(trace, nesting, host)
     python_taken = python_taken or {}
     backward_by_pid: dict[int, list[tuple[int, int]]] = {}
-    for i in range(len(spans)):
-        if host[i] and categories[i] == "backward":
-            backward_by_pid.setdefault(pids[i], []).append((starts[i], starts[i] + durs[i]))
     tracks: dict[tuple[int, int], list[int]] = {}
-    for i in range(len(spans)):
-        if host[i]:
-            tracks.setdefault((pids[i], tids[i]), []).append(i)
+    for i in compress(range(len(spans)), host):
+        tracks.setdefault((pids[i], tids[i]), []).append(i)
+        if categories[i] == "backward":
+            backward_by_pid.setdefault(pids[i], []).append((starts[i], starts[i] + durs[i]))
+    # each pid's backward time as sorted disjoint intervals: a step takes the slice that
+    # overlaps it (intervals merely touching it add nothing to the overlap with its gaps)
+    backward = {pid: _Intervals(merge_intervals(ivs)) for pid, ivs in backward_by_pid.items()}
+    by_start: dict[tuple[int, int], tuple[list[int], list[int]]] = {}
     result = []
     for step in steps:
         totals = dict.fromkeys(HOST_CATEGORIES, 0)
+        track = (step.pid, step.tid)
+        if track not in by_start:
+            order = sorted(tracks.get(track, []), key=starts.__getitem__)
+            by_start[track] = (order, [starts[i] for i in order])
+        order, order_starts = by_start[track]
         members = [
             i
-            for i in tracks.get((step.pid, step.tid), [])
-            if i != step.span and step.start_ns <= starts[i] < step.end_ns
+            for i in order[
+                bisect_left(order_starts, step.start_ns) : bisect_left(order_starts, step.end_ns)
+            ]
+            if i != step.span
         ]
         first_backward = min(
             (starts[i] for i in members if categories[i] == "backward"), default=None
@@ -179,13 +190,9 @@ def host_breakdowns(
         own_python = python_taken.get(step.span, 0) if step.span >= 0 else 0
         totals["python"] += own_python
         gaps = _gaps(merge_intervals(covered), step.start_ns, step.end_ns)
-        backward_elsewhere = _overlap(
-            gaps,
-            merge_intervals(
-                iv
-                for iv in backward_by_pid.get(step.pid, [])
-                if iv[1] > step.start_ns and iv[0] < step.end_ns
-            ),
+        elsewhere = backward.get(step.pid)
+        backward_elsewhere = (
+            _overlap(gaps, elsewhere.overlapping(step.start_ns, step.end_ns)) if elsewhere else 0
         )
         totals["backward"] += backward_elsewhere
         used = sum(totals.values())
@@ -197,6 +204,22 @@ def host_breakdowns(
         totals["idle_other"] += step.dur_ns - used
         result.append(_breakdown(step.step, step.dur_ns, totals, f"{step.pid}/{step.tid}"))
     return result
+
+
+class _Intervals:
+    """Sorted disjoint intervals; ``overlapping`` slices out those overlapping a window."""
+
+    def __init__(self, merged: list[tuple[int, int]]) -> None:
+        self.merged = merged
+        self.starts = [lo for lo, _ in merged]
+        self.ends = [hi for _, hi in merged]
+
+    def __bool__(self) -> bool:
+        return bool(self.merged)
+
+    def overlapping(self, lo: int, hi: int) -> list[tuple[int, int]]:
+        """The intervals with ``end > lo`` and ``start < hi``."""
+        return self.merged[bisect_right(self.ends, lo) : bisect_left(self.starts, hi)]
 
 
 def _gaps(merged: list[tuple[int, int]], lo: int, hi: int) -> list[tuple[int, int]]:

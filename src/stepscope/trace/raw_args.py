@@ -2,13 +2,73 @@
 
 The class is the JSON encoder's ``RawJsonObject`` (``stepscope.jsonenc``), which writers copy
 as it is; ``RawArgs`` is its name in the trace model.
+
+``arg_values`` reads a few keys of many events' args without parsing each one: integer values
+of top-level keys are found in the text itself, and anything less plain goes to ``json.loads``.
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
+from typing import Any
+
 from stepscope.jsonenc import RawJsonObject
 
-__all__ = ["RawArgs"]
+__all__ = ["RawArgs", "arg_values"]
 
 RawArgs = RawJsonObject
 """A read-only mapping over a JSON object's text (one event's args)."""
+
+_Compiled = tuple[tuple[bytes, ...], "re.Pattern[bytes]"]
+_COMPILED: dict[tuple[str, ...], _Compiled] = {}
+
+
+def _compiled(keys: tuple[str, ...]) -> _Compiled:
+    found = _COMPILED.get(keys)
+    if found is None:
+        names = b"|".join(re.escape(k.encode()) for k in keys)
+        # In valid JSON a quote after ``{`` or ``,`` (and blanks) always opens a key: inside a
+        # string every quote is escaped, and a string ending in ``,`` or ``{`` is never
+        # followed by a key's text.  The value is captured when it is a plain integer.
+        found = (
+            tuple(b'"' + k.encode() + b'"' for k in keys),
+            re.compile(
+                rb'[{,][ \t\n\r]*"(' + names + rb')"[ \t\n\r]*:'
+                rb"(?:[ \t\n\r]*(-?(?:0|[1-9][0-9]*))[ \t\n\r]*(?=[,}]))?"
+            ),
+        )
+        _COMPILED[keys] = found
+    return found
+
+
+def _raw_values(raw: bytes, keys: tuple[str, ...]) -> tuple[Any, ...] | None:
+    """The keys' values when the text decides them cheaply, else None (parse it)."""
+    quoted, pattern = _compiled(keys)
+    if b"\\" in raw:  # an escaped key could spell one of ours
+        return None
+    for q in quoted:
+        if q in raw:
+            break
+    else:
+        return (None,) * len(keys)
+    if raw.count(b"{") != 1:  # a nested object could hold the same keys
+        return None
+    values: dict[str, Any] = dict.fromkeys(keys)
+    for name, digits in pattern.findall(raw):  # the last of duplicate keys wins, as json.loads
+        if not digits:  # not a plain integer
+            return None
+        values[name.decode()] = int(digits)
+    return tuple(values[k] for k in keys)
+
+
+def arg_values(args: Mapping[str, Any] | None, keys: tuple[str, ...]) -> tuple[Any, ...]:
+    """``tuple(args.get(k) for k in keys)`` (all None for no or empty args), without parsing
+    ``RawArgs`` whose text shows the keys missing or plain integers."""
+    if not args:
+        return (None,) * len(keys)
+    if type(args) is RawJsonObject:
+        found = _raw_values(args.raw, keys)
+        if found is not None:
+            return found
+    return tuple(args.get(k) for k in keys)
