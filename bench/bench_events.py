@@ -1,16 +1,17 @@
-"""Structured events beside their seed, torch.distributed.checkpoint.logger, in one run.
+"""Structured events beside torch.distributed.checkpoint.logger, in one run.
 
 Each case calls a checkpoint-shaped function (``save(state_dict, *, checkpoint_id=None,
 storage_writer=None, planner=None)``) in a loop, bare and decorated, and reports ns per call:
 
-- disabled: the logger is off for the level and no profiler window records.  stepscope's target
-  (from the issue): at most 150 ns more than the bare call.  The seed's decorator has no
-  disabled path (it builds its dict, a uuid and times before asking the logger), so its logger
-  set to WARNING is what "off" means for it.
-- enabled, null handler: events built and handed to a ``logging.NullHandler`` (the seed's default
-  handler), both at the level they log at.
-- enabled, to a file: stepscope through ``JsonlHandler`` (the export thread writes) vs the seed
-  through a ``logging.FileHandler``; the time is the caller's, the files are checked afterwards.
+- disabled: the logger is off for the level and no profiler window records.  stepscope's
+  target (from the issue): at most 150 ns more than the bare call.  The checkpoint logger's
+  decorator has no disabled path (it builds its dict, a uuid and times before asking the
+  logger), so its logger set to WARNING is what "off" means for it.
+- enabled, null handler: events built and handed to a ``logging.NullHandler`` (the checkpoint
+  logger's default handler), both at the level they log at.
+- enabled, to a file: stepscope through ``JsonlHandler`` (the export thread writes) vs the
+  checkpoint logger through a ``logging.FileHandler``; the time is the caller's, the files are
+  checked afterwards.
 - trace only: the logger off, a profiler window recording: stepscope's span vs ``traced``.
 """
 
@@ -60,7 +61,7 @@ def save(
     return len(state_dict)
 
 
-def seed_logger() -> tuple[Any, logging.Logger] | None:
+def checkpoint_logger() -> tuple[Any, logging.Logger] | None:
     """torch's ``_dcp_method_logger`` and its logger, or None without torch."""
     try:
         from torch.distributed.checkpoint import logger as dcp_logger
@@ -83,7 +84,7 @@ def loop(fn: Callable[..., Any], n: int) -> Callable[[], None]:
 
 
 def run(report: Report) -> None:
-    """Measure every case for stepscope and, where torch is installed, for the seed."""
+    """Measure every case for stepscope and, where torch is installed, for the checkpoint logger."""
     scale = 10 if report.quick else 1
     repeat = 3 if report.quick else 7
     n_fast, n_slow = N_FAST // scale, N_SLOW // scale
@@ -92,7 +93,7 @@ def run(report: Report) -> None:
     ours = events.logged(
         "save", fields=events.checkpoint_fields, log_exceptions=True, logger=ours_logger
     )(save)
-    seed = seed_logger()
+    found = checkpoint_logger()
 
     # -- disabled --------------------------------------------------------------------------
     ours_logger.setLevel(logging.WARNING)
@@ -103,10 +104,10 @@ def run(report: Report) -> None:
         "disabled", "stepscope logged", loop(ours, n_fast), repeat=repeat, per_call=n_fast
     )
     report.target("disabled: ns added to the bare call", mine.median - bare.median, 150.0)
-    if seed is not None:
-        decorator, seed_log = seed
+    if found is not None:
+        decorator, ckpt_log = found
         theirs = decorator(log_exceptions=True)(save)
-        seed_log.setLevel(logging.WARNING)
+        ckpt_log.setLevel(logging.WARNING)
         peer = report.measure(
             "disabled", "torch _dcp_method_logger", loop(theirs, n_slow), repeat=repeat,
             per_call=n_slow,
@@ -114,7 +115,7 @@ def run(report: Report) -> None:
         report.ratio("disabled", mine, peer)
         report.note(
             f"disabled overhead over the bare call: stepscope {mine.median - bare.median:.0f} ns, "
-            f"seed {peer.median - bare.median:.0f} ns"
+            f"checkpoint logger {peer.median - bare.median:.0f} ns"
         )
 
     # -- enabled, null handler --------------------------------------------------------------
@@ -125,8 +126,8 @@ def run(report: Report) -> None:
         "enabled, NullHandler", "stepscope logged", loop(ours, n_slow), repeat=repeat,
         per_call=n_slow,
     )  # fmt: skip
-    if seed is not None:
-        seed_log.setLevel(logging.DEBUG)
+    if found is not None:
+        ckpt_log.setLevel(logging.DEBUG)
         peer = report.measure(
             "enabled, NullHandler", "torch _dcp_method_logger", loop(theirs, n_slow),
             repeat=repeat, per_call=n_slow,
@@ -167,22 +168,22 @@ def run(report: Report) -> None:
             handler.close()
         finally:
             pipeline.shutdown()
-        if seed is not None:
-            file_handler = logging.FileHandler(Path(tmp) / "seed.log")
-            seed_log.addHandler(file_handler)
+        if found is not None:
+            file_handler = logging.FileHandler(Path(tmp) / "checkpoint.log")
+            ckpt_log.addHandler(file_handler)
             try:
                 peer = report.measure(
                     "enabled, to a file", "torch _dcp_method_logger", loop(theirs, n_slow),
                     repeat=repeat, per_call=n_slow,
                 )  # fmt: skip
             finally:
-                seed_log.removeHandler(file_handler)
+                ckpt_log.removeHandler(file_handler)
                 file_handler.close()
             report.ratio("enabled, to a file: caller's time", mine, peer)
             total = mine.median + spent.median
             report.note(
                 f"enabled, to a file: caller + export thread = {total:.0f} ns/call, "
-                f"{total / peer.median:.3f} x the seed's FileHandler"
+                f"{total / peer.median:.3f} x the checkpoint logger's FileHandler"
             )
 
     # -- trace only -------------------------------------------------------------------------
