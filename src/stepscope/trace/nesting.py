@@ -63,7 +63,11 @@ def nest_spans(trace: Trace) -> Nesting:
     start, dur = spans["start_ns"], spans["dur_ns"]
     parent = array("i", [-1]) * n
     self_ns = array("q", dur)
-    order = sorted(range(n), key=lambda i: (pid[i], tid[i], start[i], -dur[i], i))
+    # by (pid, tid, start, -dur, i): stable sorts from the last key to the first
+    order = sorted(range(n), key=dur.__getitem__, reverse=True)
+    order.sort(key=start.__getitem__)
+    order.sort(key=tid.__getitem__)
+    order.sort(key=pid.__getitem__)
     stack: list[int] = []
     track: tuple[int, int] | None = None
     track_begin = 0
