@@ -135,7 +135,75 @@ def _deprecated(old: str, new: str) -> None:
     )
 
 
-class FunctionEvent:
+class TorchTimeNames:
+    """torch's deprecated ``cuda_*`` spellings (they warn, as torch's do) and its ``*_str``
+    formatted times, shared by events and key_averages rows."""
+
+    if TYPE_CHECKING:  # what the class using this provides (attributes or properties)
+
+        @property
+        def cpu_time(self) -> float: ...
+        @property
+        def cpu_time_total(self) -> float: ...
+        @property
+        def self_cpu_time_total(self) -> float: ...
+        @property
+        def device_time(self) -> float: ...
+        @property
+        def device_time_total(self) -> float: ...
+        @property
+        def self_device_time_total(self) -> float: ...
+
+    @property
+    def cuda_time(self) -> float:
+        """Deprecated: ``device_time``."""
+        _deprecated("cuda_time", "device_time")
+        return self.device_time
+
+    @property
+    def cuda_time_total(self) -> float:
+        """Deprecated: ``device_time_total``."""
+        _deprecated("cuda_time_total", "device_time_total")
+        return self.device_time_total
+
+    @property
+    def self_cuda_time_total(self) -> float:
+        """Deprecated: ``self_device_time_total``."""
+        _deprecated("self_cuda_time_total", "self_device_time_total")
+        return self.self_device_time_total
+
+    @property
+    def cpu_time_str(self) -> str:
+        """``cpu_time`` formatted as torch does."""
+        return format_time(self.cpu_time)
+
+    @property
+    def cpu_time_total_str(self) -> str:
+        """``cpu_time_total`` formatted as torch does."""
+        return format_time(self.cpu_time_total)
+
+    @property
+    def self_cpu_time_total_str(self) -> str:
+        """``self_cpu_time_total`` formatted as torch does."""
+        return format_time(self.self_cpu_time_total)
+
+    @property
+    def device_time_str(self) -> str:
+        """``device_time`` formatted as torch does."""
+        return format_time(self.device_time)
+
+    @property
+    def device_time_total_str(self) -> str:
+        """``device_time_total`` formatted as torch does."""
+        return format_time(self.device_time_total)
+
+    @property
+    def self_device_time_total_str(self) -> str:
+        """``self_device_time_total`` formatted as torch does."""
+        return format_time(self.self_device_time_total)
+
+
+class FunctionEvent(TorchTimeNames):
     """One recorded span with torch's ``FunctionEvent`` attributes (times in µs)."""
 
     def __init__(
@@ -306,60 +374,11 @@ class FunctionEvent:
         """End on stepscope's clock (ns)."""
         return self.start_ns + self.dur_ns
 
-    # torch's deprecated spellings (they warn, as torch's do)
-    @property
-    def cuda_time(self) -> float:
-        """Deprecated: ``device_time``."""
-        _deprecated("cuda_time", "device_time")
-        return self.device_time
-
-    @property
-    def cuda_time_total(self) -> float:
-        """Deprecated: ``device_time_total``."""
-        _deprecated("cuda_time_total", "device_time_total")
-        return self.device_time_total
-
-    @property
-    def self_cuda_time_total(self) -> float:
-        """Deprecated: ``self_device_time_total``."""
-        _deprecated("self_cuda_time_total", "self_device_time_total")
-        return self.self_device_time_total
-
     @property
     def self_cuda_memory_usage(self) -> int:
         """Deprecated: ``self_device_memory_usage``."""
         _deprecated("self_cuda_memory_usage", "self_device_memory_usage")
         return self.self_device_memory_usage
-
-    @property
-    def cpu_time_str(self) -> str:
-        """``cpu_time`` formatted as torch does."""
-        return format_time(self.cpu_time)
-
-    @property
-    def cpu_time_total_str(self) -> str:
-        """``cpu_time_total`` formatted as torch does."""
-        return format_time(self.cpu_time_total)
-
-    @property
-    def self_cpu_time_total_str(self) -> str:
-        """``self_cpu_time_total`` formatted as torch does."""
-        return format_time(self.self_cpu_time_total)
-
-    @property
-    def device_time_str(self) -> str:
-        """``device_time`` formatted as torch does."""
-        return format_time(self.device_time)
-
-    @property
-    def device_time_total_str(self) -> str:
-        """``device_time_total`` formatted as torch does."""
-        return format_time(self.device_time_total)
-
-    @property
-    def self_device_time_total_str(self) -> str:
-        """``self_device_time_total`` formatted as torch does."""
-        return format_time(self.self_device_time_total)
 
     def __repr__(self) -> str:
         return (

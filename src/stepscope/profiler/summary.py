@@ -21,11 +21,10 @@ from stepscope.profiler.events import (
     USER_CATEGORIES,
     USER_SCOPE,
     FunctionEvent,
-    _deprecated,
+    TorchTimeNames,
     _device_name,
     device_type,
     flops_of,
-    format_time,
     function_events,
     span_memory,
     split_overload,
@@ -53,7 +52,7 @@ for _device in ("cuda", "device", "xpu", "privateuse1", "mtia"):
 
 
 @dataclass
-class RowAverage:
+class RowAverage(TorchTimeNames):
     """One group of spans with torch's ``FunctionEventAvg`` attributes (times in µs).
 
     The ``*_ns`` fields hold the same times in nanoseconds, as recorded.
@@ -149,55 +148,6 @@ class RowAverage:
         if self._owner is None or self._first is None:
             return None
         return self._owner._event_at(self._first)
-
-    # torch's deprecated spellings (they warn, as torch's do)
-    @property
-    def cuda_time(self) -> float:
-        """Deprecated: ``device_time``."""
-        _deprecated("cuda_time", "device_time")
-        return self.device_time
-
-    @property
-    def cuda_time_total(self) -> float:
-        """Deprecated: ``device_time_total``."""
-        _deprecated("cuda_time_total", "device_time_total")
-        return self.device_time_total
-
-    @property
-    def self_cuda_time_total(self) -> float:
-        """Deprecated: ``self_device_time_total``."""
-        _deprecated("self_cuda_time_total", "self_device_time_total")
-        return self.self_device_time_total
-
-    @property
-    def cpu_time_str(self) -> str:
-        """``cpu_time`` formatted as torch does."""
-        return format_time(self.cpu_time)
-
-    @property
-    def cpu_time_total_str(self) -> str:
-        """``cpu_time_total`` formatted as torch does."""
-        return format_time(self.cpu_time_total)
-
-    @property
-    def self_cpu_time_total_str(self) -> str:
-        """``self_cpu_time_total`` formatted as torch does."""
-        return format_time(self.self_cpu_time_total)
-
-    @property
-    def device_time_str(self) -> str:
-        """``device_time`` formatted as torch does."""
-        return format_time(self.device_time)
-
-    @property
-    def device_time_total_str(self) -> str:
-        """``device_time_total`` formatted as torch does."""
-        return format_time(self.device_time_total)
-
-    @property
-    def self_device_time_total_str(self) -> str:
-        """``self_device_time_total`` formatted as torch does."""
-        return format_time(self.self_device_time_total)
 
     def add(self, other: RowAverage) -> RowAverage:
         """Add another row's totals to this one (torch's ``FunctionEventAvg.add``)."""
