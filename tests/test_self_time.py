@@ -108,10 +108,10 @@ def test_with_stack_self_times_add_up_to_the_busy_window() -> None:
     main = max(tracks, key=lambda track: len(tracks[track]))
     assert _busy_ns(tracks[main]) <= window["end_ns"] - window["start_ns"]
     rows = {row.key: row for row in table}
-    run = next(row for key, row in rows.items() if key.endswith("Scheduler.run"))
     trainer = next(row for key, row in rows.items() if key.endswith(": train"))
-    # The loop itself does next to nothing: its self time is a sliver, not half the window.
-    assert trainer.self_cpu_time_total < 0.1 * run.cpu_time_total
+    # The loop itself does next to nothing (its self time holds the loop and prof.step(), whose
+    # own frames are not shown): a sliver of its total, not the half it used to be.
+    assert trainer.self_cpu_time_total < 0.2 * trainer.cpu_time_total
 
 
 def test_with_stack_call_counts_match_cprofile() -> None:
