@@ -136,23 +136,30 @@ def _deprecated(old: str, new: str) -> None:
 
 
 class TorchTimeNames:
-    """torch's deprecated ``cuda_*`` spellings (they warn, as torch's do) and its ``*_str``
-    formatted times, shared by events and key_averages rows."""
+    """Per-call averages, torch's deprecated ``cuda_*`` spellings (they warn, as torch's do) and
+    its ``*_str`` formatted times, shared by events and key_averages rows."""
 
     if TYPE_CHECKING:  # what the class using this provides (attributes or properties)
+        count: int
 
-        @property
-        def cpu_time(self) -> float: ...
         @property
         def cpu_time_total(self) -> float: ...
         @property
         def self_cpu_time_total(self) -> float: ...
         @property
-        def device_time(self) -> float: ...
-        @property
         def device_time_total(self) -> float: ...
         @property
         def self_device_time_total(self) -> float: ...
+
+    @property
+    def cpu_time(self) -> float:
+        """Average CPU time per call (µs)."""
+        return self.cpu_time_total / self.count if self.count else 0.0
+
+    @property
+    def device_time(self) -> float:
+        """Average device time per call (µs)."""
+        return self.device_time_total / self.count if self.count else 0.0
 
     @property
     def cuda_time(self) -> float:
@@ -339,16 +346,6 @@ class FunctionEvent(TorchTimeNames):
         if self._on_cpu:
             return self.device_time_total - sum(c.device_time_total for c in self.cpu_children)
         return self.device_time_total
-
-    @property
-    def cpu_time(self) -> float:
-        """Average CPU time per call (µs)."""
-        return self.cpu_time_total / self.count if self.count else 0.0
-
-    @property
-    def device_time(self) -> float:
-        """Average device time per call (µs)."""
-        return self.device_time_total / self.count if self.count else 0.0
 
     @property
     def self_cpu_memory_usage(self) -> int:

@@ -113,16 +113,6 @@ class RowAverage(TorchTimeNames):
         return self.self_device_time_total_ns / 1000.0
 
     @property
-    def cpu_time(self) -> float:
-        """Average CPU time per call (µs)."""
-        return self.cpu_time_total / self.count if self.count else 0.0
-
-    @property
-    def device_time(self) -> float:
-        """Average device time per call (µs)."""
-        return self.device_time_total / self.count if self.count else 0.0
-
-    @property
     def cpu_time_ns(self) -> float:
         """Average CPU time per call (ns)."""
         return self.cpu_time_total_ns / self.count if self.count else 0.0
