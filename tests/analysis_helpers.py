@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from stepscope.trace.model import Trace, TraceBuilder
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
+"""Real torch.profiler traces from GPU, ROCm and MTIA jobs, beside the checkout (read-only)."""
 
 PID, TID = 100, 100
 US = 1000

@@ -5,15 +5,14 @@ from __future__ import annotations
 import logging
 import shutil
 import warnings
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from stepscope.analysis.device import device_breakdowns, device_events, hta_selection
 from stepscope.trace import read_chrome_trace
+from tests.analysis_helpers import SHARED
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 GPU_TRACES = [
     "alexnet_gpu.json.gz",
     "amd_mi250_rocm.json.gz",

@@ -13,8 +13,8 @@ import pytest
 
 import stepscope
 from stepscope.cli import main
+from tests.analysis_helpers import SHARED
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 GPU_TRACES = [
     "alexnet_gpu.json.gz",
     "amd_mi250_rocm.json.gz",

@@ -28,9 +28,9 @@ from stepscope.analysis.analyze import analyze
 from stepscope.cli import main
 from stepscope.report import html as report_html
 from stepscope.trace.chrome import read_chrome_trace
+from tests.analysis_helpers import SHARED
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = ROOT.parent / "shared" / "traces"
 EXAMPLE = ROOT / "examples" / "train_loop.py"
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
