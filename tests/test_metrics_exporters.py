@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import gzip
 import io
@@ -13,6 +14,7 @@ import sys
 import textwrap
 import threading
 import urllib.request
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -480,24 +482,30 @@ class OtlpReceiver(BaseHTTPRequestHandler):
         self.wfile.write(reply)
 
 
-def test_otlp_http_exporter_to_a_local_receiver(pipeline: Pipeline) -> None:
-    pytest.importorskip("opentelemetry.exporter.otlp.proto.http")
-    from stepscope.metrics.exporters.otlp import OtlpExporter
-
+@contextlib.contextmanager
+def otlp_receiver() -> Iterator[tuple[str, list[Any]]]:
+    """A running local OTLP/HTTP receiver: its metrics URL and the requests it decoded."""
     server: Any = ThreadingHTTPServer(("127.0.0.1", 0), OtlpReceiver)
     server.requests = []
     threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
     try:
-        url = f"http://127.0.0.1:{server.server_address[1]}/v1/metrics"
+        yield f"http://127.0.0.1:{server.server_address[1]}/v1/metrics", server.requests
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_otlp_http_exporter_to_a_local_receiver(pipeline: Pipeline) -> None:
+    pytest.importorskip("opentelemetry.exporter.otlp.proto.http")
+    from stepscope.metrics.exporters.otlp import OtlpExporter
+
+    with otlp_receiver() as (url, requests):
         pipeline.add_exporter(OtlpExporter(url, resource_attributes={"job": "train"}))
         record_some(pipeline)
         pipeline.histogram("sizes", exponential=True, scale=1).observe(3.0)
         pipeline.flush(10)
         pipeline.shutdown(timeout_s=5)
-    finally:
-        server.shutdown()
-        server.server_close()
-    path, ctype, request = server.requests[-1]
+    path, ctype, request = requests[-1]
     assert path == "/v1/metrics" and ctype == "application/x-protobuf"
     (rm,) = request.resource_metrics
     resource = {a.key: a.value.string_value for a in rm.resource.attributes}

@@ -9,10 +9,8 @@ import gzip
 import io
 import json
 import socket
-import threading
 import time
 import urllib.request
-from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -186,22 +184,15 @@ def test_statsd_sends_the_step_beside_each_scalar(pipeline: Pipeline) -> None:
 def test_otlp_points_carry_record_time_and_step(pipeline: Pipeline) -> None:
     pytest.importorskip("opentelemetry.exporter.otlp.proto.http")
     from stepscope.metrics.exporters.otlp import OtlpExporter
-    from tests.test_metrics_exporters import OtlpReceiver
+    from tests.test_metrics_exporters import otlp_receiver
 
-    server: Any = ThreadingHTTPServer(("127.0.0.1", 0), OtlpReceiver)
-    server.requests = []
-    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
-    try:
-        url = f"http://127.0.0.1:{server.server_address[1]}/v1/metrics"
+    with otlp_receiver() as (url, requests):
         pipeline.add_exporter(OtlpExporter(url))
         window = record_timed(pipeline, "loss", 11, 0.75)
         time.sleep(EXPORT_DELAY_S)
         set_step(12)
         pipeline.flush(10)
-    finally:
-        server.shutdown()
-        server.server_close()
-    _, _, request = server.requests[-1]
+    _, _, request = requests[-1]
     metrics = {
         m.name: m for rm in request.resource_metrics for sm in rm.scope_metrics for m in sm.metrics
     }
