@@ -176,10 +176,9 @@ def add_samples(
     Frames of stepscope itself and of the program's launcher are left out of the stacks unless
     ``keep_own_frames`` (the function profiler cuts its stacks at its own frame)."""
     labels = [code_label(code) for code in data.codes]
+    hidden = [not keep_own_frames and is_hidden(file) for _, file in labels]  # once per code
     frames = [
-        -1
-        if not keep_own_frames and is_hidden(labels[code][1])
-        else builder.frame(labels[code][0], labels[code][1], line)
+        -1 if hidden[code] else builder.frame(labels[code][0], labels[code][1], line)
         for code, line in zip(data.frame_code, data.frame_line, strict=True)
     ]
     parents, frame_of = data.stack_parent, data.stack_frame
