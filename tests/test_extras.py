@@ -147,7 +147,7 @@ def test_torch_only_options_name_the_torch_extra() -> None:
         """
         import stepscope
 
-        asks = ({"record_shapes": True}, {"profile_memory": True}, {"step_on": "optimizer"})
+        asks = ({"record_shapes": True}, {"with_flops": True}, {"step_on": "optimizer"})
         for options in asks:
             try:
                 stepscope.profile(**options)
@@ -160,7 +160,7 @@ def test_torch_only_options_name_the_torch_extra() -> None:
     lines = out.splitlines()
     assert len(lines) == 3
     assert all("pip install 'stepscope[torch]'" in line for line in lines), lines
-    assert "record_shapes" in lines[0] and "profile_memory" in lines[1]
+    assert "record_shapes" in lines[0] and "with_flops" in lines[1]
 
 
 def test_every_extra_named_in_messages_exists_in_pyproject() -> None:

@@ -387,7 +387,6 @@ def test_metadata_flags_and_user_entries_reach_the_file(tmp_path: Path) -> None:
     ("kwargs", "message"),
     [
         ({"record_shapes": True}, "record_shapes record through torch's profiler"),
-        ({"profile_memory": True}, "profile_memory record"),
         ({"with_flops": True}, "with_flops record"),
         ({"with_modules": True}, "with_modules record"),
         ({"experimental_config": object()}, "experimental_config record"),

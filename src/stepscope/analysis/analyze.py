@@ -18,6 +18,7 @@ from itertools import compress
 
 from stepscope.analysis import device as dev
 from stepscope.analysis import host, ops, steps
+from stepscope.analysis.memory import memory_summary
 from stepscope.analysis.result import (
     Category,
     CounterInfo,
@@ -337,7 +338,9 @@ def analyze_trace(
     trace: Trace, source: str = "trace", step_range: tuple[int, int] | None = None, top: int = 10
 ) -> TraceSummary:
     """Analyse one trace."""
-    return _summarize(source, [_facts(trace, source, step_range)], top)
+    summary = _summarize(source, [_facts(trace, source, step_range)], top)
+    summary.memory = memory_summary(trace, top, step_range)
+    return summary
 
 
 def analyze(
@@ -352,5 +355,7 @@ def analyze(
         raise ValueError(f"top must be 1 or more, got {top}")
     facts = [_facts(trace, label, step_range) for label, trace in traces]
     per_file = [_summarize(f.source, [f], top) for f in facts]
+    for summary, (_, trace) in zip(per_file, traces, strict=True):
+        summary.memory = memory_summary(trace, top, step_range)
     combined = per_file[0] if len(facts) == 1 else _summarize("all files", facts, top)
     return Report(per_file, combined, step_range, top)

@@ -14,6 +14,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from stepscope.analysis.memory import MemorySummary
+
 __all__ = [
     "DIFF_SCHEMA",
     "DIFF_SCHEMA_VERSION",
@@ -269,6 +271,8 @@ class TraceSummary:
     recommendations: list[Recommendation] = field(default_factory=list)
     measures: dict[str, float] = field(default_factory=dict)
     """The numbers the recommendation rules read (``stepscope.analysis.rules``)."""
+    memory: MemorySummary | None = None
+    """Memory per step, the peak table, the timeline and the leak hint (``profile_memory``)."""
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON values."""

@@ -22,7 +22,7 @@ from stepscope.program import Program, find_program, print_program_traceback
 
 AUTO = "auto"
 NO_STEPS = "none"
-TORCH_ONLY_FLAGS = ("record_shapes", "profile_memory", "with_flops", "with_modules")
+TORCH_ONLY_FLAGS = ("record_shapes", "with_flops", "with_modules")
 DEFAULT_MAX_CALLS = 500_000
 """Calls --with-stack keeps per window (about 10 MB in memory, 90 MB of .json)."""
 
@@ -63,12 +63,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for flag, what in (
         ("--record-shapes", "record operator input shapes (torch)"),
         ("--with-stack", "record every Python call (stepscope's tracer)"),
-        ("--profile-memory", "record tensor allocations (torch)"),
         ("--with-flops", "estimate FLOPs of matmul/conv (torch)"),
         ("--with-modules", "record nn.Module hierarchy (torch)"),
         ("--gzip", "write .json.gz traces"),
     ):
         parser.add_argument(flag, action="store_true", help=what)
+    parser.add_argument(
+        "--memory",
+        "--profile-memory",
+        dest="profile_memory",
+        action="store_true",
+        help="memory per step: the Python heap, torch's tensors, the RSS (profile_memory)",
+    )
     tracer = parser.add_argument_group(
         "--with-stack (every Python call; memory and files grow with calls)"
     )

@@ -180,9 +180,7 @@ class profile:
     def _requested_collectors(self) -> list[Collector]:
         torch_activities = self.activities & ({ProfilerActivity.CPU} | DEVICE_ACTIVITIES)
         torch_options = [
-            flag
-            for flag in ("record_shapes", "profile_memory", "with_flops", "with_modules")
-            if getattr(self, flag)
+            flag for flag in ("record_shapes", "with_flops", "with_modules") if getattr(self, flag)
         ]
         if self.experimental_config is not None:
             torch_options.append("experimental_config")
@@ -193,7 +191,8 @@ class profile:
             found.append(
                 TorchCollector(
                     torch_activities,
-                    record_shapes=self.record_shapes,
+                    # torch's memory categorizer needs shapes (export_memory_timeline).
+                    record_shapes=self.record_shapes or self.profile_memory,
                     profile_memory=self.profile_memory,
                     with_flops=self.with_flops,
                     with_modules=self.with_modules,
@@ -215,6 +214,11 @@ class profile:
                     else "install torch (pip install 'stepscope[torch]')"
                 )
                 raise ValueError(f"{', '.join(needs)} record through torch's profiler: {what}")
+        if self.profile_memory:
+            from stepscope.collectors.memory import MemoryCollector
+
+            torch_collector = found[0] if found else None
+            found.append(MemoryCollector(torch_collector))
         if _gc_info_requested(self.experimental_config):
             from stepscope.collectors.gc import GcCollector
 
@@ -597,6 +601,14 @@ class profile:
         stats = write_chrome_trace(self.trace(), path)
         self.trace_files.append(stats.path)
         return stats
+
+    def export_memory_timeline(
+        self, path: str | os.PathLike[str], device: str | None = None
+    ) -> str:
+        """Write the memory timeline: ``.html``, ``.json``, ``.json.gz`` or ``.raw.json.gz``."""
+        from stepscope.profiler.memory_timeline import export_memory_timeline
+
+        return export_memory_timeline(self, path, device)
 
     def export_stacks(
         self, path: str | os.PathLike[str], metric: str = "self_cpu_time_total"

@@ -15,6 +15,7 @@ from stepscope.analysis.result import (
     Report,
     TraceSummary,
 )
+from stepscope.report.memory import memory_renderables
 
 __all__ = ["render_diff", "render_report", "render_summary"]
 
@@ -211,6 +212,7 @@ def render_summary(s: TraceSummary) -> RenderableType:
                 f"max {ld.max_ns / 1e3:,.1f} us"
             )
         )
+    parts += memory_renderables(s.memory)
     if s.counters:
         listed = ", ".join(f"{c.name} ({c.events} events, last {c.last:g})" for c in s.counters)
         parts.append(Text(f"Counters: {listed}"))

@@ -737,6 +737,20 @@ class TraceBuilder:
         cols = self._cols["spans"]
         return set(zip(cols["pid"], cols["tid"], strict=True))
 
+    def instants_named(self, name: str) -> Iterator[tuple[int, int, int, Mapping[str, Any] | None]]:
+        """The instants appended so far with this name: ``(ts_ns, pid, tid, args)`` (encoded)."""
+        wanted = self._string_ids.get(name)
+        cols = self._cols["instants"]
+        for i, name_id in enumerate(cols["name"]):
+            if name_id == wanted:
+                ref = cols["args"][i]
+                yield (
+                    cols["ts_ns"][i],
+                    cols["pid"][i],
+                    cols["tid"][i],
+                    self._args[ref] if ref >= 0 else None,
+                )
+
     def build(self) -> Trace:
         """Freeze into a read-only ``Trace`` (the builder should not be used afterwards)."""
         return Trace(

@@ -590,6 +590,83 @@
     return section("extras", "Counters and recorder health", parts);
   }
 
+  // ---- memory (profile_memory) -----------------------------------------------------------
+  const mib = (b) => (b === null || b === undefined ? "–" : NF1.format(b / 1048576) + " MiB");
+
+  function memoryChart(target, timeline) {
+    const names = Object.keys(timeline);
+    const times = [...new Set(names.flatMap((n) => timeline[n].map((p) => p[0])))].sort((a, b) => a - b);
+    const t0 = times.length ? times[0] : 0;
+    const index = new Map(times.map((t, i) => [t, i]));
+    const data = [times.map((t) => (t - t0) / 1e6)];
+    const colors = ["#2f6fd6", "#2e9d48", "#d93f3f", "#a347c2", "#e6a700", "#17a2b8"];
+    const series = [{ label: "ms" }];
+    names.forEach((name, k) => {
+      const ys = times.map(() => null);
+      for (const [t, b] of timeline[name]) ys[index.get(t)] = b / 1048576;
+      data.push(ys);
+      series.push({ label: name + " (MiB)", stroke: colors[k % colors.length], width: 1.5, spanGaps: true });
+    });
+    const opts = {
+      width: chartWidth(target),
+      height: 280,
+      scales: { x: { time: false } },
+      series: series,
+      axes: [{ label: "time (ms)" }, { label: "MiB", size: 60 }],
+    };
+    state.plots.push(new uPlot(opts, data, target));
+  }
+
+  function memorySection(s, after) {
+    const m = s.memory;
+    if (!m) return null;
+    const parts = [];
+    for (const leak of m.leaks) {
+      const what = leak.kind === "python" ? "Python heap" : leak.kind + " tensors";
+      parts.push(
+        h("p", { class: "leak" }, `Possible leak: ${what} held at step ends rose by about ${mib(leak.per_step_bytes)} per step over ${leak.steps} steps`),
+      );
+      for (const site of leak.sites) parts.push(h("p", { class: "dim" }, `grew ${mib(site.growth_bytes)}: ${site.function} (${site.file}:${site.line})`));
+    }
+    if (!m.leaks.length && m.steps.length) parts.push(h("p", { class: "dim" }, "No steady rise of memory held at step ends (no leak hint)."));
+    if (Object.keys(m.timeline).length) {
+      const chart = h("div", { id: "memory-chart" });
+      parts.push(chart);
+      after.push(() => memoryChart(chart, m.timeline));
+    }
+    const devices = [...new Set(m.steps.flatMap((r) => Object.keys(r.tensor_peak)))].sort();
+    const columns = [
+      { title: "step", value: (r) => r.step, num: true },
+      { title: "python held (MiB)", value: (r) => (r.python_current === null ? null : r.python_current / 1048576), num: true },
+      { title: "python peak (MiB)", value: (r) => (r.python_peak === null ? null : r.python_peak / 1048576), num: true },
+    ];
+    for (const d of devices) {
+      columns.push({ title: d + " held (MiB)", value: (r) => (r.tensor_current[d] || 0) / 1048576, num: true });
+      columns.push({ title: d + " peak (MiB)", value: (r) => (r.tensor_peak[d] || 0) / 1048576, num: true });
+    }
+    columns.push({ title: "rss (MiB)", value: (r) => (r.rss === null ? null : r.rss / 1048576), num: true });
+    for (const c of columns.slice(1)) c.text = (r) => (c.value(r) === null ? "–" : NF3.format(c.value(r)));
+    parts.push(sortableTable("table-memory-steps", columns, m.steps, "Memory per step"));
+    if (m.peak_table.length) {
+      const what = m.peak_kind === "python" ? "Python heap" : m.peak_kind + " tensors";
+      parts.push(
+        sortableTable(
+          "table-memory-peak",
+          [
+            { title: "allocated by", value: (r) => r.function },
+            { title: "where", value: (r) => (r.file ? r.file + ":" + r.line : "") },
+            { title: "MiB", value: (r) => r.bytes / 1048576, text: (r) => NF3.format(r.bytes / 1048576), num: true },
+            { title: "blocks", value: (r) => r.count, num: true },
+          ],
+          m.peak_table,
+          `Alive at the peak: ${what}, ${mib(m.peak_bytes)} in step ${m.peak_step}`,
+        ),
+      );
+    }
+    for (const note of m.notes) parts.push(h("p", { class: "dim" }, note));
+    return section("memory", "Memory", parts);
+  }
+
   // ---- page ----------------------------------------------------------------------------
   function render() {
     for (const p of state.plots) p.destroy();
@@ -606,6 +683,7 @@
       deviceSection(s, after),
       topsSection(s),
       flameSection(view, after),
+      memorySection(s, after),
       extrasSection(s),
       h(
         "footer",

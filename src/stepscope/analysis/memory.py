@@ -1,0 +1,381 @@
+"""Memory per step, what was alive at the peak, and the leak hint, from a ``Trace``.
+
+Two sources meet here: the Python heap, measured by stepscope's memory collector and kept in the
+trace metadata under ``stepscope_memory``, and torch's tensor allocator, whose ``[memory]``
+instants (``Bytes``, ``Total Allocated``, ``Device Type``, ``Device Id``) any trace recorded with
+``profile_memory=True`` holds — stepscope's own or torch's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from itertools import pairwise
+from statistics import median
+from typing import Any
+
+from stepscope.trace.model import Trace
+
+__all__ = [
+    "MEMORY_INSTANT",
+    "MEMORY_KEY",
+    "LeakHint",
+    "LeakSite",
+    "MemoryStep",
+    "MemorySummary",
+    "PeakRow",
+    "TensorEvent",
+    "device_name",
+    "memory_summary",
+    "steady_rise",
+    "tensor_events",
+    "tensor_steps",
+    "thin_points",
+]
+
+MEMORY_KEY = "stepscope_memory"
+"""Trace metadata key of the memory collector's per-step results."""
+MEMORY_INSTANT = "[memory]"
+STEP_PREFIX = "ProfilerStep#"
+TIMELINE_POINTS = 1000
+"""Points per series kept in a report's timeline."""
+LEAK_MIN_BYTES_PER_STEP = 4096
+"""A rise smaller than this per step is noise (interpreter caches, free lists), not a leak."""
+_DEVICE_TYPES = {0: "cpu", 1: "cuda", 12: "xpu", 13: "mps", 23: "mtia", 20: "privateuseone"}
+
+
+@dataclass(frozen=True)
+class MemoryStep:
+    """One step: bytes held at its end and the most held during it, per memory kind."""
+
+    step: int
+    python_current: int | None = None
+    """Python heap held at the end of the step (tracemalloc), None when not measured."""
+    python_peak: int | None = None
+    rss: int | None = None
+    """Resident set size of the process at the end of the step."""
+    tensor_current: dict[str, int] = field(default_factory=dict)
+    """Tensor bytes held at the end of the step, by device (torch's ``Total Allocated``)."""
+    tensor_peak: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PeakRow:
+    """What held memory at the peak: one allocating site (Python) or operator (tensors)."""
+
+    kind: str
+    """``python`` or a device name (``cpu``, ``cuda:0``)."""
+    function: str
+    file: str
+    line: int
+    bytes: int
+    count: int
+
+
+@dataclass(frozen=True)
+class LeakSite:
+    """An allocating site whose held bytes grew over the window."""
+
+    function: str
+    file: str
+    line: int
+    growth_bytes: int
+
+
+@dataclass(frozen=True)
+class LeakHint:
+    """Memory held at step ends rose steadily over the window."""
+
+    kind: str
+    """``python`` or a device name."""
+    per_step_bytes: int
+    """Median rise from one step end to the next."""
+    steps: int
+    sites: list[LeakSite] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class MemorySummary:
+    """The memory section of a report."""
+
+    steps: list[MemoryStep]
+    peak_kind: str | None
+    peak_step: int | None
+    peak_bytes: int
+    peak_table: list[PeakRow]
+    leaks: list[LeakHint]
+    timeline: dict[str, list[tuple[int, int]]]
+    """Series name -> ``(time ns, bytes)`` points, times relative to the trace base."""
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class TensorEvent:
+    """One ``[memory]`` instant: an allocation (bytes > 0) or a free (bytes < 0)."""
+
+    ts_ns: int
+    device: str
+    bytes: int
+    total_allocated: int
+    pid: int
+    tid: int
+    """The track as the trace's pid/tid columns encode it."""
+    addr: int
+
+
+def device_name(device_type: Any, device_id: Any) -> str:
+    """torch's device of a ``[memory]`` event: ``cpu``, ``cuda:0``..."""
+    kind = _DEVICE_TYPES.get(int(device_type), f"device{int(device_type)}")
+    return kind if kind == "cpu" else f"{kind}:{max(int(device_id), 0)}"
+
+
+def tensor_events(
+    instants: Iterable[tuple[int, int, int, Mapping[str, Any] | None]],
+) -> list[TensorEvent]:
+    """``[memory]`` instants ``(ts, pid, tid, args)`` as events, in time order."""
+    found: list[TensorEvent] = []
+    for ts, pid, tid, args in instants:
+        if not args or "Bytes" not in args or "Total Allocated" not in args:
+            continue
+        try:
+            device = device_name(args.get("Device Type", 0), args.get("Device Id", -1))
+            found.append(
+                TensorEvent(
+                    ts,
+                    device,
+                    int(args["Bytes"]),
+                    int(args["Total Allocated"]),
+                    pid,
+                    tid,
+                    int(args.get("Addr", 0) or 0),
+                )
+            )
+        except (TypeError, ValueError):
+            continue  # a malformed event is left out, not guessed at
+    found.sort(key=lambda e: e.ts_ns)
+    return found
+
+
+def tensor_steps(
+    events: Sequence[TensorEvent], bounds: Sequence[tuple[int, int, int]]
+) -> dict[int, tuple[dict[str, int], dict[str, int]]]:
+    """Per step ``(step, start, end)``: tensor bytes held at its end and at most, by device."""
+    result: dict[int, tuple[dict[str, int], dict[str, int]]] = {}
+    held: dict[str, int] = {}
+    i = 0
+    for step, start, end in sorted(bounds, key=lambda b: b[1]):
+        while i < len(events) and events[i].ts_ns < start:
+            held[events[i].device] = events[i].total_allocated
+            i += 1
+        peak = dict(held)
+        while i < len(events) and events[i].ts_ns < end:
+            e = events[i]
+            held[e.device] = e.total_allocated
+            peak[e.device] = max(peak.get(e.device, 0), e.total_allocated)
+            i += 1
+        result[step] = (dict(held), peak)
+    return result
+
+
+def steady_rise(values: Sequence[int], min_bytes: int = LEAK_MIN_BYTES_PER_STEP) -> int | None:
+    """The median rise per step when step-end values rise steadily, else None.
+
+    Needs four step ends; with five or more the first rise (warm-up: caches, lazily built
+    state) is left out.  Steady: at least three quarters of the rises are positive, the median
+    rise is at least ``min_bytes`` and the whole window rose by at least half of it per step.
+    """
+    if len(values) < 4:
+        return None
+    rises = [b - a for a, b in pairwise(values)]
+    if len(rises) >= 4:
+        rises = rises[1:]
+    positive = sum(1 for r in rises if r > 0)
+    typical = int(median(rises))
+    if positive * 4 < len(rises) * 3 or typical < min_bytes:
+        return None
+    if sum(rises) < typical * len(rises) / 2:
+        return None
+    return typical
+
+
+def _step_bounds(trace: Trace) -> list[tuple[int, int, int]]:
+    bounds = []
+    for span in trace.iter_spans():
+        if span.name.startswith(STEP_PREFIX) and span.name[len(STEP_PREFIX) :].isdigit():
+            step = int(span.name[len(STEP_PREFIX) :])
+            bounds.append((step, span.start_ns, span.start_ns + span.dur_ns))
+    return sorted(set(bounds), key=lambda b: b[1])
+
+
+def _memory_instants(trace: Trace) -> list[TensorEvent]:
+    t = trace.instants
+    if MEMORY_INSTANT not in trace.strings:
+        return []
+    wanted = trace.strings.index(MEMORY_INSTANT)
+    names, pid, tid, ts, args = t["name"], t["pid"], t["tid"], t["ts_ns"], t["args"]
+    return tensor_events(
+        (ts[i], pid[i], tid[i], trace.args_at(args[i]))
+        for i in range(len(names))
+        if names[i] == wanted
+    )
+
+
+def _tensor_peak_table(
+    trace: Trace, events: Sequence[TensorEvent], device: str, top: int
+) -> tuple[int, list[PeakRow]]:
+    """Tensors alive at the device's highest ``Total Allocated``, by allocating operator."""
+    from stepscope.trace.nesting import innermost_spans_at
+
+    mine = [e for e in events if e.device == device]
+    if not mine:
+        return 0, []
+    peak_index = max(range(len(mine)), key=lambda k: mine[k].total_allocated)
+    live: dict[int, TensorEvent] = {}
+    for e in mine[: peak_index + 1]:
+        if e.bytes > 0:
+            live[e.addr] = e
+        else:
+            live.pop(e.addr, None)
+    points = [(e.pid, e.tid, e.ts_ns) for e in live.values()]
+    spans = innermost_spans_at(trace, points)
+    groups: dict[str, list[int]] = {}
+    for e, point in zip(live.values(), points, strict=True):
+        index = spans.get(point, -1)
+        name = trace.string(trace.spans["name"][index]) if index >= 0 else "(outside any op)"
+        groups.setdefault(name, []).append(e.bytes)
+    rows = [PeakRow(device, name, "", 0, sum(b), len(b)) for name, b in groups.items()]
+    rows.sort(key=lambda r: -r.bytes)
+    return mine[peak_index].total_allocated, rows[:top]
+
+
+def _python_steps(meta: Mapping[str, Any]) -> dict[int, dict[str, Any]]:
+    steps: dict[int, dict[str, Any]] = {}
+    for row in meta.get("steps", ()):
+        if isinstance(row, Mapping) and isinstance(row.get("step"), int):
+            steps[row["step"]] = dict(row)
+    return steps
+
+
+def _leak_sites(rows: Any) -> list[LeakSite]:
+    sites = []
+    for row in rows or ():
+        if isinstance(row, Mapping):
+            sites.append(
+                LeakSite(
+                    str(row.get("function", "")),
+                    str(row.get("file", "")),
+                    int(row.get("line", 0)),
+                    int(row.get("growth_bytes", 0)),
+                )
+            )
+    return sites
+
+
+def _timeline(
+    trace: Trace, events: Sequence[TensorEvent], meta: Mapping[str, Any]
+) -> dict[str, list[tuple[int, int]]]:
+    series: dict[str, list[tuple[int, int]]] = {}
+    for e in events:
+        series.setdefault(f"tensors {e.device}", []).append((e.ts_ns, e.total_allocated))
+    for name, key in (("python heap", "python_timeline"), ("rss", "rss_timeline")):
+        points = [(int(t), int(b)) for t, b in meta.get(key, ()) if b is not None]
+        if points:
+            series[name] = points
+    return {name: thin_points(points) for name, points in series.items()}
+
+
+def thin_points(
+    points: list[tuple[int, int]], most: int = TIMELINE_POINTS
+) -> list[tuple[int, int]]:
+    """At most ``most`` points, keeping the highest of each stretch (peaks stay visible)."""
+    if len(points) <= most:
+        return points
+    width = len(points) / most
+    return [
+        max(
+            points[int(i * width) : max(int((i + 1) * width), int(i * width) + 1)],
+            key=lambda p: p[1],
+        )
+        for i in range(most)
+    ]
+
+
+def memory_summary(
+    trace: Trace, top: int = 15, step_range: tuple[int, int] | None = None
+) -> MemorySummary | None:
+    """The memory section of one trace (steps in ``step_range``), None without memory data."""
+    raw_meta = trace.metadata.get(MEMORY_KEY)
+    meta: Mapping[str, Any] = raw_meta if isinstance(raw_meta, Mapping) else {}
+    events = _memory_instants(trace)
+    if not meta and not events:
+        return None
+    python = _python_steps(meta)
+    bounds = _step_bounds(trace)
+    tensors = tensor_steps(events, bounds)
+    numbers = sorted(set(python) | set(tensors))
+    if step_range is not None:
+        numbers = [n for n in numbers if step_range[0] <= n <= step_range[1]]
+    steps = []
+    for n in numbers:
+        row = python.get(n, {})
+        held, peak = tensors.get(n, ({}, {}))
+        steps.append(
+            MemoryStep(
+                n, row.get("python_current"), row.get("python_peak"), row.get("rss"), held, peak
+            )
+        )
+    leaks = [
+        LeakHint(
+            str(h.get("kind", "python")),
+            int(h.get("per_step_bytes", 0)),
+            int(h.get("steps", 0)),
+            _leak_sites(h.get("sites")),
+        )
+        for h in meta.get("leaks", ())
+        if isinstance(h, Mapping)
+    ]
+    devices = sorted({e.device for e in events})
+    if not meta:  # a trace stepscope did not record: the tensor leak hint is computed here
+        for device in devices:
+            ends = [s.tensor_current[device] for s in steps if device in s.tensor_current]
+            rise = steady_rise(ends)
+            if rise is not None:
+                leaks.append(LeakHint(device, rise, len(ends)))
+    peak_kind, peak_step, peak_bytes, table = _peak(trace, meta, events, devices, steps, top)
+    notes = [str(n) for n in meta.get("notes", ())]
+    return MemorySummary(
+        steps, peak_kind, peak_step, peak_bytes, table, leaks, _timeline(trace, events, meta), notes
+    )
+
+
+def _peak(
+    trace: Trace,
+    meta: Mapping[str, Any],
+    events: Sequence[TensorEvent],
+    devices: Sequence[str],
+    steps: Sequence[MemoryStep],
+    top: int,
+) -> tuple[str | None, int | None, int, list[PeakRow]]:
+    """The peak table: the kind of memory with the highest peak, and what held it."""
+    best: tuple[str | None, int | None, int, list[PeakRow]] = (None, None, 0, [])
+    peak = meta.get("peak")
+    if isinstance(peak, Mapping) and int(peak.get("bytes", 0)) > 0:
+        rows = [
+            PeakRow(
+                "python",
+                str(r["function"]),
+                str(r["file"]),
+                int(r["line"]),
+                int(r["bytes"]),
+                int(r["count"]),
+            )
+            for r in peak.get("table", ())
+            if isinstance(r, Mapping)
+        ]
+        best = ("python", peak.get("step"), int(peak["bytes"]), rows[:top])
+    for device in devices:
+        total, rows = _tensor_peak_table(trace, events, device, top)
+        if total > best[2]:
+            step = max(steps, key=lambda s: s.tensor_peak.get(device, -1), default=None)
+            best = (device, step.step if step is not None else None, total, rows)
+    return best

@@ -1,0 +1,437 @@
+"""Memory per step (``profile_memory=True``): the Python heap, torch's tensors and the RSS.
+
+The Python heap is measured with ``tracemalloc``, started for the recording window only (a
+program that already traces keeps its tracing as it was). At each step end the collector takes a
+snapshot (grouped by allocating line, stepscope's own allocations left out), and a watcher thread
+polls the traced total every few milliseconds, taking a snapshot whenever the window reaches a
+new high: that snapshot is the "alive at the peak" table. torch's tensors come from torch's own
+``[memory]`` events (the torch collector records them with ``profile_memory``); per step they are
+summed here and drawn as one counter track per device.
+"""
+
+from __future__ import annotations
+
+import ast
+import fnmatch
+import functools
+import os
+import sys
+import sysconfig
+import threading
+import tracemalloc
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from stepscope import clock, steps
+from stepscope.analysis.memory import (
+    MEMORY_INSTANT,
+    MEMORY_KEY,
+    steady_rise,
+    tensor_events,
+    tensor_steps,
+    thin_points,
+)
+from stepscope.collectors.base import Collector, WindowContext
+from stepscope.trace.model import TraceBuilder
+from stepscope.trace.names import short_path
+
+__all__ = ["MemoryCollector", "PythonHeapPoint", "function_at", "module_of"]
+
+_OWN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_OWN_FILES = (tracemalloc.Filter(False, tracemalloc.__file__),)
+_LIBRARY_DIRS = tuple(
+    {
+        p.rstrip(os.sep) + os.sep
+        for k in ("stdlib", "platstdlib", "purelib", "platlib")
+        if (p := sysconfig.get_path(k))
+    }
+)
+TRACEMALLOC_FRAMES = 5
+"""Frames kept per allocation: enough to find the program's own line above a library's."""
+PEAK_TABLE_ROWS = 25
+MAX_TIMELINE_POINTS = 4000
+Sites = dict[tuple[str, int], tuple[int, int]]
+"""(file, line) -> (bytes, blocks) held."""
+
+
+@dataclass
+class PythonHeapPoint:
+    """One snapshot of the Python heap: its time and bytes held by allocating site."""
+
+    t_ns: int
+    sites: Sites
+
+
+@dataclass
+class _Window:
+    started_tracing: bool = False
+    step: int = 0
+    step_start_ns: int = 0
+    step_peak: int = 0
+    own: int = 0
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    ends: list[PythonHeapPoint] = field(default_factory=list)
+    peak: PythonHeapPoint | None = None
+    """The snapshot holding the most, for the peak table."""
+    peak_total: int = 0
+    peak_step: int = 0
+    peak_bytes: int = 0
+    """The highest step peak of the window."""
+    timeline: list[tuple[int, int]] = field(default_factory=list)
+    rss: list[tuple[int, int]] = field(default_factory=list)
+
+
+@functools.lru_cache(maxsize=4096)
+def _is_library(file: str) -> bool:
+    return file.startswith(_LIBRARY_DIRS) or file.startswith("<frozen")
+
+
+def _snapshot_sites() -> tuple[Sites, int]:
+    """Bytes held by allocating site: the innermost frame in the program's own code."""
+    snapshot = tracemalloc.take_snapshot().filter_traces(_OWN_FILES)
+    sites: Sites = {}
+    total = 0
+    for stat in snapshot.statistics("traceback"):
+        frames = list(stat.traceback)  # oldest first
+        chosen = frames[-1]
+        for frame in reversed(frames):
+            if not _is_library(frame.filename):
+                chosen = frame
+                break
+        if chosen.filename.startswith(_OWN_DIR):
+            continue  # stepscope's own bookkeeping, not the program's
+        key = (chosen.filename, chosen.lineno)
+        size, count = sites.get(key, (0, 0))
+        sites[key] = (size + stat.size, count + stat.count)
+        total += stat.size
+    return sites, total
+
+
+def rss_bytes() -> int | None:
+    """The resident set size of this process (Linux ``/proc``), None where unknown."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+@functools.lru_cache(maxsize=512)
+def _functions_in(file: str) -> tuple[tuple[int, int, str], ...]:
+    try:
+        with open(file, "rb") as f:
+            tree = ast.parse(f.read(), file)
+    except (OSError, SyntaxError, ValueError):
+        return ()
+    found: list[tuple[int, int, str]] = []
+
+    def walk(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                name = f"{prefix}{child.name}"
+                if not isinstance(child, ast.ClassDef):
+                    found.append((child.lineno, child.end_lineno or child.lineno, name))
+                walk(child, f"{name}.")
+            else:
+                walk(child, prefix)
+
+    walk(tree, "")
+    return tuple(found)
+
+
+def function_at(file: str, line: int) -> str:
+    """The qualified name of the innermost function holding ``file:line`` (``<module>`` else)."""
+    best = "<module>"
+    best_span = None
+    for first, last, name in _functions_in(file):
+        if first <= line <= last and (best_span is None or last - first <= best_span):
+            best, best_span = name, last - first
+    return best
+
+
+def module_of(file: str) -> str:
+    """The top-level module a source file belongs to (its first path part on ``sys.path``)."""
+    short = short_path(file)
+    if os.path.isabs(short) or short.startswith("<"):
+        return os.path.splitext(os.path.basename(short))[0] or short
+    first = short.split(os.sep, 1)[0]
+    return first[:-3] if first.endswith(".py") else first
+
+
+def site_rows(sites: Sites, top: int) -> list[dict[str, Any]]:
+    """The biggest sites of a snapshot, with the function that allocated them."""
+    ordered = sorted(sites.items(), key=lambda item: -item[1][0])[:top]
+    return [
+        {
+            "function": function_at(file, line),
+            "file": short_path(file),
+            "line": line,
+            "bytes": size,
+            "count": count,
+        }
+        for (file, line), (size, count) in ordered
+    ]
+
+
+class MemoryCollector(Collector):
+    """Per-step memory of the Python heap, torch's tensors and the process (``profile_memory``)."""
+
+    name = "memory"
+
+    def __init__(self, torch_collector: Any = None, poll_interval_s: float = 0.005) -> None:
+        self.torch_collector = torch_collector
+        """The torch collector whose window result holds torch's memory events, if any."""
+        self.poll_interval_s = poll_interval_s
+        self._window: _Window | None = None
+        self._lock = threading.Lock()
+        self._stop_watch = threading.Event()
+        self._watcher: threading.Thread | None = None
+        self._optimizer_hook: Any = None
+        self.optimizers: dict[int, Any] = {}
+        """Optimizers stepped in the last window, by id (their state names tensor categories)."""
+        self.python_points: list[PythonHeapPoint] = []
+        """The last window's Python heap snapshots (step ends, then the peak), for the timeline."""
+        self.torch_result: Any = None
+        """torch's ``autograd.profiler.profile`` of the last window, when torch recorded."""
+
+    # -- the window --------------------------------------------------------------------------
+    def start(self, ctx: WindowContext) -> None:
+        """Start tracemalloc (unless already running), the watcher and the optimizer hook."""
+        w = self._window = _Window()
+        self.optimizers = {}
+        if not tracemalloc.is_tracing():
+            for own in _OWN_FILES:  # compile the filters' patterns before tracing begins
+                fnmatch.fnmatch(own.filename_pattern, own.filename_pattern)
+            tracemalloc.start(TRACEMALLOC_FRAMES)
+            w.started_tracing = True
+        step = steps.current_step()
+        w.step = step if step is not None else 0
+        self._begin_step(w, clock.now_ns())
+        self._hook_optimizers()
+        if self.poll_interval_s > 0:
+            self._stop_watch.clear()
+            self._watcher = threading.Thread(
+                target=self._watch, name="stepscope-memory", daemon=True
+            )
+            self._watcher.start()
+
+    def _begin_step(self, w: _Window, now: int) -> None:
+        sites, total = _snapshot_sites()
+        current = tracemalloc.get_traced_memory()[0]
+        w.own = max(current - total, 0)
+        tracemalloc.reset_peak()
+        w.step_start_ns, w.step_peak = now, 0
+        if not w.ends:
+            w.ends.append(PythonHeapPoint(now, sites))
+        self._note_rss(w, now)
+
+    def _note_rss(self, w: _Window, now: int) -> None:
+        rss = rss_bytes()
+        if rss is not None:
+            w.rss.append((now, rss))
+
+    def on_step(self, ctx: WindowContext, step: int) -> None:
+        """Close the step that ended: its current and peak, a snapshot of what it left held."""
+        w = self._window
+        if w is not None:
+            with self._lock:
+                self._end_step(w, clock.now_ns())
+                w.step = step
+                self._begin_step(w, clock.now_ns())
+
+    def _end_step(self, w: _Window, now: int) -> None:
+        current, peak = tracemalloc.get_traced_memory()
+        sites, total = _snapshot_sites()
+        w.own = max(current - total, 0)
+        step_peak = max(w.step_peak, peak - w.own, total)
+        w.ends.append(PythonHeapPoint(now, sites))
+        w.timeline.append((now, total))
+        row: dict[str, Any] = {
+            "step": w.step,
+            "start_ns": w.step_start_ns,
+            "end_ns": now,
+            "python_current": total,
+            "python_peak": step_peak,
+            "rss": rss_bytes(),
+        }
+        cuda = _cuda_allocator_stats()
+        if cuda:
+            row["cuda_allocator"] = cuda
+        w.rows.append(row)
+        self._offer_peak(w, now, sites, total)
+        if step_peak > w.peak_bytes:
+            w.peak_bytes, w.peak_step = step_peak, w.step
+
+    @staticmethod
+    def _offer_peak(w: _Window, now: int, sites: Sites, total: int) -> None:
+        if w.peak is None or total > w.peak_total:
+            w.peak, w.peak_total = PythonHeapPoint(now, sites), total
+
+    def _watch(self) -> None:
+        """Poll the traced total; snapshot each new high of the window (the peak table)."""
+        while not self._stop_watch.wait(self.poll_interval_s):
+            w = self._window
+            if w is None:
+                return
+            with self._lock:
+                current, peak = tracemalloc.get_traced_memory()
+                now = clock.now_ns()
+                held = current - w.own
+                w.step_peak = max(w.step_peak, peak - w.own)
+                w.timeline.append((now, held))
+                if len(w.timeline) > 2 * MAX_TIMELINE_POINTS:
+                    w.timeline = thin_points(w.timeline, MAX_TIMELINE_POINTS)
+                if held > w.peak_total * 1.02 + 65536:
+                    sites, total = _snapshot_sites()
+                    self._offer_peak(w, now, sites, total)
+                    tracemalloc.reset_peak()  # the snapshot's own objects are not the program's
+
+    def stop(self, ctx: WindowContext) -> None:
+        """End the last step, stop the watcher, and tracemalloc if stepscope started it."""
+        w = self._window
+        if w is None:
+            return
+        self._stop_watch.set()
+        if self._watcher is not None:
+            self._watcher.join()
+            self._watcher = None
+        self._unhook_optimizers()
+        try:
+            self._end_step(w, clock.now_ns())
+        finally:
+            if w.started_tracing:
+                tracemalloc.stop()
+
+    # -- torch's optimizers --------------------------------------------------------------------
+    def _hook_optimizers(self) -> None:
+        optim = sys.modules.get("torch.optim.optimizer")
+        register = getattr(optim, "register_optimizer_step_post_hook", None)
+        if register is not None:
+            self._optimizer_hook = register(self._after_optimizer_step)
+
+    def _after_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self.optimizers[id(optimizer)] = optimizer
+
+    def _unhook_optimizers(self) -> None:
+        hook, self._optimizer_hook = self._optimizer_hook, None
+        if hook is not None:
+            hook.remove()
+
+    # -- results -------------------------------------------------------------------------------
+    def collect(self, builder: TraceBuilder, ctx: WindowContext) -> None:
+        """Per-step rows, the peak table, the leak hint and counter tracks into the trace."""
+        w, self._window = self._window, None
+        if w is None:
+            return
+        self.torch_result = getattr(self.torch_collector, "last_result", None)
+        self.python_points = [*w.ends, *([w.peak] if w.peak is not None else [])]
+        self.python_points.sort(key=lambda p: p.t_ns)
+        meta: dict[str, Any] = {
+            "tracemalloc": "started for the window"
+            if w.started_tracing
+            else "already running: left as it was",
+            "steps": w.rows,
+            "python_timeline": thin_points(w.timeline, MAX_TIMELINE_POINTS),
+            "rss_timeline": thin_points(w.rss, MAX_TIMELINE_POINTS),
+            "leaks": [],
+            "notes": [],
+        }
+        if w.peak is not None:
+            meta["peak"] = {
+                "step": w.peak_step,
+                "bytes": w.peak_bytes,
+                "snapshot_bytes": w.peak_total,
+                "t_ns": w.peak.t_ns,
+                "table": site_rows(w.peak.sites, PEAK_TABLE_ROWS),
+            }
+        python_leak = self._python_leak(w)
+        if python_leak is not None:
+            meta["leaks"].append(python_leak)
+        self._tensors(builder, ctx, w, meta)
+        for t, held in w.timeline:
+            builder.counter("Python heap", ctx.pid, t, {"bytes": held})
+        for t, rss in w.rss:
+            builder.counter("RSS", ctx.pid, t, {"bytes": rss})
+        builder.metadata[MEMORY_KEY] = meta
+
+    def _python_leak(self, w: _Window) -> dict[str, Any] | None:
+        ends = [row["python_current"] for row in w.rows]
+        rise = steady_rise(ends)
+        if rise is None or len(w.ends) < 2:
+            return None
+        first = w.ends[2] if len(w.ends) >= 6 else w.ends[1]  # past the warm-up rise
+        last = w.ends[-1].sites
+        growth = {
+            site: size - first.sites.get(site, (0, 0))[0]
+            for site, (size, _) in last.items()
+            if size - first.sites.get(site, (0, 0))[0] > 0
+        }
+        floor = max(1024, sum(growth.values()) // 100)  # smaller growth is noise
+        grown = sorted(((k, v) for k, v in growth.items() if v >= floor), key=lambda i: -i[1])[:10]
+        return {
+            "kind": "python",
+            "per_step_bytes": rise,
+            "steps": len(ends),
+            "sites": [
+                {
+                    "function": function_at(file, line),
+                    "file": short_path(file),
+                    "line": line,
+                    "growth_bytes": size,
+                }
+                for (file, line), size in grown
+            ],
+        }
+
+    def _tensors(
+        self, builder: TraceBuilder, ctx: WindowContext, w: _Window, meta: dict[str, Any]
+    ) -> None:
+        events = tensor_events(builder.instants_named(MEMORY_INSTANT))
+        if not events:
+            return
+        bounds = [(row["step"], row["start_ns"], row["end_ns"]) for row in w.rows]
+        per_step = tensor_steps(events, bounds)
+        for row in w.rows:
+            held, peak = per_step.get(row["step"], ({}, {}))
+            row["tensor_current"], row["tensor_peak"] = held, peak
+        for e in events:
+            builder.counter(
+                f"Memory {e.device}", ctx.pid, e.ts_ns, {"Total Allocated": e.total_allocated}
+            )
+        for device in sorted({e.device for e in events}):
+            ends = [per_step[row["step"]][0].get(device, 0) for row in w.rows]
+            rise = steady_rise(ends)
+            if rise is not None:
+                meta["leaks"].append({"kind": device, "per_step_bytes": rise, "steps": len(ends)})
+
+    def after_fork_in_child(self) -> None:
+        """A forked child keeps nothing of the parent's window (its watcher did not survive)."""
+        w, self._window = self._window, None
+        self._watcher = None
+        self._optimizer_hook = None
+        if w is not None and w.started_tracing and tracemalloc.is_tracing():
+            tracemalloc.stop()
+
+    def close(self) -> None:
+        """Stop anything a window left running."""
+        if self._window is not None:
+            self.stop(WindowContext(window=-1))
+            self._window = None
+
+
+def _cuda_allocator_stats() -> dict[str, int]:
+    """torch's CUDA caching allocator counters, when the program has initialized CUDA."""
+    torch = sys.modules.get("torch")
+    cuda = getattr(torch, "cuda", None)
+    if cuda is None or not cuda.is_initialized():
+        return {}
+    stats: Mapping[str, Any] = cuda.memory_stats()
+    keys = {
+        "allocated_bytes.all.current": "allocated",
+        "allocated_bytes.all.peak": "allocated_peak",
+        "reserved_bytes.all.current": "reserved",
+        "num_alloc_retries": "alloc_retries",
+        "num_ooms": "ooms",
+    }
+    return {short: int(stats[key]) for key, short in keys.items() if key in stats}
