@@ -9,11 +9,13 @@ instants (``Bytes``, ``Total Allocated``, ``Device Type``, ``Device Id``) any tr
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import pairwise
 from statistics import median
 from typing import Any
 
+from stepscope.analysis.memory_types import LeakHint, LeakSite, MemoryStep, MemorySummary, PeakRow
+from stepscope.analysis.steps import find_steps
 from stepscope.trace.model import Trace
 
 __all__ = [
@@ -36,77 +38,11 @@ __all__ = [
 MEMORY_KEY = "stepscope_memory"
 """Trace metadata key of the memory collector's per-step results."""
 MEMORY_INSTANT = "[memory]"
-STEP_PREFIX = "ProfilerStep#"
 TIMELINE_POINTS = 1000
 """Points per series kept in a report's timeline."""
 LEAK_MIN_BYTES_PER_STEP = 4096
 """A rise smaller than this per step is noise (interpreter caches, free lists), not a leak."""
 _DEVICE_TYPES = {0: "cpu", 1: "cuda", 12: "xpu", 13: "mps", 23: "mtia", 20: "privateuseone"}
-
-
-@dataclass(frozen=True)
-class MemoryStep:
-    """One step: bytes held at its end and the most held during it, per memory kind."""
-
-    step: int
-    python_current: int | None = None
-    """Python heap held at the end of the step (tracemalloc), None when not measured."""
-    python_peak: int | None = None
-    rss: int | None = None
-    """Resident set size of the process at the end of the step."""
-    tensor_current: dict[str, int] = field(default_factory=dict)
-    """Tensor bytes held at the end of the step, by device (torch's ``Total Allocated``)."""
-    tensor_peak: dict[str, int] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class PeakRow:
-    """What held memory at the peak: one allocating site (Python) or operator (tensors)."""
-
-    kind: str
-    """``python`` or a device name (``cpu``, ``cuda:0``)."""
-    function: str
-    file: str
-    line: int
-    bytes: int
-    count: int
-
-
-@dataclass(frozen=True)
-class LeakSite:
-    """An allocating site whose held bytes grew over the window."""
-
-    function: str
-    file: str
-    line: int
-    growth_bytes: int
-
-
-@dataclass(frozen=True)
-class LeakHint:
-    """Memory held at step ends rose steadily over the window."""
-
-    kind: str
-    """``python`` or a device name."""
-    per_step_bytes: int
-    """Median rise from one step end to the next."""
-    steps: int
-    sites: list[LeakSite] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class MemorySummary:
-    """The memory section of a report."""
-
-    steps: list[MemoryStep]
-    peak_kind: str | None
-    peak_step: int | None
-    peak_bytes: int
-    peak_table: list[PeakRow]
-    leaks: list[LeakHint]
-    timeline: dict[str, list[tuple[int, int]]]
-    """Series name -> ``(time ns, bytes)`` points, times relative to the trace base."""
-    notes: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -199,12 +135,8 @@ def steady_rise(values: Sequence[int], min_bytes: int = LEAK_MIN_BYTES_PER_STEP)
 
 
 def _step_bounds(trace: Trace) -> list[tuple[int, int, int]]:
-    bounds = []
-    for span in trace.iter_spans():
-        if span.name.startswith(STEP_PREFIX) and span.name[len(STEP_PREFIX) :].isdigit():
-            step = int(span.name[len(STEP_PREFIX) :])
-            bounds.append((step, span.start_ns, span.start_ns + span.dur_ns))
-    return sorted(set(bounds), key=lambda b: b[1])
+    windows, _ = find_steps(trace)
+    return [(w.step if w.step is not None else 0, w.start_ns, w.end_ns) for w in windows]
 
 
 def _memory_instants(trace: Trace) -> list[TensorEvent]:
@@ -245,7 +177,12 @@ def _tensor_peak_table(
         groups.setdefault(name, []).append(e.bytes)
     rows = [PeakRow(device, name, "", 0, sum(b), len(b)) for name, b in groups.items()]
     rows.sort(key=lambda r: -r.bytes)
-    return mine[peak_index].total_allocated, rows[:top]
+    rows = rows[:top]
+    total = mine[peak_index].total_allocated
+    before = total - sum(e.bytes for e in live.values())
+    if before > 0:  # torch's total counts tensors allocated before the window too
+        rows.append(PeakRow(device, "(allocated before the window)", "", 0, before, 0))
+    return total, rows
 
 
 def _python_steps(meta: Mapping[str, Any]) -> dict[int, dict[str, Any]]:

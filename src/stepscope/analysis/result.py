@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from stepscope.analysis.memory import MemorySummary
+from stepscope.analysis.memory_types import MemorySummary
 
 __all__ = [
     "DIFF_SCHEMA",

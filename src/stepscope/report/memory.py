@@ -10,7 +10,7 @@ from rich.console import RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from stepscope.analysis.memory import MemorySummary
+from stepscope.analysis.memory_types import MemorySummary
 from stepscope.jsonenc import json_bytes
 from stepscope.report.html import _CSP, _asset, _inline_script, _inline_style
 from stepscope.text import clean_text

@@ -1,0 +1,246 @@
+"""Memory per step (``profile_memory=True``): known allocations come back, the peak table names
+the allocating function, a leak is hinted and a steady loop is not, on plain Python, numpy and
+torch."""
+
+from __future__ import annotations
+
+import itertools
+import sys
+import time
+import tracemalloc
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import stepscope
+from stepscope.analysis.memory import memory_summary, steady_rise
+from stepscope.cli import main
+from stepscope.trace import read_chrome_trace
+
+LEAK = 200_000
+BLOCKS, BLOCK = 500, 2_000
+STEPS = 7
+
+
+def make_block() -> list[bytearray]:
+    """The transient allocation of each step (about 1 MB), held for a while."""
+    return [bytearray(BLOCK) for _ in range(BLOCKS)]
+
+
+def transient_size() -> int:
+    block = make_block()
+    return sys.getsizeof(block) + sum(sys.getsizeof(b) for b in block)
+
+
+def python_loop(held: list[Any], leak: bool, steps: int = STEPS) -> stepscope.profile:
+    """A loop that allocates a known transient block per step, and leaks LEAK bytes if asked."""
+    with stepscope.profile(profile_memory=True, torch_ops=False) as prof:
+        for _ in range(steps):
+            block = make_block()
+            time.sleep(0.03)  # long enough for the watcher to see the step's high
+            del block
+            if leak:
+                held.append(bytearray(LEAK))
+            prof.step()
+    return prof
+
+
+def steps_of(prof: stepscope.profile) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = prof.trace().metadata["stepscope_memory"]["steps"]
+    return rows[:-1]  # the last row is the step the profile stopped in (nothing ran)
+
+
+def test_python_objects_per_step_current_and_peak_within_5_percent() -> None:
+    held: list[Any] = []
+    prof = python_loop(held, leak=True)
+    rows = steps_of(prof)
+    assert [r["step"] for r in rows] == list(range(STEPS))
+    leaked = sys.getsizeof(held[0])
+    transient = transient_size()
+    for before, row in itertools.pairwise(rows):
+        assert row["python_current"] - before["python_current"] == pytest.approx(leaked, rel=0.05)
+        rise = row["python_peak"] - before["python_current"]
+        assert rise == pytest.approx(transient, rel=0.05)  # the block is freed before the leak
+        assert row["rss"] > 0
+    summary = memory_summary(prof.trace())
+    assert summary is not None
+    # the timeline's high in the window is the highest step peak
+    timeline = summary.timeline["python heap"]
+    assert max(b for _, b in timeline) == pytest.approx(
+        max(r["python_peak"] for r in rows), rel=0.05
+    )
+    assert summary.peak_kind == "python"
+    assert summary.peak_bytes == max(r["python_peak"] for r in rows)
+    by_function: dict[str, int] = {}
+    for r in summary.peak_table:
+        assert r.file.endswith("test_memory.py") or r.bytes < 1000
+        by_function[r.function] = by_function.get(r.function, 0) + r.bytes
+    assert by_function["make_block"] == pytest.approx(transient, rel=0.05)
+    # the leak held at the peak: every leaked block but the last step's
+    assert by_function["python_loop"] == pytest.approx((STEPS - 1) * leaked, rel=0.05)
+
+
+def test_a_leaking_loop_is_hinted_with_the_site_and_a_steady_one_is_not() -> None:
+    held: list[Any] = []
+    leaking = memory_summary(python_loop(held, leak=True).trace())
+    steady = memory_summary(python_loop([], leak=False).trace())
+    assert leaking is not None and steady is not None
+    [hint] = leaking.leaks
+    assert hint.kind == "python"
+    assert hint.per_step_bytes == pytest.approx(sys.getsizeof(held[0]), rel=0.05)
+    assert hint.sites[0].function == "python_loop"
+    assert hint.sites[0].growth_bytes >= 3 * LEAK
+    assert steady.leaks == []
+
+
+def test_steady_rise_needs_a_steady_rise() -> None:
+    assert steady_rise([0, 10_000, 20_000, 30_000, 40_000]) == 10_000
+    assert steady_rise([0, 10_000, 20_000]) is None  # too few steps
+    assert steady_rise([5_000_000, 5_000_000, 5_000_100, 5_000_000, 5_000_050]) is None
+    assert steady_rise([0, 50_000, 50_000, 50_000, 50_000, 50_000]) is None  # warm-up only
+    assert steady_rise([0, 10_000, 0, 10_000, 0, 10_000]) is None  # up and down
+
+
+def test_numpy_arrays_are_counted() -> None:
+    np = pytest.importorskip("numpy")
+    held: list[Any] = []
+    with stepscope.profile(profile_memory=True, torch_ops=False) as prof:
+        for _ in range(5):
+            held.append(np.ones(125_000))
+            prof.step()
+    rows = steps_of(prof)
+    for before, row in itertools.pairwise(rows):
+        grew = row["python_current"] - before["python_current"]
+        assert grew == pytest.approx(held[0].nbytes, rel=0.05)
+
+
+def test_tracemalloc_already_running_is_left_as_it_was() -> None:
+    tracemalloc.start(3)
+    try:
+        held: list[Any] = []
+        prof = python_loop(held, leak=True, steps=4)
+        assert tracemalloc.is_tracing() and tracemalloc.get_traceback_limit() == 3
+        meta = prof.trace().metadata["stepscope_memory"]
+        assert meta["tracemalloc"] == "already running: left as it was"
+        rows = steps_of(prof)
+        grew = rows[-1]["python_current"] - rows[-2]["python_current"]
+        assert grew == pytest.approx(sys.getsizeof(held[0]), rel=0.05)
+    finally:
+        tracemalloc.stop()
+    prof = python_loop([], leak=False, steps=2)
+    assert not tracemalloc.is_tracing()  # started for the window only
+    assert prof.trace().metadata["stepscope_memory"]["tracemalloc"] == "started for the window"
+
+
+def torch_loop(leak: bool, steps: int = 6) -> tuple[stepscope.profile, list[Any]]:
+    torch = pytest.importorskip("torch")
+    held: list[Any] = []
+    with stepscope.profile(profile_memory=True) as prof:
+        for _ in range(steps):
+            transient = torch.ones(500_000)  # 2 MB, freed at the end of the step
+            if leak:
+                held.append(torch.zeros(250_000))  # 1 MB kept
+            del transient
+            prof.step()
+    return prof, held
+
+
+def test_torch_tensors_per_step_within_5_percent_and_the_leak() -> None:
+    prof, held = torch_loop(leak=True)
+    kept = held[0].element_size() * held[0].nelement()
+    trace = prof.trace()
+    rows = steps_of(prof)
+    for before, row in itertools.pairwise(rows):
+        grew = row["tensor_current"]["cpu"] - before["tensor_current"]["cpu"]
+        assert grew == pytest.approx(kept, rel=0.05)
+        rise = row["tensor_peak"]["cpu"] - before["tensor_current"]["cpu"]
+        assert rise == pytest.approx(kept + 2_000_000, rel=0.05)
+    summary = memory_summary(trace)
+    assert summary is not None
+    assert [h.kind for h in summary.leaks] == ["cpu"]
+    assert summary.leaks[0].per_step_bytes == pytest.approx(kept, rel=0.05)
+    # one counter track per device, as Perfetto shows them
+    counters = {c.name for c in trace.iter_counter_events()}
+    assert {"Memory cpu", "Python heap", "RSS"} <= counters
+    steady, _ = torch_loop(leak=False)
+    steady_summary = memory_summary(steady.trace())
+    assert steady_summary is not None and steady_summary.leaks == []
+
+
+def test_torch_peak_table_names_the_allocating_operator() -> None:
+    prof, _ = torch_loop(leak=True)
+    summary = memory_summary(prof.trace())
+    assert summary is not None and summary.peak_kind == "cpu"
+    names = {r.function for r in summary.peak_table}
+    assert names & {"aten::ones", "aten::empty", "aten::zeros"}
+    assert sum(r.bytes for r in summary.peak_table) == summary.peak_bytes
+
+
+def test_torchs_own_trace_gets_the_tensor_timeline_and_peak(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    held = []
+    with torch.profiler.profile(profile_memory=True) as prof:
+        for _ in range(5):
+            held.append(torch.zeros(250_000))
+            prof.step()
+    path = tmp_path / "torch.json"
+    prof.export_chrome_trace(str(path))
+    summary = memory_summary(read_chrome_trace(path))
+    assert summary is not None
+    points = [b for _, b in summary.timeline["tensors cpu"]]
+    assert len(points) == 5
+    for before, after in itertools.pairwise(points):
+        assert after - before == 1_000_000  # torch's Total Allocated, as torch wrote it
+    assert summary.peak_kind == "cpu" and summary.peak_bytes == points[-1]
+    assert sum(r.bytes for r in summary.peak_table) == summary.peak_bytes
+
+
+def test_report_shows_memory_in_terminal_and_json(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    held: list[Any] = []
+    with stepscope.profile(
+        profile_memory=True, torch_ops=False, on_trace_ready=stepscope.trace_handler(str(tmp_path))
+    ) as prof:
+        for _ in range(6):
+            block = make_block()
+            del block
+            held.append(bytearray(LEAK))
+            prof.step()
+    [trace] = sorted(tmp_path.glob("*.pt.trace.json"))
+    out = tmp_path / "report.json"
+    assert main(["report", str(trace), "--json", str(out)]) == 0
+    import json
+
+    memory = json.loads(out.read_text())["combined"]["memory"]
+    assert memory["leaks"][0]["kind"] == "python"
+    assert memory["peak_table"][0]["function"] in (
+        "make_block",
+        "test_report_shows_memory_in_terminal_and_json",
+    )
+    assert len(memory["steps"]) == 7
+    capsys.readouterr()
+    assert main(["report", str(trace)]) == 0
+    shown = capsys.readouterr().out
+    assert "Memory per step" in shown and "Alive at the peak" in shown
+    assert "Possible leak: Python heap" in shown
+
+
+def _run_memory(tmp_path: Path, script: str, run: Callable[[list[str]], int]) -> Any:
+    prog = tmp_path / "prog.py"
+    prog.write_text(script)
+    out = tmp_path / "out"
+    assert run(["run", "--memory", "--step-on", "none", "-o", str(out), str(prog)]) == 0
+    [trace] = sorted(out.glob("*.pt.trace.json"))
+    return read_chrome_trace(trace)
+
+
+def test_run_memory_flag_records_memory(tmp_path: Path) -> None:
+    script = "blocks = [bytearray(1000) for _ in range(1000)]\ndel blocks\n"
+    trace = _run_memory(tmp_path, script, main)
+    meta = trace.metadata["stepscope_memory"]
+    [row] = meta["steps"]
+    blocks = 1000 * sys.getsizeof(bytearray(1000))
+    assert blocks <= row["python_peak"] <= 1.2 * blocks  # and the program's own code objects
