@@ -33,8 +33,8 @@ from stepscope.analysis.memory import (
     thin_points,
 )
 from stepscope.collectors.base import Collector, WindowContext
-from stepscope.trace.model import TraceBuilder
-from stepscope.trace.names import short_path
+from stepscope.trace.model import Trace, TraceBuilder
+from stepscope.trace.names import hide_thread, short_path
 
 __all__ = ["MemoryCollector", "PythonHeapPoint", "function_at", "module_of"]
 
@@ -187,6 +187,7 @@ class MemoryCollector(Collector):
         self._lock = threading.Lock()
         self._stop_watch = threading.Event()
         self._watcher: threading.Thread | None = None
+        self._watcher_id: int | None = None
         self._optimizer_hook: Any = None
         self.optimizers: dict[int, Any] = {}
         """Optimizers stepped in the last window, by id (their state names tensor categories)."""
@@ -215,6 +216,8 @@ class MemoryCollector(Collector):
                 target=self._watch, name="stepscope-memory", daemon=True
             )
             self._watcher.start()
+            self._watcher_id = self._watcher.native_id
+            hide_thread(self._watcher_id)
 
     def _begin_step(self, w: _Window, now: int) -> None:
         sites, total = _snapshot_sites()
@@ -404,6 +407,11 @@ class MemoryCollector(Collector):
             rise = steady_rise(ends)
             if rise is not None:
                 meta["leaks"].append({"kind": device, "per_step_bytes": rise, "steps": len(ends)})
+
+    def window_built(self, trace: Trace) -> None:
+        """Every collector has read the window: the watcher's thread id is free again."""
+        hide_thread(self._watcher_id, hidden=False)
+        self._watcher_id = None
 
     def after_fork_in_child(self) -> None:
         """A forked child keeps nothing of the parent's window (its watcher did not survive)."""

@@ -36,7 +36,7 @@ from stepscope.collectors.base import Collector, WindowContext
 from stepscope.collectors.sampler_twin import PyStackSampler
 from stepscope.renamed import renamed_option
 from stepscope.trace.model import TraceBuilder
-from stepscope.trace.names import is_hidden
+from stepscope.trace.names import hidden_threads, is_hidden
 
 __all__ = [
     "DEFAULT_MAX_DEPTH",
@@ -183,9 +183,14 @@ def add_samples(
     ]
     parents, frame_of = data.stack_parent, data.stack_frame
     stacks: dict[int, int] = {-1: -1}
+    own_threads = hidden_threads() if not keep_own_frames else frozenset()
+    kept = 0
     for tid, ts, stack, idle in zip(
         data.sample_tid, data.sample_ts, data.sample_stack, data.sample_idle, strict=True
     ):
+        if tid in own_threads:
+            continue  # one of stepscope's own threads (the memory watcher)
+        kept += 1
         sid = stacks.get(stack)
         if sid is None:
             path: list[int] = []
@@ -198,7 +203,7 @@ def add_samples(
             path.reverse()
             sid = stacks[stack] = builder.stack(path)
         builder.sample(pid, tid, ts, sid, 1, bool(idle))
-    return len(data)
+    return kept
 
 
 class Sampler:

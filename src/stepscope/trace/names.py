@@ -10,7 +10,9 @@ import sys
 __all__ = [
     "STEPSCOPE_ROOT",
     "frame_label",
+    "hidden_threads",
     "hide_launcher",
+    "hide_thread",
     "is_hidden",
     "sample_frame_label",
     "short_path",
@@ -27,6 +29,24 @@ def hide_launcher(path: str) -> None:
     """Treat the source file ``path`` (e.g. the console script that started stepscope) as a
     launcher whose frames never appear in results."""
     _hidden_files.add(os.path.abspath(path))  # normalised: a code object may say "a/../b"
+
+
+_hidden_threads: set[int] = set()
+"""Native ids of threads stepscope runs for itself while a window records (never sampled)."""
+
+
+def hide_thread(native_id: int | None, hidden: bool = True) -> None:
+    """Leave the samples of one of stepscope's own threads out of results (or stop doing so)."""
+    if native_id is not None:
+        if hidden:
+            _hidden_threads.add(native_id)
+        else:
+            _hidden_threads.discard(native_id)
+
+
+def hidden_threads() -> frozenset[int]:
+    """The native ids of stepscope's own threads now running."""
+    return frozenset(_hidden_threads)
 
 
 def is_hidden(file: str) -> bool:
