@@ -12,7 +12,6 @@ summed here and drawn as one counter track per device.
 from __future__ import annotations
 
 import ast
-import fnmatch
 import functools
 import os
 import sys
@@ -39,7 +38,6 @@ from stepscope.trace.names import hide_thread, short_path
 __all__ = ["MemoryCollector", "PythonHeapPoint", "function_at", "module_of"]
 
 _OWN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-_OWN_FILES = (tracemalloc.Filter(False, tracemalloc.__file__),)
 _LIBRARY_DIRS = tuple(
     {
         p.rstrip(os.sep) + os.sep
@@ -50,6 +48,9 @@ _LIBRARY_DIRS = tuple(
 TRACEMALLOC_FRAMES = 5
 """Frames kept per allocation: enough to find the program's own line above a library's."""
 PEAK_TABLE_ROWS = 25
+SNAPSHOT_SHARE = 0.03
+"""Snapshots of each kind may take at most this share of the window's time."""
+STEP_END, NEW_HIGH = 0, 1
 MAX_TIMELINE_POINTS = 4000
 Sites = dict[tuple[str, int], tuple[int, int]]
 """(file, line) -> (bytes, blocks) held."""
@@ -80,6 +81,10 @@ class _Window:
     """The highest step peak of the window."""
     timeline: list[tuple[int, int]] = field(default_factory=list)
     rss: list[tuple[int, int]] = field(default_factory=list)
+    window_start_ns: int = 0
+    snapshot_ns: list[int] = field(default_factory=lambda: [0, 0])
+    """Time spent taking snapshots at step ends and at new highs (each under its share)."""
+    skipped_snapshots: int = 0
 
 
 @functools.lru_cache(maxsize=4096)
@@ -88,23 +93,36 @@ def _is_library(file: str) -> bool:
 
 
 def _snapshot_sites() -> tuple[Sites, int]:
-    """Bytes held by allocating site: the innermost frame in the program's own code."""
-    snapshot = tracemalloc.take_snapshot().filter_traces(_OWN_FILES)
+    """Bytes held by allocating site: the innermost frame in the program's own code.
+
+    Reads tracemalloc's raw traces (what ``take_snapshot`` wraps), grouped by traceback first:
+    many allocations share one, so each is resolved to a site once.
+    """
+    by_traceback: dict[Any, list[int]] = {}
+    raw: Any = tracemalloc._get_traces()  # type: ignore[attr-defined]
+    for trace in raw:  # (domain, size, frames newest first, ...)
+        group = by_traceback.get(trace[2])
+        if group is None:
+            by_traceback[trace[2]] = [trace[1], 1]
+        else:
+            group[0] += trace[1]
+            group[1] += 1
     sites: Sites = {}
     total = 0
-    for stat in snapshot.statistics("traceback"):
-        frames = list(stat.traceback)  # oldest first
-        chosen = frames[-1]
-        for frame in reversed(frames):
-            if not _is_library(frame.filename):
+    for frames, (size, count) in by_traceback.items():
+        if not frames:
+            continue
+        chosen = frames[0]
+        for frame in frames:
+            if not _is_library(frame[0]):
                 chosen = frame
                 break
-        if chosen.filename.startswith(_OWN_DIR):
+        if chosen[0].startswith(_OWN_DIR) or chosen[0] == tracemalloc.__file__:
             continue  # stepscope's own bookkeeping, not the program's
-        key = (chosen.filename, chosen.lineno)
-        size, count = sites.get(key, (0, 0))
-        sites[key] = (size + stat.size, count + stat.count)
-        total += stat.size
+        key = (chosen[0], chosen[1])
+        held, blocks = sites.get(key, (0, 0))
+        sites[key] = (held + size, blocks + count)
+        total += size
     return sites, total
 
 
@@ -202,12 +220,11 @@ class MemoryCollector(Collector):
         w = self._window = _Window()
         self.optimizers = {}
         if not tracemalloc.is_tracing():
-            for own in _OWN_FILES:  # compile the filters' patterns before tracing begins
-                fnmatch.fnmatch(own.filename_pattern, own.filename_pattern)
             tracemalloc.start(TRACEMALLOC_FRAMES)
             w.started_tracing = True
         step = steps.current_step()
         w.step = step if step is not None else 0
+        w.window_start_ns = clock.now_ns()
         self._begin_step(w, clock.now_ns())
         self._hook_optimizers()
         if self.poll_interval_s > 0:
@@ -220,14 +237,28 @@ class MemoryCollector(Collector):
             hide_thread(self._watcher_id)
 
     def _begin_step(self, w: _Window, now: int) -> None:
-        sites, total = _snapshot_sites()
-        current = tracemalloc.get_traced_memory()[0]
-        w.own = max(current - total, 0)
+        if not w.ends:  # the window's start: what was held before it
+            sites, total = self._snapshot(w, STEP_END)
+            w.own = max(tracemalloc.get_traced_memory()[0] - total, 0)
+            w.ends.append(PythonHeapPoint(now, sites))
         tracemalloc.reset_peak()
         w.step_start_ns, w.step_peak = now, 0
-        if not w.ends:
-            w.ends.append(PythonHeapPoint(now, sites))
         self._note_rss(w, now)
+
+    @staticmethod
+    def _snapshot(w: _Window, kind: int) -> tuple[Sites, int]:
+        begin = clock.now_ns()
+        found = _snapshot_sites()
+        w.snapshot_ns[kind] += clock.now_ns() - begin
+        return found
+
+    @staticmethod
+    def _affordable(w: _Window, now: int, kind: int) -> bool:
+        """Snapshots cost time proportional to the live blocks: keep each kind (step ends,
+        new highs) to a share of the window's time; the first few step ends are always taken."""
+        if kind == STEP_END and len(w.ends) <= 3:
+            return True
+        return w.snapshot_ns[kind] <= SNAPSHOT_SHARE * (now - w.window_start_ns)
 
     def _note_rss(self, w: _Window, now: int) -> None:
         rss = rss_bytes()
@@ -243,12 +274,18 @@ class MemoryCollector(Collector):
                 w.step = step
                 self._begin_step(w, clock.now_ns())
 
-    def _end_step(self, w: _Window, now: int) -> None:
+    def _end_step(self, w: _Window, now: int, last: bool = False) -> None:
         current, peak = tracemalloc.get_traced_memory()
-        sites, total = _snapshot_sites()
-        w.own = max(current - total, 0)
-        step_peak = max(w.step_peak, peak - w.own, total)
-        w.ends.append(PythonHeapPoint(now, sites))
+        step_peak = max(w.step_peak, peak - w.own)
+        if last or self._affordable(w, now, STEP_END):
+            sites, total = self._snapshot(w, STEP_END)
+            w.own = max(current - total, 0)
+            w.ends.append(PythonHeapPoint(now, sites))
+            self._offer_peak(w, now, sites, total)
+        else:  # over the budget: the totals only, without the sites
+            total = max(current - w.own, 0)
+            w.skipped_snapshots += 1
+        step_peak = max(step_peak, total)
         w.timeline.append((now, total))
         row: dict[str, Any] = {
             "step": w.step,
@@ -262,7 +299,6 @@ class MemoryCollector(Collector):
         if cuda:
             row["cuda_allocator"] = cuda
         w.rows.append(row)
-        self._offer_peak(w, now, sites, total)
         if step_peak > w.peak_bytes:
             w.peak_bytes, w.peak_step = step_peak, w.step
 
@@ -285,9 +321,10 @@ class MemoryCollector(Collector):
                 w.timeline.append((now, held))
                 if len(w.timeline) > 2 * MAX_TIMELINE_POINTS:
                     w.timeline = thin_points(w.timeline, MAX_TIMELINE_POINTS)
-                if held > w.peak_total * 1.02 + 65536:
-                    sites, total = _snapshot_sites()
+                if held > w.peak_total * 1.05 + 65536 and self._affordable(w, now, NEW_HIGH):
+                    sites, total = self._snapshot(w, NEW_HIGH)
                     self._offer_peak(w, now, sites, total)
+                    w.own = max(tracemalloc.get_traced_memory()[0] - total, 0)
                     tracemalloc.reset_peak()  # the snapshot's own objects are not the program's
 
     def stop(self, ctx: WindowContext) -> None:
@@ -301,7 +338,7 @@ class MemoryCollector(Collector):
             self._watcher = None
         self._unhook_optimizers()
         try:
-            self._end_step(w, clock.now_ns())
+            self._end_step(w, clock.now_ns(), last=True)
         finally:
             if w.started_tracing:
                 tracemalloc.stop()
@@ -348,6 +385,11 @@ class MemoryCollector(Collector):
                 "t_ns": w.peak.t_ns,
                 "table": site_rows(w.peak.sites, PEAK_TABLE_ROWS),
             }
+        if w.skipped_snapshots:
+            meta["notes"].append(
+                f"{w.skipped_snapshots} step-end snapshots of the Python heap were skipped to "
+                f"keep them under {SNAPSHOT_SHARE:.0%} of the window's time (totals are kept)"
+            )
         python_leak = self._python_leak(w)
         if python_leak is not None:
             meta["leaks"].append(python_leak)

@@ -1,0 +1,156 @@
+"""The "memory" benchmark: what ``profile_memory=True`` costs, against torch and memray.
+
+Training-style loop (bench_train's MLP): stepscope's ``profile_memory=True`` against torch's
+``profile_memory=True, record_shapes=True, with_stack=True`` (the flags torch's memory timeline
+needs), both recording every step; then each profiler's ``export_memory_timeline``.
+Plain-Python loop (dicts and lists built and dropped, some kept): stepscope's
+``profile_memory=True`` against ``memray.Tracker``.
+Overhead = profiled time / unprofiled time - 1, all in the same run.
+Targets (issue 17): stepscope's overhead <= 0.5x torch's on the training loop; <= memray's on the
+plain-Python loop.
+"""
+
+from __future__ import annotations
+
+import gc
+import tempfile
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bench_train import make_workload
+from harness import Report
+
+
+def _timed(start: Callable[[], Any], stop: Callable[[], Any], loop: Callable[[], None]) -> float:
+    gc.collect()
+    begin = time.perf_counter()
+    start()
+    loop()
+    stop()
+    return time.perf_counter() - begin
+
+
+def python_workload(steps: int, step: Callable[[], None] | None = None) -> None:
+    """Records as dicts and lists, most dropped each step, a few kept."""
+    kept: list[Any] = []
+    for i in range(steps):
+        batch = [{"id": j, "name": f"row{j}", "values": list(range(20))} for j in range(2000)]
+        kept.append(batch[: 20 + i % 3])
+        del batch
+        if step is not None:
+            step()
+
+
+def _overheads(
+    report: Report, case: str, baseline: Any, runs: dict[str, list[float]]
+) -> dict[str, float]:
+    found = {}
+    for subject, samples in runs.items():
+        result = report.add(case, subject, "s", samples)
+        found[subject] = result.median / baseline.median - 1
+    report.note(
+        f"{case}: overhead "
+        + ", ".join(f"{subject} {value:.2f}x" for subject, value in found.items())
+        + " (profiled / baseline - 1)"
+    )
+    return found
+
+
+def train_case(report: Report, steps: int, repeat: int) -> None:
+    import torch.profiler
+
+    import stepscope
+
+    train = make_workload(steps)
+    train(None)
+    base = [_timed(lambda: None, lambda: None, lambda: train(None)) for _ in range(repeat)]
+    case = f"train {steps} steps"
+    baseline = report.add(case, "no profiler", "s", base)
+    runs: dict[str, list[float]] = {"stepscope profile_memory": [], "torch.profiler 3 flags": []}
+    timeline: dict[str, list[float]] = {"stepscope": [], "torch.profiler": []}
+    with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for _ in range(repeat):
+            ours = stepscope.profile(activities=["CPU"], profile_memory=True)
+            runs["stepscope profile_memory"].append(
+                _timed(ours.start, ours.stop, lambda p=ours: train(p.step))
+            )
+            theirs = torch.profiler.profile(
+                activities=[torch.profiler.ProfilerActivity.CPU],
+                profile_memory=True,
+                record_shapes=True,
+                with_stack=True,
+            )
+            runs["torch.profiler 3 flags"].append(
+                _timed(theirs.start, theirs.stop, lambda p=theirs: train(p.step))
+            )
+            begin = time.perf_counter()
+            ours.export_memory_timeline(f"{tmp}/ours.json", "cpu")
+            timeline["stepscope"].append(time.perf_counter() - begin)
+            begin = time.perf_counter()
+            theirs.export_memory_timeline(f"{tmp}/theirs.json", "cpu")
+            timeline["torch.profiler"].append(time.perf_counter() - begin)
+    over = _overheads(report, f"{case}, loop + stop", baseline, runs)
+    s_over, t_over = over["stepscope profile_memory"], over["torch.profiler 3 flags"]
+    report.target(
+        "train: stepscope profile_memory overhead / torch's (3 flags) <= 0.5",
+        s_over / t_over if t_over > 0 else float("inf"),
+        0.5,
+    )
+    ours_tl = report.add(f"{case}: export_memory_timeline", "stepscope", "s", timeline["stepscope"])
+    torch_tl = report.add(
+        f"{case}: export_memory_timeline", "torch.profiler", "s", timeline["torch.profiler"]
+    )
+    report.ratio("export_memory_timeline", ours_tl, torch_tl)
+
+
+def python_case(report: Report, steps: int, repeat: int) -> None:
+    import stepscope
+
+    try:
+        import memray
+    except ImportError:
+        report.note("memray not installed (bench/requirements.txt): plain-Python case skipped")
+        return
+    base = [
+        _timed(lambda: None, lambda: None, lambda: python_workload(steps)) for _ in range(repeat)
+    ]
+    case = f"python loop {steps} steps"
+    baseline = report.add(case, "no profiler", "s", base)
+    runs: dict[str, list[float]] = {"stepscope profile_memory": [], "memray": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in range(repeat):
+            ours = stepscope.profile(activities=["CPU"], profile_memory=True, torch_ops=False)
+            runs["stepscope profile_memory"].append(
+                _timed(ours.start, ours.stop, lambda p=ours: python_workload(steps, p.step))
+            )
+            tracker = memray.Tracker(str(Path(tmp) / f"memray{n}.bin"))
+            runs["memray"].append(
+                _timed(
+                    tracker.__enter__,
+                    lambda t=tracker: t.__exit__(None, None, None),
+                    lambda: python_workload(steps),
+                )
+            )
+    over = _overheads(report, case, baseline, runs)
+    s_over, m_over = over["stepscope profile_memory"], over["memray"]
+    report.target(
+        "python: stepscope profile_memory overhead / memray's <= 1",
+        s_over / m_over if m_over > 0 else float("inf"),
+        1.0,
+    )
+
+
+def run(report: Report) -> None:
+    """Run the memory benchmark."""
+    repeat = 3 if report.quick else 7
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        report.note("torch not installed: training case skipped")
+    else:
+        train_case(report, 20 if report.quick else 40, repeat)
+    python_case(report, 20 if report.quick else 40, repeat)
