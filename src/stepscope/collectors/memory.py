@@ -85,6 +85,9 @@ class _Window:
     snapshot_ns: list[int] = field(default_factory=lambda: [0, 0])
     """Time spent taking snapshots at step ends and at new highs (each under its share)."""
     skipped_snapshots: int = 0
+    last_held: int = 0
+    high_step: int = -1
+    """The step of the last snapshot at a new high."""
 
 
 @functools.lru_cache(maxsize=4096)
@@ -321,11 +324,18 @@ class MemoryCollector(Collector):
                 w.timeline.append((now, held))
                 if len(w.timeline) > 2 * MAX_TIMELINE_POINTS:
                     w.timeline = thin_points(w.timeline, MAX_TIMELINE_POINTS)
-                if held > w.peak_total * 1.05 + 65536 and self._affordable(w, now, NEW_HIGH):
+                settled = abs(held - w.last_held) <= held // 100  # the rise has stopped
+                w.last_held = held
+                if held > w.peak_total * 1.05 + 65536 and self._new_high_wanted(w, now, settled):
+                    w.high_step = w.step
                     sites, total = self._snapshot(w, NEW_HIGH)
                     self._offer_peak(w, now, sites, total)
                     w.own = max(tracemalloc.get_traced_memory()[0] - total, 0)
                     tracemalloc.reset_peak()  # the snapshot's own objects are not the program's
+
+    def _new_high_wanted(self, w: _Window, now: int, settled: bool) -> bool:
+        """Within the budget, every new high; beyond it, one settled high per step."""
+        return self._affordable(w, now, NEW_HIGH) or (settled and w.high_step != w.step)
 
     def stop(self, ctx: WindowContext) -> None:
         """End the last step, stop the watcher, and tracemalloc if stepscope started it."""
