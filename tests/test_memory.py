@@ -245,3 +245,40 @@ def test_run_memory_flag_records_memory(tmp_path: Path) -> None:
     [row] = meta["steps"]
     blocks = 1000 * sys.getsizeof(bytearray(1000))
     assert blocks <= row["python_peak"] <= 1.2 * blocks  # and the program's own code objects
+
+
+def test_a_failing_snapshot_never_breaks_the_program(monkeypatch: pytest.MonkeyPatch) -> None:
+    from stepscope.collectors import memory as memory_collector
+
+    def broken() -> tuple[dict[tuple[str, int], tuple[int, int]], int]:
+        raise RuntimeError("snapshot failed")
+
+    monkeypatch.setattr(memory_collector, "_snapshot_sites", broken)
+    done = 0
+    with stepscope.profile(profile_memory=True, torch_ops=False, strict=False) as prof:
+        for _ in range(3):
+            make_block()
+            done += 1
+            prof.step()
+    assert done == 3
+    assert not tracemalloc.is_tracing()  # closed by the profile even though the window failed
+    errors = prof.trace().metadata["stepscope_collector_errors"]
+    assert "RuntimeError: snapshot failed" in errors["memory.start"]
+
+
+def test_a_failing_watcher_is_noted_and_step_ends_still_count(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from stepscope.collectors.memory import MemoryCollector
+
+    def broken(*args: Any) -> bool:
+        raise RuntimeError("watcher failed")
+
+    monkeypatch.setattr(MemoryCollector, "_new_high_wanted", broken)
+    held: list[Any] = []
+    prof = python_loop(held, leak=True, steps=4)
+    meta = prof.trace().metadata["stepscope_memory"]
+    assert any("watcher failed" in note for note in meta["notes"])
+    rows = steps_of(prof)
+    grew = rows[-1]["python_current"] - rows[-2]["python_current"]
+    assert grew == pytest.approx(sys.getsizeof(held[0]), rel=0.05)

@@ -32,11 +32,13 @@ from stepscope.analysis.memory import (
     thin_points,
 )
 from stepscope.collectors.base import Collector, WindowContext
+from stepscope.failures import failure_log
 from stepscope.trace.model import Trace, TraceBuilder
 from stepscope.trace.names import hide_thread, short_path
 
 __all__ = ["MemoryCollector", "PythonHeapPoint", "function_at", "module_of"]
 
+_failures = failure_log("collectors")
 _OWN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _LIBRARY_DIRS = tuple(
     {
@@ -88,6 +90,7 @@ class _Window:
     snapshot_ns: list[int] = field(default_factory=lambda: [0, 0])
     """Time spent taking snapshots at step ends and at new highs (each under its share)."""
     skipped_snapshots: int = 0
+    watch_error: str = ""
     last_held: int = 0
     high_step: int = -1
     """The step of the last snapshot at a new high."""
@@ -314,6 +317,22 @@ class MemoryCollector(Collector):
             w.peak, w.peak_total = PythonHeapPoint(now, sites), total
 
     def _watch(self) -> None:
+        """The watcher thread: a failure there is counted and ends the watching, nothing more."""
+        try:
+            self._poll()
+        except Exception as exc:
+            w = self._window
+            if w is not None:
+                w.watch_error = f"{type(exc).__name__}: {exc}"
+            _failures.report(
+                "memory_watcher_error",
+                "the memory watcher thread",
+                exc,
+                strict=False,  # nothing could catch it in this thread
+                then="the peak table and the timeline use step ends only",
+            )
+
+    def _poll(self) -> None:
         """Poll the traced total; snapshot each new high of the window (the peak table)."""
         while not self._stop_watch.wait(self.poll_interval_s):
             w = self._window
@@ -398,6 +417,8 @@ class MemoryCollector(Collector):
                 "t_ns": w.peak.t_ns,
                 "table": site_rows(w.peak.sites, PEAK_TABLE_ROWS),
             }
+        if w.watch_error:
+            meta["notes"].append(f"the memory watcher failed ({w.watch_error}): step ends only")
         if w.skipped_snapshots:
             meta["notes"].append(
                 f"{w.skipped_snapshots} step-end snapshots of the Python heap were skipped to "
