@@ -256,6 +256,10 @@ def _summary(
             prof.key_averages().table(sort_by=args.sort, row_limit=args.top, header=header),
             file=out,
         )
+    if args.profile_memory:
+        from stepscope.report.memory import memory_line
+
+        print(memory_line(prof.trace(), f"stepscope run: {name}: memory"), file=out)
     steps = f"{prof.step_num} steps, " if step_on is not None else ""
     print(
         f"stepscope run: {name}: {steps}{len(prof.trace_files)} trace(s) written:",

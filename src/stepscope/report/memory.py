@@ -10,6 +10,7 @@ from rich.console import RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from stepscope.analysis.memory import memory_summary
 from stepscope.analysis.memory_types import MemorySummary
 from stepscope.jsonenc import json_bytes
 from stepscope.report.html import _CSP, _asset, _inline_script, _inline_style
@@ -17,8 +18,9 @@ from stepscope.text import clean_text
 
 if TYPE_CHECKING:
     from stepscope.profiler.memory_timeline import Timeline
+    from stepscope.trace.model import Trace
 
-__all__ = ["human_bytes", "memory_renderables", "timeline_page"]
+__all__ = ["human_bytes", "memory_line", "memory_renderables", "timeline_page"]
 
 MAX_STEP_ROWS = 50
 COLORS = (
@@ -119,6 +121,22 @@ def memory_renderables(m: MemorySummary | None) -> list[RenderableType]:
     for note in m.notes:
         parts.append(Text(f"Note: {note}", style="dim"))
     return parts
+
+
+def memory_line(trace: Trace, prefix: str) -> str:
+    """One line for a command's summary: the window's peak and the leak hint, if any."""
+    m = memory_summary(trace)
+    if m is None:
+        return f"{prefix}: nothing recorded"
+    what = "Python heap" if m.peak_kind == "python" else f"{m.peak_kind} tensors"
+    line = f"{prefix}: peak {human_bytes(m.peak_bytes)} ({what}, step {m.peak_step})"
+    if m.peak_table:
+        top = m.peak_table[0]
+        line += f", most held by {top.function}"
+    for leak in m.leaks:
+        kind = "Python heap" if leak.kind == "python" else f"{leak.kind} tensors"
+        line += f"; possible leak: {kind} +{human_bytes(leak.per_step_bytes)} per step"
+    return line
 
 
 _PAGE_SCRIPT = """
