@@ -283,3 +283,18 @@ def test_a_failing_watcher_is_noted_and_step_ends_still_count(
     rows = steps_of(prof)
     grew = rows[-1]["python_current"] - rows[-2]["python_current"]
     assert grew == pytest.approx(sys.getsizeof(held[0]), rel=0.05)
+
+
+def test_the_watcher_thread_is_never_sampled() -> None:
+    import threading
+
+    with stepscope.profile(
+        activities=["CPU", "SAMPLING"], profile_memory=True, torch_ops=False, sampling_rate_hz=500
+    ) as prof:
+        for _ in range(3):
+            block = make_block()
+            time.sleep(0.05)
+            del block
+            prof.step()
+    tids = {s.tid for s in prof.trace().iter_samples()}
+    assert tids == {threading.main_thread().native_id}
