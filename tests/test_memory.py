@@ -162,6 +162,10 @@ def test_torch_tensors_per_step_within_5_percent_and_the_leak() -> None:
     assert summary is not None
     assert [h.kind for h in summary.leaks] == ["cpu"]
     assert summary.leaks[0].per_step_bytes == pytest.approx(kept, rel=0.05)
+    # what grew: the tensors kept after the first step, by the operator that made them
+    [site] = summary.leaks[0].sites
+    assert site.function in ("aten::zeros", "aten::empty")
+    assert site.growth_bytes == (len(held) - 1) * kept
     # one counter track per device, as Perfetto shows them
     counters = {c.name for c in trace.iter_counter_events()}
     assert {"Memory cpu", "Python heap", "RSS"} <= counters

@@ -9,7 +9,7 @@ instants (``Bytes``, ``Total Allocated``, ``Device Type``, ``Device Id``) any tr
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import pairwise
 from statistics import median
 from typing import Any
@@ -185,6 +185,41 @@ def _tensor_peak_table(
     return total, rows
 
 
+def _tensor_growth(
+    trace: Trace,
+    events: Sequence[TensorEvent],
+    device: str,
+    bounds: Sequence[tuple[int, int, int]],
+    top: int = 10,
+) -> list[LeakSite]:
+    """Tensors still alive at the window's last step end that were allocated after the first
+    step (past warm-up), by the operator that allocated them: what grew."""
+    from stepscope.trace.nesting import innermost_spans_at
+
+    if len(bounds) < 2:
+        return []
+    ordered = sorted(bounds, key=lambda b: b[1])
+    after, until = ordered[0][2], ordered[-1][2]
+    live: dict[int, TensorEvent] = {}
+    for e in events:
+        if e.device != device or e.ts_ns >= until:
+            continue
+        if e.bytes > 0:
+            live[e.addr] = e
+        else:
+            live.pop(e.addr, None)
+    grown = [e for e in live.values() if e.ts_ns >= after]
+    points = [(e.pid, e.tid, e.ts_ns) for e in grown]
+    spans = innermost_spans_at(trace, points)
+    by_op: dict[str, int] = {}
+    for e, point in zip(grown, points, strict=True):
+        index = spans.get(point, -1)
+        name = trace.string(trace.spans["name"][index]) if index >= 0 else "(outside any op)"
+        by_op[name] = by_op.get(name, 0) + e.bytes
+    ranked = sorted(by_op.items(), key=lambda item: -item[1])[:top]
+    return [LeakSite(name, "", 0, size) for name, size in ranked]
+
+
 def _python_steps(meta: Mapping[str, Any]) -> dict[int, dict[str, Any]]:
     steps: dict[int, dict[str, Any]] = {}
     for row in meta.get("steps", ()):
@@ -278,6 +313,12 @@ def memory_summary(
             rise = steady_rise(ends)
             if rise is not None:
                 leaks.append(LeakHint(device, rise, len(ends)))
+    leaks = [
+        replace(h, sites=_tensor_growth(trace, events, h.kind, bounds))
+        if h.kind != "python" and not h.sites
+        else h
+        for h in leaks
+    ]
     peak_kind, peak_step, peak_bytes, table = _peak(trace, meta, events, devices, steps, top)
     notes = [str(n) for n in meta.get("notes", ())]
     return MemorySummary(
