@@ -110,10 +110,8 @@ def memory_renderables(m: MemorySummary | None) -> list[RenderableType]:
             )
         )
         for site in leak.sites:
-            where = f"{site.file}:{site.line}"
-            parts.append(
-                Text(f"  grew {human_bytes(site.growth_bytes)}: {site.function} ({where})")
-            )
+            where = f" ({site.file}:{site.line})" if site.file else ""
+            parts.append(Text(f"  grew {human_bytes(site.growth_bytes)}: {site.function}{where}"))
     if m.steps and not m.leaks:
         parts.append(
             Text("No steady rise of memory held at step ends (no leak hint).", style="dim")

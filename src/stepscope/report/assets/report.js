@@ -626,7 +626,7 @@
       parts.push(
         h("p", { class: "leak" }, `Possible leak: ${what} held at step ends rose by about ${mib(leak.per_step_bytes)} per step over ${leak.steps} steps`),
       );
-      for (const site of leak.sites) parts.push(h("p", { class: "dim" }, `grew ${mib(site.growth_bytes)}: ${site.function} (${site.file}:${site.line})`));
+      for (const site of leak.sites) parts.push(h("p", { class: "dim" }, `grew ${mib(site.growth_bytes)}: ${site.function}` + (site.file ? ` (${site.file}:${site.line})` : "")));
     }
     if (!m.leaks.length && m.steps.length) parts.push(h("p", { class: "dim" }, "No steady rise of memory held at step ends (no leak hint)."));
     if (Object.keys(m.timeline).length) {
