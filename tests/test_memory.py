@@ -96,6 +96,19 @@ def test_a_leaking_loop_is_hinted_with_the_site_and_a_steady_one_is_not() -> Non
     assert steady.leaks == []
 
 
+def test_each_step_names_the_sites_that_allocated_and_freed() -> None:
+    held: list[Any] = []
+    meta = python_loop(held, leak=True).trace().metadata["stepscope_memory"]
+    sites = meta["sites"]
+    # step ends past the first three may skip their snapshot on a loaded machine (noted)
+    rows = [row for row in meta["steps"][1:-1] if "site_changes" in row]
+    assert len(rows) >= 2
+    for row in rows:
+        [(site, size, blocks), *_] = row["site_changes"]  # the biggest change of the step
+        assert sites[site]["function"] == "python_loop"
+        assert size == pytest.approx(sys.getsizeof(held[0]), rel=0.05) and blocks >= 1
+
+
 def test_steady_rise_needs_a_steady_rise() -> None:
     assert steady_rise([0, 10_000, 20_000, 30_000, 40_000]) == 10_000
     assert steady_rise([0, 10_000, 20_000]) is None  # too few steps

@@ -56,6 +56,8 @@ PEAK_TABLE_ROWS = 25
 SNAPSHOT_SHARE = 0.03
 """Snapshots of each kind may take at most this share of the window's time."""
 STEP_END, NEW_HIGH = 0, 1
+SITE_CHANGES = 10
+"""Sites kept per step: those whose held bytes changed most since the last snapshot."""
 MAX_TIMELINE_POINTS = 4000
 Sites = dict[tuple[str, int], tuple[int, int]]
 """(file, line) -> (bytes, blocks) held."""
@@ -90,6 +92,8 @@ class _Window:
     snapshot_ns: list[int] = field(default_factory=lambda: [0, 0])
     """Time spent taking snapshots at step ends and at new highs (each under its share)."""
     skipped_snapshots: int = 0
+    site_ids: dict[tuple[str, int], int] = field(default_factory=dict)
+    """Allocation sites named by the per-step changes, interned (the metadata's ``sites``)."""
     watch_error: str = ""
     last_held: int = 0
     high_step: int = -1
@@ -286,9 +290,11 @@ class MemoryCollector(Collector):
     def _end_step(self, w: _Window, now: int, last: bool = False) -> None:
         current, peak = tracemalloc.get_traced_memory()
         step_peak = max(w.step_peak, peak - w.own)
+        changes: list[list[int]] | None = None
         if last or self._affordable(w, now, STEP_END):
             sites, total = self._snapshot(w, STEP_END)
             w.own = max(current - total, 0)
+            changes = self._site_changes(w, w.ends[-1].sites, sites)
             w.ends.append(PythonHeapPoint(now, sites))
             self._offer_peak(w, now, sites, total)
         else:  # over the budget: the totals only, without the sites
@@ -304,12 +310,32 @@ class MemoryCollector(Collector):
             "python_peak": step_peak,
             "rss": rss_bytes(),
         }
+        if changes is not None:
+            row["site_changes"] = changes
+            row["site_changes_since_ns"] = w.ends[-2].t_ns
         cuda = _cuda_allocator_stats()
         if cuda:
             row["cuda_allocator"] = cuda
         w.rows.append(row)
         if step_peak > w.peak_bytes:
             w.peak_bytes, w.peak_step = step_peak, w.step
+
+    @staticmethod
+    def _site_changes(w: _Window, before: Sites, after: Sites) -> list[list[int]]:
+        """The sites whose held bytes changed most since the last snapshot: ``[site, bytes,
+        blocks]`` rows (allocations up, frees down), sites interned in ``w.site_ids``."""
+        moved = []
+        for site in before.keys() | after.keys():
+            size0, count0 = before.get(site, (0, 0))
+            size1, count1 = after.get(site, (0, 0))
+            if size1 != size0:
+                moved.append((site, size1 - size0, count1 - count0))
+        moved.sort(key=lambda m: -abs(m[1]))
+        rows = []
+        for site, size, count in moved[:SITE_CHANGES]:
+            index = w.site_ids.setdefault(site, len(w.site_ids))
+            rows.append([index, size, count])
+        return rows
 
     @staticmethod
     def _offer_peak(w: _Window, now: int, sites: Sites, total: int) -> None:
@@ -404,6 +430,10 @@ class MemoryCollector(Collector):
             if w.started_tracing
             else "already running: left as it was",
             "steps": w.rows,
+            "sites": [
+                {"function": function_at(file, line), "file": short_path(file), "line": line}
+                for (file, line) in w.site_ids
+            ],
             "python_timeline": thin_points(w.timeline, MAX_TIMELINE_POINTS),
             "rss_timeline": thin_points(w.rss, MAX_TIMELINE_POINTS),
             "leaks": [],
