@@ -16,6 +16,7 @@ import pytest
 
 import stepscope
 from stepscope.analysis.memory import memory_summary, steady_rise
+from stepscope.analysis.steps import find_steps
 from stepscope.cli import main
 from stepscope.trace import read_chrome_trace
 
@@ -94,6 +95,26 @@ def test_a_leaking_loop_is_hinted_with_the_site_and_a_steady_one_is_not() -> Non
     assert hint.sites[0].function == "python_loop"
     assert hint.sites[0].growth_bytes >= 3 * LEAK
     assert steady.leaks == []
+
+
+def test_a_steady_rise_outside_the_heap_is_noted_as_rss() -> None:
+    import mmap
+
+    size = 8 << 20
+    held: list[mmap.mmap] = []
+    with stepscope.profile(profile_memory=True, torch_ops=False) as prof:
+        for _ in range(STEPS):
+            block = mmap.mmap(-1, size)  # memory tracemalloc does not see
+            block.write(b"x" * size)  # touched, so resident
+            held.append(block)
+            prof.step()
+    summary = memory_summary(prof.trace())
+    assert summary is not None and summary.leaks == []  # not the heap's or tensors' doing
+    [note] = [n for n in summary.notes if "RSS rose" in n]
+    per_step = float(note.split("about ")[1].split(" MiB")[0]) * 1048576
+    assert per_step == pytest.approx(size, rel=0.05)
+    for block in held:
+        block.close()
 
 
 def test_each_step_names_the_sites_that_allocated_and_freed() -> None:
@@ -239,6 +260,13 @@ def test_report_shows_memory_in_terminal_and_json(
         "test_report_shows_memory_in_terminal_and_json",
     )
     assert len(memory["steps"]) == 7
+    # every series of the timeline is in the written trace's time base (that of its steps)
+    windows, _ = find_steps(read_chrome_trace(trace))
+    first, last = windows[0].start_ns, windows[-1].end_ns
+    margin = last - first
+    for name, points in memory["timeline"].items():
+        assert all(first - margin <= t <= last + margin for t, _ in points), name
+    assert {"python heap", "rss"} <= set(memory["timeline"])
     capsys.readouterr()
     assert main(["report", str(trace)]) == 0
     shown = capsys.readouterr().out

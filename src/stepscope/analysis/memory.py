@@ -38,9 +38,15 @@ __all__ = [
 MEMORY_KEY = "stepscope_memory"
 """Trace metadata key of the memory collector's per-step results."""
 MEMORY_INSTANT = "[memory]"
+PYTHON_HEAP_TRACK = "Python heap"
+"""The counter track of the traced Python heap (bytes held, since the window started)."""
+RSS_TRACK = "RSS"
+"""The counter track of the process's resident set size."""
 TIMELINE_POINTS = 1000
 """Points per series kept in a report's timeline."""
 LEAK_MIN_BYTES_PER_STEP = 4096
+RSS_RISE_MIN_BYTES_PER_STEP = 1 << 20
+"""RSS moves by pages and allocator arenas: a rise below this per step is not reported."""
 """A rise smaller than this per step is noise (interpreter caches, free lists), not a leak."""
 _DEVICE_TYPES = {0: "cpu", 1: "cuda", 12: "xpu", 13: "mps", 23: "mtia", 20: "privateuseone"}
 
@@ -132,6 +138,15 @@ def steady_rise(values: Sequence[int], min_bytes: int = LEAK_MIN_BYTES_PER_STEP)
     if sum(rises) < typical * len(rises) / 2:
         return None
     return typical
+
+
+def rss_rise_note(per_step: int, steps: int) -> str:
+    """The note for a steady RSS rise that neither the Python heap nor tensors explain."""
+    return (
+        f"the process RSS rose by about {per_step / 1048576:.1f} MiB per step over {steps} "
+        "steps while the traced Python heap and tensors held steady: native memory "
+        "(C extensions, allocator caches or fragmentation), not necessarily a leak"
+    )
 
 
 def _step_bounds(trace: Trace) -> list[tuple[int, int, int]]:
@@ -243,17 +258,30 @@ def _leak_sites(rows: Any) -> list[LeakSite]:
     return sites
 
 
-def _timeline(
-    trace: Trace, events: Sequence[TensorEvent], meta: Mapping[str, Any]
-) -> dict[str, list[tuple[int, int]]]:
+def _timeline(trace: Trace, events: Sequence[TensorEvent]) -> dict[str, list[tuple[int, int]]]:
     series: dict[str, list[tuple[int, int]]] = {}
     for e in events:
         series.setdefault(f"tensors {e.device}", []).append((e.ts_ns, e.total_allocated))
-    for name, key in (("python heap", "python_timeline"), ("rss", "rss_timeline")):
-        points = [(int(t), int(b)) for t, b in meta.get(key, ()) if b is not None]
+    for name, track in (("python heap", PYTHON_HEAP_TRACK), ("rss", RSS_TRACK)):
+        points = _counter_points(trace, track)
         if points:
             series[name] = points
     return {name: thin_points(points) for name, points in series.items()}
+
+
+def _counter_points(trace: Trace, track: str) -> list[tuple[int, int]]:
+    """(time, value) of a counter track, in the trace's own time base (as its events)."""
+    name_id = trace.strings.index(track) if track in trace.strings else None
+    if name_id is None:
+        return []
+    t = trace.counters
+    points = [
+        (ts, int(value))
+        for name, ts, value in zip(t["name"], t["ts_ns"], t["value"], strict=True)
+        if name == name_id
+    ]
+    points.sort()
+    return points
 
 
 def thin_points(
@@ -319,10 +347,15 @@ def memory_summary(
         else h
         for h in leaks
     ]
-    peak_kind, peak_step, peak_bytes, table = _peak(trace, meta, events, devices, steps, top)
     notes = [str(n) for n in meta.get("notes", ())]
+    if not leaks:  # neither the heap nor tensors rose: say so if the process did anyway
+        rss_ends = [s.rss for s in steps if s.rss is not None]
+        rise = steady_rise(rss_ends, RSS_RISE_MIN_BYTES_PER_STEP)
+        if rise is not None:
+            notes.append(rss_rise_note(rise, len(rss_ends)))
+    peak_kind, peak_step, peak_bytes, table = _peak(trace, meta, events, devices, steps, top)
     return MemorySummary(
-        steps, peak_kind, peak_step, peak_bytes, table, leaks, _timeline(trace, events, meta), notes
+        steps, peak_kind, peak_step, peak_bytes, table, leaks, _timeline(trace, events), notes
     )
 
 

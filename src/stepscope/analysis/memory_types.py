@@ -56,6 +56,11 @@ class LeakHint:
     steps: int
     sites: list[LeakSite] = field(default_factory=list)
 
+    @property
+    def what(self) -> str:
+        """What rose, in words."""
+        return "Python heap" if self.kind == "python" else f"{self.kind} tensors"
+
 
 @dataclass(frozen=True)
 class MemorySummary:

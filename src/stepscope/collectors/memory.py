@@ -26,6 +26,8 @@ from stepscope import clock, steps
 from stepscope.analysis.memory import (
     MEMORY_INSTANT,
     MEMORY_KEY,
+    PYTHON_HEAP_TRACK,
+    RSS_TRACK,
     steady_rise,
     tensor_events,
     tensor_steps,
@@ -434,8 +436,6 @@ class MemoryCollector(Collector):
                 {"function": function_at(file, line), "file": short_path(file), "line": line}
                 for (file, line) in w.site_ids
             ],
-            "python_timeline": thin_points(w.timeline, MAX_TIMELINE_POINTS),
-            "rss_timeline": thin_points(w.rss, MAX_TIMELINE_POINTS),
             "leaks": [],
             "notes": [],
         }
@@ -458,10 +458,10 @@ class MemoryCollector(Collector):
         if python_leak is not None:
             meta["leaks"].append(python_leak)
         self._tensors(builder, ctx, w, meta)
-        for t, held in w.timeline:
-            builder.counter("Python heap", ctx.pid, t, {"bytes": held})
-        for t, rss in w.rss:
-            builder.counter("RSS", ctx.pid, t, {"bytes": rss})
+        for t, held in thin_points(w.timeline, MAX_TIMELINE_POINTS):
+            builder.counter(PYTHON_HEAP_TRACK, ctx.pid, t, {"bytes": held})
+        for t, rss in thin_points(w.rss, MAX_TIMELINE_POINTS):
+            builder.counter(RSS_TRACK, ctx.pid, t, {"bytes": rss})
         builder.metadata[MEMORY_KEY] = meta
 
     def _python_leak(self, w: _Window) -> dict[str, Any] | None:

@@ -101,7 +101,7 @@ def memory_renderables(m: MemorySummary | None) -> list[RenderableType]:
             table.add_row(r.function, where, human_bytes(r.bytes), f"{r.count:,}")
         parts.append(table)
     for leak in m.leaks:
-        what = "Python heap" if leak.kind == "python" else f"{leak.kind} tensors"
+        what = leak.what
         parts.append(
             Text(
                 f"Possible leak: {what} held at step ends rose by about "
@@ -132,8 +132,7 @@ def memory_line(trace: Trace, prefix: str) -> str:
         top = m.peak_table[0]
         line += f", most held by {top.function}"
     for leak in m.leaks:
-        kind = "Python heap" if leak.kind == "python" else f"{leak.kind} tensors"
-        line += f"; possible leak: {kind} +{human_bytes(leak.per_step_bytes)} per step"
+        line += f"; possible leak: {leak.what} +{human_bytes(leak.per_step_bytes)} per step"
     return line
 
 

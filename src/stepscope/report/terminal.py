@@ -11,11 +11,12 @@ from rich.text import Text
 
 from stepscope.analysis.result import (
     Category,
+    CounterInfo,
     DiffResult,
     Report,
     TraceSummary,
 )
-from stepscope.report.memory import memory_renderables
+from stepscope.report.memory import human_bytes, memory_renderables
 
 __all__ = ["render_diff", "render_report", "render_summary"]
 
@@ -214,7 +215,9 @@ def render_summary(s: TraceSummary) -> RenderableType:
         )
     parts += memory_renderables(s.memory)
     if s.counters:
-        listed = ", ".join(f"{c.name} ({c.events} events, last {c.last:g})" for c in s.counters)
+        listed = ", ".join(
+            f"{c.name} ({c.events} events, last {_counter_value(c)})" for c in s.counters
+        )
         parts.append(Text(f"Counters: {listed}"))
     if s.dropped:
         listed = ", ".join(f"{k} {v}" for k, v in s.dropped.items())
@@ -277,3 +280,13 @@ def render_diff(diff: DiffResult, console: Console, top: int = 10) -> None:
     console.print(t)
     for note in diff.notes:
         console.print(Text(f"Note: {note}", style="dim"))
+
+
+def _counter_value(c: CounterInfo) -> str:
+    """A counter's last value: bytes as bytes, other large integers with separators."""
+    if any(name in _BYTE_SERIES for name in c.series):
+        return human_bytes(c.last)
+    return f"{c.last:,.0f}" if c.last.is_integer() and abs(c.last) >= 1e4 else f"{c.last:g}"
+
+
+_BYTE_SERIES = frozenset({"bytes", "Total Allocated", "Total Reserved"})
