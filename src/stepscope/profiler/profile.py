@@ -31,7 +31,7 @@ from stepscope.collectors.torch import (
     install_torch_profiler_hooks,
     torch_installed,
 )
-from stepscope.distributed import distributed_info
+from stepscope.distributed import distributed_info, sync_first_window
 from stepscope.failures import failure_log
 from stepscope.profiler.events import EventList, function_events
 from stepscope.profiler.execution_trace import ExecutionTraceCollector
@@ -163,6 +163,7 @@ class profile:
         self._ctx: WindowContext | None = None
         self._window_index = 0
         self._window_first_step = 0
+        self._rank_sync: dict[str, Any] | None = None
         self._step_span: Any = None
         self._traces: list[Trace] = []
         self._broken: set[int] = set()
@@ -399,10 +400,33 @@ class profile:
         ctx = self._ctx = WindowContext(window=self._window_index)
         self._trace_id = self._make_trace_id()
         ctx.metadata["trace_id"] = self._trace_id
+        if self._window_index == 0 and self._rank_sync is None:
+            self._sync_ranks()
+        if self._rank_sync is not None:
+            ctx.metadata["stepscope_rank_sync"] = self._rank_sync
         self._window_first_step = self.step_num
         for collector in self.collectors:
             self._guarded(collector, "prepare", functools.partial(collector.prepare, ctx))
         return ctx
+
+    def _sync_ranks(self) -> None:
+        """The first window's handshake between ranks (``distributed.sync_first_window``)."""
+        try:
+            self._rank_sync = sync_first_window(self.step_num)
+        except Exception as exc:
+            _failures.report(
+                "rank_sync_error",
+                "sync_first_window",
+                exc,
+                strict=self.strict,
+                then="clocks are not aligned",
+            )
+            self._rank_sync = {"status": "failed", "reason": f"{type(exc).__name__}: {exc}"}
+            return
+        shift = int(self._rank_sync.get("steps_shifted_by", 0)) if self._rank_sync else 0
+        if shift:
+            self.step_num += shift
+            steps.set_step(self.step_num)
 
     def start_trace(self) -> None:
         """Start recording the window (RECORD)."""
