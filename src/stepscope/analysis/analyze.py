@@ -18,6 +18,7 @@ from itertools import compress
 
 from stepscope.analysis import device as dev
 from stepscope.analysis import host, ops, steps
+from stepscope.analysis.ranks import analyze_ranks
 from stepscope.analysis.result import (
     Category,
     CounterInfo,
@@ -353,4 +354,5 @@ def analyze(
     facts = [_facts(trace, label, step_range) for label, trace in traces]
     per_file = [_summarize(f.source, [f], top) for f in facts]
     combined = per_file[0] if len(facts) == 1 else _summarize("all files", facts, top)
-    return Report(per_file, combined, step_range, top)
+    ranks = analyze_ranks(traces, per_file, step_range) if len(traces) > 1 else None
+    return Report(per_file, combined, step_range, top, ranks)
