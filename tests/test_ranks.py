@@ -116,7 +116,7 @@ def allreduce_ends(merged: Trace) -> dict[int, list[int]]:
 
 
 def test_merged_trace_aligns_all_reduce_ends(job: Any, tmp_path: Path) -> None:
-    out, ranks, slow = job
+    out, ranks, _ = job
     merged_path = tmp_path / "merged.json.gz"
     done = stepscope_cli("merge", str(out), "-o", str(merged_path))
     assert done.returncode == 0, done.stderr
@@ -153,7 +153,7 @@ def test_merged_trace_aligns_all_reduce_ends(job: Any, tmp_path: Path) -> None:
 
 
 def test_report_names_the_slow_rank_and_phase(job: Any, tmp_path: Path) -> None:
-    out, ranks, slow = job
+    out, _, slow = job
     done = stepscope_cli("report", str(out), "--json", str(tmp_path / "r.json"))
     assert done.returncode == 0, done.stderr
     assert "Across ranks" in done.stdout and "Stragglers" in done.stdout

@@ -129,7 +129,7 @@ def distributed_info() -> dict[str, Any] | None:
 
 
 def sync_timeout_s() -> float:
-    """Seconds a rank waits for the others at the first window (``STEPSCOPE_RANK_SYNC_TIMEOUT_S``)."""
+    """Seconds a rank waits for the others at the first window (TIMEOUT_ENV)."""
     text = os.environ.get(TIMEOUT_ENV, "").strip()
     if not text:
         return 10.0

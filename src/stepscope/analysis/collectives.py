@@ -44,7 +44,7 @@ class CollectiveCall(NamedTuple):
 
     step: int
     key: CollectiveKey
-    index: int
+    nth: int
     """k: this is the k-th call with this key in this step on this rank."""
     start_ns: int
     dur_ns: int

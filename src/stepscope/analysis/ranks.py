@@ -150,8 +150,8 @@ def analyze_ranks(
     for item in ranked:
         windows, _ = find_steps(item.trace)
         windows = [w for w in select_steps(windows, step_range) if w.step is not None]
-        for w, (comp, comm, idle) in host_partitions(item.trace, windows).items():
-            if w is None:
+        for number, (comp, comm, idle) in host_partitions(item.trace, windows).items():
+            if number is None:
                 continue
             p = parts[item.rank]
             p[0], p[1], p[2] = p[0] + comp, p[1] + comm, p[2] + idle
@@ -162,7 +162,7 @@ def analyze_ranks(
             if hb.step is not None:
                 phases[(hb.step, item.rank)] = {c.name: c.ns for c in hb.categories}
         for call in collective_calls(item.trace, windows):
-            calls.setdefault((call.step, call.key, call.index), {})[item.rank] = call.dur_ns
+            calls.setdefault((call.step, call.key, call.nth), {})[item.rank] = call.dur_ns
         offsets.setdefault(item.rank, clock_offset(item.trace))
     # waiting at collectives: instances seen on every rank
     wait: dict[int, int] = dict.fromkeys(ranks, 0)
@@ -175,13 +175,13 @@ def analyze_ranks(
         fastest = min(durs.values())
         waits = {r: d - fastest for r, d in durs.items()}
         last = min(waits, key=lambda r: (waits[r], r))
-        others = [w for r, w in waits.items() if r != last]
+        others = [ns for r, ns in waits.items() if r != last]
         late[last] += sum(others) / len(others)
         count, totals = per_key.get(key, (0, dict.fromkeys(ranks, 0)))
-        for r, w in waits.items():
-            wait[r] += w
-            totals[r] += w
-            step_wait[(step, r)] = step_wait.get((step, r), 0) + w
+        for r, ns in waits.items():
+            wait[r] += ns
+            totals[r] += ns
+            step_wait[(step, r)] = step_wait.get((step, r), 0) + ns
         per_key[key] = (count + 1, totals)
     if not calls:
         notes.append("no collectives found: stragglers ranked by busy time alone")

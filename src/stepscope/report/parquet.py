@@ -35,20 +35,35 @@ def _rows(report: Report, traces: Sequence[tuple[str, Trace]], run: str) -> dict
     for (label, trace), s in zip(traces, report.files, strict=True):
         who = {"run": run, "rank": rank_of(trace, label), "file": label}
         for st in s.steps:
-            rows["steps"].append({**who, "step": st.step, "start_ns": st.start_ns,
-                                  "dur_ns": st.dur_ns})
+            rows["steps"].append(
+                {**who, "step": st.step, "start_ns": st.start_ns, "dur_ns": st.dur_ns}
+            )
         for hb in s.host_steps:
             for c in hb.categories:
-                rows["breakdowns"].append({**who, "step": hb.step, "category": c.name,
-                                           "ns": c.ns})
+                rows["breakdowns"].append({**who, "step": hb.step, "category": c.name, "ns": c.ns})
         for op in s.operators:
-            rows["ops"].append({**who, "name": op.name, "category": op.category,
-                                "calls": op.calls, "self_ns": op.self_ns,
-                                "total_ns": op.total_ns})
+            rows["ops"].append(
+                {
+                    **who,
+                    "name": op.name,
+                    "category": op.category,
+                    "calls": op.calls,
+                    "self_ns": op.self_ns,
+                    "total_ns": op.total_ns,
+                }
+            )
         for k in s.kernels:
-            rows["kernels"].append({**who, "name": k.name, "kernel_type": k.kernel_type,
-                                    "calls": k.calls, "total_ns": k.total_ns,
-                                    "mean_ns": k.mean_ns, "max_ns": k.max_ns})
+            rows["kernels"].append(
+                {
+                    **who,
+                    "name": k.name,
+                    "kernel_type": k.kernel_type,
+                    "calls": k.calls,
+                    "total_ns": k.total_ns,
+                    "mean_ns": k.mean_ns,
+                    "max_ns": k.max_ns,
+                }
+            )
     if report.ranks is not None:
         for r in report.ranks.ranks:
             rows["ranks"].append({
@@ -59,12 +74,12 @@ def _rows(report: Report, traces: Sequence[tuple[str, Trace]], run: str) -> dict
                 "late_ns": r.late_ns, "clock_offset_ns": r.clock_offset_ns,
                 "clock_uncertainty_ns": r.clock_uncertainty_ns,
             })  # fmt: skip
-        for c in report.ranks.collectives:
-            for rank, ns in c.wait_ns.items():
+        for w in report.ranks.collectives:
+            for rank, ns in w.wait_ns.items():
                 rows["collective_waits"].append({
-                    "run": run, "rank": int(rank), "collective": c.collective,
-                    "group": c.group, "nelems": c.nelems, "dtype": c.dtype,
-                    "calls": c.calls, "wait_ns": ns,
+                    "run": run, "rank": int(rank), "collective": w.collective,
+                    "group": w.group, "nelems": w.nelems, "dtype": w.dtype,
+                    "calls": w.calls, "wait_ns": ns,
                 })  # fmt: skip
     return rows
 
@@ -98,7 +113,9 @@ def write_parquet(
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise OSError(f"--parquet: cannot create the directory {str(out)!r}: {exc.strerror}")
+        raise OSError(
+            f"--parquet: cannot create the directory {str(out)!r}: {exc.strerror}"
+        ) from exc
     if not out.is_dir():
         raise NotADirectoryError(f"--parquet: {str(out)!r} exists and is not a directory")
     written = []
