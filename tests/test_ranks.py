@@ -306,3 +306,23 @@ def test_merge_shifts_by_the_measured_offset_and_refuses_unranked() -> None:
     b.span("x", "cpu_op", 1, 1, 0, 1)
     with pytest.raises(ValueError, match="no rank in this trace"):
         merge_ranks([("plain.json", b.build())])
+
+
+def test_one_prometheus_endpoint_serves_every_local_rank(tmp_path: Path) -> None:
+    pytest.importorskip("prometheus_client")
+    page = tmp_path / "metrics.txt"
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    cmd = [
+        str(TORCHRUN), "--nproc-per-node=2", "--master-addr=127.0.0.1",
+        f"--master-port={free_port()}", str(ROOT / "tests" / "ranks_metrics_job.py"),
+        str(page), str(free_port()),
+    ]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    series = {
+        line.split(" ")[0]: float(line.split(" ")[1])
+        for line in page.read_text().splitlines()
+        if line.startswith("samples_total")
+    }
+    # each rank its own series (not summed together): rank r counted r + 1
+    assert series == {'samples_total{rank="0"}': 1.0, 'samples_total{rank="1"}': 2.0}
