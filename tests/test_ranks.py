@@ -29,6 +29,7 @@ from stepscope.trace.merge import merge_ranks
 from stepscope.trace.model import Trace, TraceBuilder
 from tests.analysis_helpers import SHARED
 from tests.metrics_fixtures import free_port
+from tests.test_report_html import assert_clean, browser, load  # noqa: F401 (browser: a fixture)
 
 pytest.importorskip("torch")
 
@@ -326,3 +327,25 @@ def test_one_prometheus_endpoint_serves_every_local_rank(tmp_path: Path) -> None
     }
     # each rank its own series (not summed together): rank r counted r + 1
     assert series == {'samples_total{rank="0"}': 1.0, 'samples_total{rank="1"}': 2.0}
+
+
+def test_heat_map_in_browser(job: Any, browser: Any, tmp_path: Path) -> None:
+    from selenium.webdriver.common.by import By
+
+    out, ranks, slow = job
+    page = tmp_path / "ranks.html"
+    done = stepscope_cli("report", str(out), "--html", str(page))
+    assert done.returncode == 0, done.stderr
+    assert_clean(browser, load(browser, page))
+    cells = browser.find_elements(By.CSS_SELECTOR, "#rank-heatmap td.cell")
+    assert len(cells) == ranks * 3
+    shade: dict[int, list[float]] = {}
+    for cell in cells:
+        alpha = float(cell.value_of_css_property("background-color").split(",")[-1].rstrip(")"))
+        shade.setdefault(int(cell.get_attribute("data-rank")), []).append(alpha)
+    # the slow rank's row is the darkest in every step (most busy time)
+    for step in range(3):
+        assert max(shade, key=lambda r: shade[r][step]) == slow
+    assert f"Straggler: rank {slow}" in browser.find_element(By.ID, "straggler").text
+    rows = browser.find_elements(By.CSS_SELECTOR, "#ranks-table tbody tr")
+    assert len(rows) == ranks
