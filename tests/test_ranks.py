@@ -27,9 +27,10 @@ from stepscope.distributed import offset_bounds
 from stepscope.trace.chrome import read_chrome_trace
 from stepscope.trace.merge import merge_ranks
 from stepscope.trace.model import Trace, TraceBuilder
+from tests import test_report_html
 from tests.analysis_helpers import SHARED
 from tests.metrics_fixtures import free_port
-from tests.test_report_html import assert_clean, browser, load  # noqa: F401 (browser: a fixture)
+from tests.test_report_html import assert_clean, load
 
 pytest.importorskip("torch")
 
@@ -37,6 +38,8 @@ ROOT = Path(__file__).resolve().parents[1]
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 JOB = ROOT / "tests" / "ranks_job.py"
 SLOW_MS = 30.0
+browser = test_report_html.browser
+"""Headless Chromium (the HTML report tests' fixture)."""
 ALIGN_TOLERANCE_NS = 10_000_000
 """All-reduce ends across ranks in the merged trace, measured on this 2-core machine: 5-80 us
 with 2 ranks, 2-3.5 ms with 4 ranks (4 processes and their gloo threads share 2 cores, so a
@@ -57,7 +60,9 @@ def stepscope_cli(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def run_job(out: Path, ranks: int, slow: int, skip: int | None = None) -> None:
+def run_job(
+    out: Path, ranks: int, slow: int, skip: int | None = None, late: int | None = None
+) -> None:
     """torchrun the DDP job; fails the test with its output when it does not finish cleanly."""
     if not TORCHRUN.exists():
         pytest.skip(f"{TORCHRUN} is not installed with torch here")
@@ -66,18 +71,19 @@ def run_job(out: Path, ranks: int, slow: int, skip: int | None = None) -> None:
         str(TORCHRUN), f"--nproc-per-node={ranks}", "--master-addr=127.0.0.1",
         f"--master-port={free_port()}", str(JOB), str(out), str(slow), str(SLOW_MS),
     ]  # fmt: skip
-    if skip is not None:
-        cmd.append(str(skip))
+    if skip is not None or late is not None:
+        cmd += [str(-1 if skip is None else skip), str(-1 if late is None else late)]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
 
-@pytest.fixture(scope="module", params=[(2, 1), (4, 2)], ids=["2ranks", "4ranks"])
+@pytest.fixture(scope="module", params=[(2, 1, None), (4, 2, 3)], ids=["2ranks", "4ranks-one-late"])
 def job(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """(directory of traces, number of ranks, slow rank) of one finished job."""
-    ranks, slow = request.param
+    """(directory of traces, number of ranks, slow rank) of one finished job; in the 4-rank
+    job, rank 3 starts profiling two training steps after the others."""
+    ranks, slow, late = request.param
     out = tmp_path_factory.mktemp(f"ranks{ranks}")
-    run_job(out, ranks, slow)
+    run_job(out, ranks, slow, late=late)
     return out, ranks, slow
 
 
@@ -97,6 +103,7 @@ def test_every_rank_records_the_same_steps(job: Any) -> None:
         assert t.distributed_info["local_rank"] == t.distributed_info["rank"]  # type: ignore[index]
         sync = t.metadata["stepscope_rank_sync"]
         assert sync["status"] == "synced" and sync["world_size"] == ranks
+        assert (sync["first_step"], sync["last_step"], sync["steps_agree"]) == (2, 5, True)
         assert sync["clock_uncertainty_ns"] >= 0
         if sync["rank"] == 0:
             assert sync["clock_offset_ns"] == 0

@@ -1,30 +1,37 @@
-"""Who this process is in a distributed job, and the one handshake ranks make at a profile's
-first window.
+"""Who this process is in a distributed job, and what ranks agree on while profiling.
 
 Rank, local rank and world size come from torch.distributed once it is initialised, else from
 the launcher's ``RANK`` / ``LOCAL_RANK`` / ``WORLD_SIZE`` variables (torchrun, SLURM wrappers).
 
-The handshake (``sync_first_window``) runs once per profile, when its first window is prepared,
-and only when torch.distributed is initialised with more than one rank.  It issues a collective
-only when every rank of the default group is known to take part, so a rank that never profiles
-cannot hang the job:
+With torch.distributed initialised and two or more ranks:
 
-1. Without any collective, each rank adds itself to a counter in torch.distributed's own
-   key-value store (``stepscope/sync/<generation>/arrived``) and waits up to
+**Step numbers** (``join_steps``, at a profile's start; no collective, store reads and writes
+only).  The first rank to start a profile becomes the step leader (one ``compare_set`` on
+``stepscope/steps/leader`` in torch.distributed's own key-value store) and publishes, at every
+step boundary, its step number with the default group's collective count.  A rank that starts
+profiling later reads that record: every rank issues the same collectives in the same order,
+so the collectives issued since the leader's boundary, divided by the collectives per step,
+give the step it is at, and it takes that number.  A rank that started late thus records the
+same step numbers (windows come from the same schedule at the same steps).
+
+**Clock offsets** (``sync_first_window``, once per profile, at the end of its first window,
+after the collectors stopped).  Collectives are issued only when every rank of the default
+group is known to take part, so a rank that never profiles cannot hang the job:
+
+1. Without any collective, each rank adds itself to a counter in the store
+   (``stepscope/sync/<generation>/<last step>/arrived``) and waits up to
    ``STEPSCOPE_RANK_SYNC_TIMEOUT_S`` (default 10 s) for the count to reach the world size.
 2. Each rank then proposes ``go`` (every rank arrived) or ``skip`` with one ``compare_set`` on
    one key: the first proposal wins and every rank reads the same decision.  ``go`` is only
    possible once all ranks have arrived, so every rank reads it and all go on together.
 3. On ``go`` only: ``CLOCK_ROUNDS`` calls to ``torch.distributed.barrier()`` (the only
    collectives stepscope issues), each bracketed by clock readings; rank 0 publishes its readings
-   and its step number in the store and every other rank reads them.
+   in the store and every other rank reads them.
 
 Rank r's clock offset to rank 0 is bounded by each barrier: a rank leaves only after every rank
 has entered, so ``t_enter[r] - t_leave[0] <= offset <= t_leave[r] - t_enter[0]``.  The tightest
 bounds over the rounds give the offset (their midpoint) and its uncertainty (half their width).
-Every rank takes rank 0's step number, so a rank whose profile began at a later training step
-still records the same step numbers.  The result goes into every window's metadata as
-``stepscope_rank_sync``.
+The result goes into every window's metadata as ``stepscope_rank_sync``.
 """
 
 from __future__ import annotations
@@ -41,7 +48,10 @@ from stepscope import clock
 __all__ = [
     "CLOCK_ROUNDS",
     "RankInfo",
+    "StepBeacon",
     "distributed_info",
+    "join_steps",
+    "offset_bounds",
     "rank_and_world_size",
     "rank_info",
     "sync_first_window",
@@ -51,6 +61,8 @@ __all__ = [
 CLOCK_ROUNDS = 5
 """Barrier round trips used to bound each rank's clock offset to rank 0."""
 TIMEOUT_ENV = "STEPSCOPE_RANK_SYNC_TIMEOUT_S"
+STEPS_KEY = "stepscope/steps"
+LEADER_KEY = "stepscope/steps/leader"
 _generation = 0
 
 
@@ -165,8 +177,65 @@ def offset_bounds(
     return (low + high) // 2, max(0, high - low + 1) // 2
 
 
-def sync_first_window(step: int) -> dict[str, Any] | None:
-    """Agree on steps and measure the clock offset to rank 0 (see the module docstring).
+def _sequence(dist: Any) -> int | None:
+    """How many collectives the default process group has issued (the same on every rank at the
+    same point of the program), or None when the backend does not count them."""
+    try:
+        group = dist.distributed_c10d._get_default_group()
+        return int(group._get_sequence_number_for_group())
+    except Exception:
+        return None
+
+
+class StepBeacon:
+    """The step leader's step numbers in the store, for ranks that start profiling later."""
+
+    def __init__(self, dist: Any, store: Any) -> None:
+        self._dist, self._store = dist, store
+        self._last: int | None = None
+
+    def publish(self, step: int) -> None:
+        """Record ``step`` with the collective count at this step boundary."""
+        sequence = _sequence(self._dist)
+        if sequence is None:
+            return
+        per_step = sequence - self._last if self._last is not None else 0
+        self._last = sequence
+        self._store.set(STEPS_KEY, f"{step} {sequence} {per_step}")
+
+
+def join_steps(step: int) -> tuple[StepBeacon | None, int]:
+    """At a profile's start: (the beacon when this rank leads the step numbers, the step to use).
+
+    The first rank to start profiling leads: it publishes each step number with its collective
+    count.  A rank that starts later (no collective, store reads only) converts the collectives
+    issued since the leader's last step boundary into steps and takes that step number.
+    """
+    dist = _torch_dist()
+    if dist is None or int(dist.get_world_size()) < 2:
+        return None, step
+    store = dist.distributed_c10d._get_default_store()
+    me = str(int(dist.get_rank())).encode()
+    if bytes(store.compare_set(LEADER_KEY, "", me)) == me:
+        beacon = StepBeacon(dist, store)
+        beacon.publish(step)
+        return beacon, step
+    if not store.check([STEPS_KEY]):
+        return None, step
+    leader_step, leader_sequence, per_step = map(int, bytes(store.get(STEPS_KEY)).split())
+    sequence = _sequence(dist)
+    if sequence is None:
+        return None, step
+    ahead = sequence - leader_sequence
+    if ahead == 0:
+        return None, leader_step
+    if per_step > 0 and ahead % per_step == 0:
+        return None, leader_step + ahead // per_step
+    return None, step
+
+
+def sync_first_window(first_step: int, last_step: int) -> dict[str, Any] | None:
+    """Measure the clock offset to rank 0 at the end of the first window (module docstring).
 
     Returns the ``stepscope_rank_sync`` record (``status`` ``synced`` or ``skipped``), or None
     when torch.distributed is not initialised or the job has one rank.
@@ -179,7 +248,7 @@ def sync_first_window(step: int) -> dict[str, Any] | None:
     timeout = sync_timeout_s()
     _generation += 1
     store = dist.distributed_c10d._get_default_store()
-    prefix = f"stepscope/sync/{_generation}/"
+    prefix = f"stepscope/sync/{_generation}/{last_step}/"
     arrived = int(store.add(prefix + "arrived", 1))
     deadline = time.monotonic() + timeout
     while arrived < world and time.monotonic() < deadline:
@@ -190,20 +259,19 @@ def sync_first_window(step: int) -> dict[str, Any] | None:
     if decision != b"go":
         return {
             "status": "skipped",
-            "reason": f"not every rank reached its first window within {timeout:g} s "
-            f"({TIMEOUT_ENV}); clocks not aligned, no collective issued",
+            "reason": f"not every rank ended its first window at step {last_step} within "
+            f"{timeout:g} s ({TIMEOUT_ENV}); clocks not aligned, no collective issued",
             "ranks_arrived": arrived,
             "world_size": world,
         }
     enter, leave = _clock_rounds(dist)
     if rank == 0:
-        record = {"step": step, "enter": enter, "leave": leave}
+        record = {"first_step": first_step, "enter": enter, "leave": leave}
         store.set(prefix + "rank0", json.dumps(record))
-        offset, uncertainty, step0 = 0, 0, step
+        offset, uncertainty = 0, 0
     else:
         record = json.loads(bytes(store.get(prefix + "rank0")))
         offset, uncertainty = offset_bounds((enter, leave), (record["enter"], record["leave"]))
-        step0 = int(record["step"])
     return {
         "status": "synced",
         "rank": rank,
@@ -211,6 +279,7 @@ def sync_first_window(step: int) -> dict[str, Any] | None:
         "clock_offset_ns": offset,
         "clock_uncertainty_ns": uncertainty,
         "rounds": CLOCK_ROUNDS,
-        "step": step0,
-        "steps_shifted_by": step0 - step,
+        "first_step": first_step,
+        "last_step": last_step,
+        "steps_agree": record["first_step"] == first_step,
     }

@@ -31,10 +31,11 @@ from stepscope.collectors.torch import (
     install_torch_profiler_hooks,
     torch_installed,
 )
-from stepscope.distributed import distributed_info, sync_first_window
+from stepscope.distributed import distributed_info
 from stepscope.failures import failure_log
 from stepscope.profiler.events import EventList, function_events
 from stepscope.profiler.execution_trace import ExecutionTraceCollector
+from stepscope.profiler.ranks import RankSync
 from stepscope.profiler.schedule import ProfilerAction, Schedule, default_schedule
 from stepscope.profiler.step_trigger import StepTrigger
 from stepscope.profiler.summary import KeyAverages, key_averages
@@ -163,7 +164,7 @@ class profile:
         self._ctx: WindowContext | None = None
         self._window_index = 0
         self._window_first_step = 0
-        self._rank_sync: dict[str, Any] | None = None
+        self._ranks = RankSync(strict)
         self._step_span: Any = None
         self._traces: list[Trace] = []
         self._broken: set[int] = set()
@@ -309,6 +310,9 @@ class profile:
                 "(stepscope runs one profile at a time)"
             )
         _active = self
+        joined = self._ranks.join(self.step_num)
+        if joined != self.step_num:  # a rank that started late takes the leader's numbering
+            self.step_num, self.current_action = joined, self.schedule(joined)
         if self._step_trigger is not None:
             self._step_trigger.install()
         steps.set_step(self.step_num)
@@ -330,6 +334,7 @@ class profile:
             )
         self.current_action = action
         steps.set_step(self.step_num)
+        self._ranks.publish(self.step_num)
         advance_kineto_step("step")
         if previous is ProfilerAction.RECORD and action in RECORDING and self._ctx is not None:
             ctx, step = self._ctx, self.step_num
@@ -400,33 +405,12 @@ class profile:
         ctx = self._ctx = WindowContext(window=self._window_index)
         self._trace_id = self._make_trace_id()
         ctx.metadata["trace_id"] = self._trace_id
-        if self._window_index == 0 and self._rank_sync is None:
-            self._sync_ranks()
-        if self._rank_sync is not None:
-            ctx.metadata["stepscope_rank_sync"] = self._rank_sync
+        if self._ranks.record is not None:
+            ctx.metadata["stepscope_rank_sync"] = self._ranks.record
         self._window_first_step = self.step_num
         for collector in self.collectors:
             self._guarded(collector, "prepare", functools.partial(collector.prepare, ctx))
         return ctx
-
-    def _sync_ranks(self) -> None:
-        """The first window's handshake between ranks (``distributed.sync_first_window``)."""
-        try:
-            self._rank_sync = sync_first_window(self.step_num)
-        except Exception as exc:
-            _failures.report(
-                "rank_sync_error",
-                "sync_first_window",
-                exc,
-                strict=self.strict,
-                then="clocks are not aligned",
-            )
-            self._rank_sync = {"status": "failed", "reason": f"{type(exc).__name__}: {exc}"}
-            return
-        shift = int(self._rank_sync.get("steps_shifted_by", 0)) if self._rank_sync else 0
-        if shift:
-            self.step_num += shift
-            steps.set_step(self.step_num)
 
     def start_trace(self) -> None:
         """Start recording the window (RECORD)."""
@@ -445,6 +429,10 @@ class profile:
         for collector in reversed(self.collectors):
             self._guarded(collector, "stop", functools.partial(collector.stop, ctx))
         ctx.end_ns = clock.now_ns()
+        if self._window_index == 0:  # clocks compared once, after the first window stopped
+            record = self._ranks.first_window_end(self._window_first_step, self.step_num)
+            if record is not None:
+                ctx.metadata["stepscope_rank_sync"] = record
         builder = TraceBuilder()
         for collector in self.collectors:
             self._guarded(collector, "collect", functools.partial(collector.collect, builder, ctx))
