@@ -356,3 +356,38 @@ def test_heat_map_in_browser(job: Any, browser: Any, tmp_path: Path) -> None:
     assert f"Straggler: rank {slow}" in browser.find_element(By.ID, "straggler").text
     rows = browser.find_elements(By.CSS_SELECTOR, "#ranks-table tbody tr")
     assert len(rows) == ranks
+
+
+def test_merge_picks_ranks_and_explains_bad_lists(job: Any, tmp_path: Path) -> None:
+    out, _, slow = job
+    merged_path = tmp_path / "some.json"
+    done = stepscope_cli("merge", str(out), "-o", str(merged_path), "--ranks", f"0,{slow}")
+    assert done.returncode == 0, done.stderr
+    names = read_chrome_trace(merged_path).process_names().values()
+    assert {n.split(" · ")[0] for n in names} == {"rank 0", f"rank {slow}"}
+    bad = stepscope_cli("merge", str(out), "-o", str(merged_path), "--ranks", "0,x")
+    assert bad.returncode == 1 and "'x' is not a rank or a range" in bad.stderr
+    none = stepscope_cli("merge", str(out), "-o", str(tmp_path / "n.json"), "--ranks", "99")
+    assert none.returncode == 1 and "no trace of rank(s) 99" in none.stderr
+    assert not (tmp_path / "n.json").exists()
+
+
+def test_the_scaling_doc_query_finds_the_slow_rank(job: Any, tmp_path: Path) -> None:
+    duckdb = pytest.importorskip("duckdb")
+    out, ranks, slow = job
+    text = (ROOT / "docs" / "scaling.md").read_text()
+    query = text.split("```sql\n", 1)[1].split("```", 1)[0]
+    # two subsets of the ranks, each reported on its own into tables/<subset>/
+    half = ranks // 2
+    for name, subset in (("low", range(half)), ("high", range(half, ranks))):
+        part = tmp_path / "traces" / name
+        part.mkdir(parents=True)
+        for p in out.glob("*.json*"):
+            if any(f"_rank{r}." in p.name for r in subset):
+                shutil.copy(p, part / p.name)
+        done = stepscope_cli("report", str(part), "--parquet", str(tmp_path / "tables" / name))
+        assert done.returncode == 0, done.stderr
+    rows = duckdb.sql(query.replace("'tables/", f"'{tmp_path}/tables/")).fetchall()
+    assert rows[0][0] == slow and rows[0][2] == 3
+    assert rows[0][1] >= 3 * SLOW_MS * 0.95
+    assert len(rows) == min(5, ranks)

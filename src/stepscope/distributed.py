@@ -19,8 +19,9 @@ after the collectors stopped).  Collectives are issued only when every rank of t
 group is known to take part, so a rank that never profiles cannot hang the job:
 
 1. Without any collective, each rank adds itself to a counter in the store
-   (``stepscope/sync/<generation>/<last step>/arrived``) and waits up to
-   ``STEPSCOPE_RANK_SYNC_TIMEOUT_S`` (default 10 s) for the count to reach the world size.
+   (``stepscope/sync/<generation>/<last step>/arrived``); the rank that completes the count
+   sets an ``all`` key, which the others wait for (``store.wait``) up to
+   ``STEPSCOPE_RANK_SYNC_TIMEOUT_S`` (default 10 s).
 2. Each rank then proposes ``go`` (every rank arrived) or ``skip`` with one ``compare_set`` on
    one key: the first proposal wins and every rank reads the same decision.  ``go`` is only
    possible once all ranks have arrived, so every rank reads it and all go on together.
@@ -36,10 +37,11 @@ The result goes into every window's metadata as ``stepscope_rank_sync``.
 
 from __future__ import annotations
 
+import contextlib
+import datetime
 import json
 import os
 import sys
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -250,9 +252,12 @@ def sync_first_window(first_step: int, last_step: int) -> dict[str, Any] | None:
     store = dist.distributed_c10d._get_default_store()
     prefix = f"stepscope/sync/{_generation}/{last_step}/"
     arrived = int(store.add(prefix + "arrived", 1))
-    deadline = time.monotonic() + timeout
-    while arrived < world and time.monotonic() < deadline:
-        time.sleep(0.005)
+    if arrived == world:
+        store.set(prefix + "all", b"1")
+    else:
+        # one request per rank, not a poll; DistStoreError (a RuntimeError): it timed out
+        with contextlib.suppress(RuntimeError):
+            store.wait([prefix + "all"], datetime.timedelta(seconds=timeout))
         arrived = int(store.add(prefix + "arrived", 0))
     proposal = b"go" if arrived >= world else b"skip"
     decision = bytes(store.compare_set(prefix + "decision", "", proposal))
