@@ -19,6 +19,7 @@ from bisect import bisect_right
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
+from stepscope.analysis.device import merge_intervals
 from stepscope.analysis.host import classify_name
 from stepscope.analysis.steps import StepWindow
 from stepscope.trace.model import Trace
@@ -115,16 +116,6 @@ def collective_calls(trace: Trace, steps: Sequence[StepWindow]) -> list[Collecti
     return calls
 
 
-def _union(intervals: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    merged: list[tuple[int, int]] = []
-    for lo, hi in sorted(intervals):
-        if merged and lo <= merged[-1][1]:
-            merged[-1] = (merged[-1][0], max(hi, merged[-1][1]))
-        else:
-            merged.append((lo, hi))
-    return merged
-
-
 def _clipped(merged: list[tuple[int, int]], starts: list[int], lo: int, hi: int) -> int:
     """Length of disjoint sorted ``merged`` intervals inside ``[lo, hi)``."""
     total = 0
@@ -167,8 +158,8 @@ def host_partitions(
     unions: dict[int, tuple[list[tuple[int, int]], list[int], list[tuple[int, int]], list[int]]]
     unions = {}
     for pid in wanted:
-        c = _union(comm[pid])
-        b = _union(comm[pid] + work[pid])
+        c = merge_intervals(comm[pid])
+        b = merge_intervals(comm[pid] + work[pid])
         unions[pid] = (c, [x[0] for x in c], b, [x[0] for x in b])
     out: dict[int | None, tuple[int, int, int]] = {}
     for step in steps:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from stepscope.commands.report import load_traces
 from stepscope.trace.chrome_writer import write_chrome_trace
-from stepscope.trace.merge import merge_ranks, rank_of
+from stepscope.trace.merge import merge_ranks, rank_in_name, rank_of
 
 __all__ = ["add_arguments", "parse_ranks", "run"]
 
@@ -51,7 +51,20 @@ def run(args: argparse.Namespace) -> int:
     if not args.output.endswith((".json", ".json.gz")):
         raise ValueError(f"--output must end in .json or .json.gz, got {args.output!r}")
     wanted = parse_ranks(args.ranks) if args.ranks else None
-    traces, failures = load_traces(Path(args.path), sys.stderr)
+    keep = None
+    if wanted is not None:
+        chosen = wanted
+
+        def keep(path: Path) -> bool:  # a file named for another rank is not even read
+            named = rank_in_name(path.name)
+            return named is None or named in chosen
+
+    try:
+        traces, failures = load_traces(Path(args.path), sys.stderr, keep)
+    except ValueError as exc:
+        if wanted is None or "was chosen" not in str(exc):
+            raise
+        raise ValueError(f"{args.path}: no trace of rank(s) {args.ranks}") from None
     for failure in failures:
         print(f"stepscope merge: skipped {failure}", file=sys.stderr)
     if wanted is not None:

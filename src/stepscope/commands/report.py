@@ -12,7 +12,7 @@ import argparse
 import importlib
 import importlib.util
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TextIO
 
@@ -69,13 +69,20 @@ def _read(path: Path) -> Trace:
         raise ValueError(f"{path}: too large to read into memory") from None
 
 
-def load_traces(path: Path, stderr: TextIO) -> tuple[list[tuple[str, Trace]], list[str]]:
-    """Read every trace at ``path``; a rich progress bar on a terminal ``stderr``.
+def load_traces(
+    path: Path, stderr: TextIO, keep: Callable[[Path], bool] | None = None
+) -> tuple[list[tuple[str, Trace]], list[str]]:
+    """Read every trace at ``path`` (those ``keep`` accepts); a rich progress bar on a terminal
+    ``stderr``.
 
     A single file that cannot be read raises ``ValueError``; in a directory, such files are
     listed as failures (one line each) and the others are read.
     """
     files = trace_files(path)
+    if keep is not None:
+        files = [f for f in files if keep(f)]
+        if not files:
+            raise ValueError(f"{path}: none of its trace files was chosen")
     single = len(files) == 1 and path.is_file()
     traces: list[tuple[str, Trace]] = []
     failures: list[str] = []

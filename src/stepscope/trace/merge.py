@@ -16,7 +16,14 @@ from typing import Any
 
 from stepscope.trace.model import Trace, TraceBuilder
 
-__all__ = ["RankTrace", "clock_offset", "group_by_rank", "merge_ranks", "rank_of"]
+__all__ = [
+    "RankTrace",
+    "clock_offset",
+    "group_by_rank",
+    "merge_ranks",
+    "rank_in_name",
+    "rank_of",
+]
 
 _RANK_IN_NAME = re.compile(r"_rank(\d+)(?:\D|$)")
 _RENAMED_META = ("process_name", "process_sort_index")
@@ -39,7 +46,12 @@ def rank_of(trace: Trace, label: str) -> int | None:
         return value
     if isinstance(value, str) and value.isdigit():
         return int(value)
-    found = _RANK_IN_NAME.search(label.rsplit("/", 1)[-1])
+    return rank_in_name(label)
+
+
+def rank_in_name(name: str) -> int | None:
+    """N of ``_rank<N>`` in a file name (the trace handler's naming), or None."""
+    found = _RANK_IN_NAME.search(name.rsplit("/", 1)[-1])
     return int(found.group(1)) if found else None
 
 
