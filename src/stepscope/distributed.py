@@ -11,7 +11,9 @@ only).  The first rank to start a profile becomes the step leader (one ``compare
 step boundary, its step number with the default group's collective count.  A rank that starts
 profiling later reads that record: every rank issues the same collectives in the same order,
 so the collectives issued since the leader's boundary, divided by the collectives per step,
-give the step it is at, and it takes that number.  A rank that started late thus records the
+give the step it is at, and it takes that number; when that cannot be told yet (nothing
+published, or a record too old to extrapolate), it asks again at each step boundary until its
+first window begins.  A rank that started late thus records the
 same step numbers (windows come from the same schedule at the same steps).
 
 **Clock offsets** (``sync_first_window``, once per profile, at the end of its first window,
@@ -53,6 +55,7 @@ __all__ = [
     "StepBeacon",
     "distributed_info",
     "join_steps",
+    "leader_step",
     "offset_bounds",
     "rank_and_world_size",
     "rank_info",
@@ -190,11 +193,22 @@ def _sequence(dist: Any) -> int | None:
 
 
 class StepBeacon:
-    """The step leader's step numbers in the store, for ranks that start profiling later."""
+    """The step leader's step numbers in the store, for ranks that start profiling later.
+
+    The first two records are acknowledged writes (``compare_set``, a round trip), so a later
+    rank that has gone through a collective with the leader since then reads them; after that,
+    plain ``set`` (not waited for): a reader extrapolates from an older record with the
+    collectives per step, so a record that lags is still right.
+    """
+
+    ACKNOWLEDGED = 2
 
     def __init__(self, dist: Any, store: Any) -> None:
         self._dist, self._store = dist, store
         self._last: int | None = None
+        # an earlier profile's record is replaced (compare_set needs the value it replaces)
+        self._text = bytes(store.get(STEPS_KEY)).decode() if store.check([STEPS_KEY]) else ""
+        self._published = 0
 
     def publish(self, step: int) -> None:
         """Record ``step`` with the collective count at this step boundary."""
@@ -203,13 +217,20 @@ class StepBeacon:
             return
         per_step = sequence - self._last if self._last is not None else 0
         self._last = sequence
-        self._store.set(STEPS_KEY, f"{step} {sequence} {per_step}")
+        text = f"{step} {sequence} {per_step}"
+        if self._published < self.ACKNOWLEDGED:
+            self._store.compare_set(STEPS_KEY, self._text, text)
+        else:
+            self._store.set(STEPS_KEY, text)
+        self._text = text
+        self._published += 1
 
 
-def join_steps(step: int) -> tuple[StepBeacon | None, int]:
-    """At a profile's start: (the beacon when this rank leads the step numbers, the step to use).
+def join_steps(step: int) -> tuple[StepBeacon | None, int | None]:
+    """At a profile's start: (the beacon when this rank leads the step numbers, the step to use,
+    or None when that cannot be told yet: ask ``leader_step`` again at a later step boundary).
 
-    The first rank to start profiling leads: it publishes each step number with its collective
+    The first rank to start a profile leads: it publishes each step number with its collective
     count.  A rank that starts later (no collective, store reads only) converts the collectives
     issued since the leader's last step boundary into steps and takes that step number.
     """
@@ -222,18 +243,29 @@ def join_steps(step: int) -> tuple[StepBeacon | None, int]:
         beacon = StepBeacon(dist, store)
         beacon.publish(step)
         return beacon, step
+    return None, leader_step()
+
+
+def leader_step() -> int | None:
+    """The leader's step number for this rank's current step boundary, or None when it cannot
+    be told (nothing published yet, or the record is too old to extrapolate: the store's writes
+    are not acknowledged, so a record can lag)."""
+    dist = _torch_dist()
+    if dist is None:
+        return None
+    store = dist.distributed_c10d._get_default_store()
     if not store.check([STEPS_KEY]):
-        return None, step
-    leader_step, leader_sequence, per_step = map(int, bytes(store.get(STEPS_KEY)).split())
+        return None
+    leader, leader_sequence, per_step = map(int, bytes(store.get(STEPS_KEY)).split())
     sequence = _sequence(dist)
     if sequence is None:
-        return None, step
+        return None
     ahead = sequence - leader_sequence
     if ahead == 0:
-        return None, leader_step
+        return leader
     if per_step > 0 and ahead % per_step == 0:
-        return None, leader_step + ahead // per_step
-    return None, step
+        return leader + ahead // per_step
+    return None
 
 
 def sync_first_window(first_step: int, last_step: int) -> dict[str, Any] | None:

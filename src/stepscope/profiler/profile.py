@@ -326,7 +326,7 @@ class profile:
             return
         self._close_step_span()
         previous = self.current_action
-        self.step_num += 1
+        self.step_num = self._ranks.on_step(self.step_num + 1, previous is ProfilerAction.NONE)
         action = self.schedule(self.step_num)
         if not isinstance(action, ProfilerAction):
             raise TypeError(
@@ -334,7 +334,6 @@ class profile:
             )
         self.current_action = action
         steps.set_step(self.step_num)
-        self._ranks.publish(self.step_num)
         advance_kineto_step("step")
         if previous is ProfilerAction.RECORD and action in RECORDING and self._ctx is not None:
             ctx, step = self._ctx, self.step_num
