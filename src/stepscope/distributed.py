@@ -8,13 +8,11 @@ With torch.distributed initialised and two or more ranks:
 **Step numbers** (``join_steps``, at a profile's start; no collective, store reads and writes
 only).  The first rank to start a profile becomes the step leader (one ``compare_set`` on
 ``stepscope/steps/leader`` in torch.distributed's own key-value store) and publishes, at every
-step boundary, its step number with the default group's collective count.  A rank that starts
-profiling later reads that record: every rank issues the same collectives in the same order,
-so the collectives issued since the leader's boundary, divided by the collectives per step,
-give the step it is at, and it takes that number; when that cannot be told yet (nothing
-published, or a record too old to extrapolate), it asks again at each step boundary until its
-first window begins.  A rank that started late thus records the
-same step numbers (windows come from the same schedule at the same steps).
+step boundary, its step number with the default group's collective count (a ``set``, not
+waited for).  Every rank issues the same collectives in the same order, so a rank that starts
+profiling later waits for the leader's record with its own collective count — the same
+boundary — and takes that step number (``leader_step``).  A rank that started late thus records
+the same step numbers (windows come from the same schedule at the same steps).
 
 **Clock offsets** (``sync_first_window``, once per profile, at the end of its first window,
 after the collectors stopped).  Collectives are issued only when every rank of the default
@@ -44,6 +42,7 @@ import datetime
 import json
 import os
 import sys
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,6 +67,7 @@ CLOCK_ROUNDS = 5
 TIMEOUT_ENV = "STEPSCOPE_RANK_SYNC_TIMEOUT_S"
 STEPS_KEY = "stepscope/steps"
 LEADER_KEY = "stepscope/steps/leader"
+STOPPED = "stopped"
 _generation = 0
 
 
@@ -193,46 +193,29 @@ def _sequence(dist: Any) -> int | None:
 
 
 class StepBeacon:
-    """The step leader's step numbers in the store, for ranks that start profiling later.
-
-    The first two records are acknowledged writes (``compare_set``, a round trip), so a later
-    rank that has gone through a collective with the leader since then reads them; after that,
-    plain ``set`` (not waited for): a reader extrapolates from an older record with the
-    collectives per step, so a record that lags is still right.
-    """
-
-    ACKNOWLEDGED = 2
+    """The step leader's step numbers in the store, for ranks that start profiling later."""
 
     def __init__(self, dist: Any, store: Any) -> None:
         self._dist, self._store = dist, store
-        self._last: int | None = None
-        # an earlier profile's record is replaced (compare_set needs the value it replaces)
-        self._text = bytes(store.get(STEPS_KEY)).decode() if store.check([STEPS_KEY]) else ""
-        self._published = 0
 
     def publish(self, step: int) -> None:
-        """Record ``step`` with the collective count at this step boundary."""
+        """Record ``step`` with the collective count at this step boundary (not waited for)."""
         sequence = _sequence(self._dist)
-        if sequence is None:
-            return
-        per_step = sequence - self._last if self._last is not None else 0
-        self._last = sequence
-        text = f"{step} {sequence} {per_step}"
-        if self._published < self.ACKNOWLEDGED:
-            self._store.compare_set(STEPS_KEY, self._text, text)
-        else:
-            self._store.set(STEPS_KEY, text)
-        self._text = text
-        self._published += 1
+        if sequence is not None:
+            self._store.set(STEPS_KEY, f"{step} {sequence}")
+
+    def close(self) -> None:
+        """The leader's profile stopped: later ranks stop waiting for its records."""
+        self._store.set(STEPS_KEY, STOPPED)
 
 
-def join_steps(step: int) -> tuple[StepBeacon | None, int | None]:
-    """At a profile's start: (the beacon when this rank leads the step numbers, the step to use,
-    or None when that cannot be told yet: ask ``leader_step`` again at a later step boundary).
+def join_steps(step: int) -> tuple[StepBeacon | None, int]:
+    """At a profile's start: (the beacon when this rank leads the step numbers, the step to use).
 
-    The first rank to start a profile leads: it publishes each step number with its collective
-    count.  A rank that starts later (no collective, store reads only) converts the collectives
-    issued since the leader's last step boundary into steps and takes that step number.
+    The first rank to start a profile leads: it publishes each step boundary's number with the
+    default group's collective count.  A rank that starts later (no collective, store reads
+    only) waits for the leader's record of the boundary it is at — the one with its own
+    collective count — and takes that step number.
     """
     dist = _torch_dist()
     if dist is None or int(dist.get_world_size()) < 2:
@@ -243,29 +226,36 @@ def join_steps(step: int) -> tuple[StepBeacon | None, int | None]:
         beacon = StepBeacon(dist, store)
         beacon.publish(step)
         return beacon, step
-    return None, leader_step()
+    found = leader_step(dist, store, sync_timeout_s())
+    return None, step if found is None else found
 
 
-def leader_step() -> int | None:
-    """The leader's step number for this rank's current step boundary, or None when it cannot
-    be told (nothing published yet, or the record is too old to extrapolate: the store's writes
-    are not acknowledged, so a record can lag)."""
-    dist = _torch_dist()
-    if dist is None:
-        return None
-    store = dist.distributed_c10d._get_default_store()
-    if not store.check([STEPS_KEY]):
-        return None
-    leader, leader_sequence, per_step = map(int, bytes(store.get(STEPS_KEY)).split())
+def leader_step(dist: Any, store: Any, timeout_s: float) -> int | None:
+    """The leader's number for this rank's current step boundary, or None when there is none.
+
+    Every rank issues the same collectives in the same order, so the leader's record with this
+    rank's collective count is the same boundary.  The leader is never ahead of that (it cannot
+    pass a collective this rank has not joined) and gets there without this rank (no collective
+    between a step's last collective and its boundary), so waiting for it cannot deadlock; the
+    wait is bounded by ``timeout_s`` all the same, and ends at once when the leader stopped.
+    """
     sequence = _sequence(dist)
     if sequence is None:
         return None
-    ahead = sequence - leader_sequence
-    if ahead == 0:
-        return leader
-    if per_step > 0 and ahead % per_step == 0:
-        return leader + ahead // per_step
-    return None
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if store.check([STEPS_KEY]):
+            text = bytes(store.get(STEPS_KEY)).decode()
+            if text == STOPPED:
+                return None
+            leader, leader_sequence = map(int, text.split())
+            if leader_sequence == sequence:
+                return leader
+            if leader_sequence > sequence:
+                return None
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.001)
 
 
 def sync_first_window(first_step: int, last_step: int) -> dict[str, Any] | None:

@@ -326,7 +326,7 @@ class profile:
             return
         self._close_step_span()
         previous = self.current_action
-        self.step_num = self._ranks.on_step(self.step_num + 1, previous is ProfilerAction.NONE)
+        self.step_num += 1
         action = self.schedule(self.step_num)
         if not isinstance(action, ProfilerAction):
             raise TypeError(
@@ -334,6 +334,7 @@ class profile:
             )
         self.current_action = action
         steps.set_step(self.step_num)
+        self._ranks.publish(self.step_num)
         advance_kineto_step("step")
         if previous is ProfilerAction.RECORD and action in RECORDING and self._ctx is not None:
             ctx, step = self._ctx, self.step_num
@@ -354,6 +355,7 @@ class profile:
         finally:
             for collector in self.collectors:
                 self._guarded(collector, "close", collector.close)
+            self._ranks.close()
             steps.set_step(None)
             advance_kineto_step("stop")
             _release(self)

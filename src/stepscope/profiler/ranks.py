@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from stepscope.distributed import StepBeacon, join_steps, leader_step, sync_first_window
+from stepscope.distributed import StepBeacon, join_steps, sync_first_window
 from stepscope.failures import failure_log
 
 __all__ = ["RankSync"]
@@ -26,7 +26,6 @@ class RankSync:
         self.record: dict[str, Any] | None = None
         """The ``stepscope_rank_sync`` record of the first window (None: not a multi-rank job)."""
         self._synced = False
-        self._pending = False
 
     def join(self, step: int) -> int:
         """The step number to start at (``distributed.join_steps``); ``step`` on failure."""
@@ -38,32 +37,25 @@ class RankSync:
                 then="this rank keeps its own step numbers",
             )  # fmt: skip
             return step
-        self._pending = joined is None
-        return step if joined is None else joined
-
-    def on_step(self, step: int, can_move: bool) -> int:
-        """At a step boundary: publish it when leading; else, while the leader's numbering is
-        still unknown and no window has begun (``can_move``), ask again.  The step to use."""
-        if self.beacon is not None:
-            try:
-                self.beacon.publish(step)
-            except Exception as exc:
-                _failures.report("rank_steps_error", "StepBeacon.publish", exc, strict=self.strict)
-                self.beacon = None
-            return step
-        if not (self._pending and can_move):
-            self._pending = False
-            return step
-        try:
-            joined = leader_step()
-        except Exception as exc:
-            _failures.report("rank_steps_error", "leader_step", exc, strict=self.strict)
-            self._pending = False
-            return step
-        if joined is None:
-            return step
-        self._pending = False
         return joined
+
+    def publish(self, step: int) -> None:
+        """Publish a step boundary when this rank leads the step numbers."""
+        self._beacon_call("publish", step)
+
+    def close(self) -> None:
+        """The profile stopped: a leading rank says so (later ranks stop waiting for it)."""
+        self._beacon_call("close")
+        self.beacon = None
+
+    def _beacon_call(self, method: str, *args: int) -> None:
+        if self.beacon is None:
+            return
+        try:
+            getattr(self.beacon, method)(*args)
+        except Exception as exc:
+            _failures.report("rank_steps_error", f"StepBeacon.{method}", exc, strict=self.strict)
+            self.beacon = None
 
     def first_window_end(self, first_step: int, last_step: int) -> dict[str, Any] | None:
         """The clock handshake, once per profile (``distributed.sync_first_window``)."""
