@@ -17,6 +17,7 @@ SUBCOMMANDS: dict[str, str] = {
     "kernels": "stepscope.commands.kernels",
     "report": "stepscope.commands.report",
     "diff": "stepscope.commands.diff",
+    "merge": "stepscope.commands.merge",
 }
 
 

@@ -18,6 +18,7 @@ EXTRAS = {
     "otlp": "opentelemetry-sdk and opentelemetry-exporter-otlp-proto-http",
     "sampling": "py-spy",
     "torch": "torch",
+    "parquet": "pyarrow",
 }
 """Each extra of ``pyproject.toml`` and what it installs."""
 

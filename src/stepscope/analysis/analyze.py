@@ -19,6 +19,7 @@ from itertools import compress
 from stepscope.analysis import device as dev
 from stepscope.analysis import host, ops, steps
 from stepscope.analysis.memory import memory_summary
+from stepscope.analysis.ranks import analyze_ranks
 from stepscope.analysis.result import (
     Category,
     CounterInfo,
@@ -358,4 +359,5 @@ def analyze(
     for summary, (_, trace) in zip(per_file, traces, strict=True):
         summary.memory = memory_summary(trace, top, step_range)
     combined = per_file[0] if len(facts) == 1 else _summarize("all files", facts, top)
-    return Report(per_file, combined, step_range, top)
+    ranks = analyze_ranks(traces, per_file, step_range) if len(traces) > 1 else None
+    return Report(per_file, combined, step_range, top, ranks)

@@ -12,7 +12,10 @@ import dataclasses
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from stepscope.analysis.ranks import RanksReport
 
 from stepscope.analysis.memory_types import MemorySummary
 
@@ -288,6 +291,8 @@ class Report:
     combined: TraceSummary
     step_range: tuple[int, int] | None = None
     top: int = 10
+    ranks: RanksReport | None = None
+    """Across ranks, when the traces come from two or more ranks (``analysis.ranks``)."""
 
     def to_dict(self) -> dict[str, Any]:
         """The report as plain JSON values (schema ``stepscope.report``)."""
@@ -298,6 +303,7 @@ class Report:
             "top": self.top,
             "combined": self.combined.to_dict(),
             "files": [f.to_dict() for f in self.files],
+            "ranks": _plain(self.ranks) if self.ranks is not None else None,
         }
 
     def to_json(self, indent: int | None = 1) -> str:

@@ -12,7 +12,7 @@ import argparse
 import importlib
 import importlib.util
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TextIO
 
@@ -26,6 +26,8 @@ from stepscope.trace.model import Trace
 __all__ = ["add_arguments", "load_traces", "run", "trace_files", "write_text"]
 
 TRACE_SUFFIXES = (".json", ".json.gz")
+ALL_ROWS = 1_000_000
+"""``top`` that keeps every row (the Parquet tables hold them all)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -35,6 +37,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top", type=int, default=10, metavar="K", help="rows per table (10)")
     parser.add_argument("--json", metavar="FILE", help="also write the report as JSON")
     parser.add_argument("--html", metavar="FILE", help="also write the report as HTML")
+    parser.add_argument(
+        "--parquet",
+        metavar="DIR",
+        help="also write the analysis tables (every row) as Parquet files into DIR",
+    )
 
 
 def trace_files(path: Path) -> list[Path]:
@@ -62,13 +69,20 @@ def _read(path: Path) -> Trace:
         raise ValueError(f"{path}: too large to read into memory") from None
 
 
-def load_traces(path: Path, stderr: TextIO) -> tuple[list[tuple[str, Trace]], list[str]]:
-    """Read every trace at ``path``; a rich progress bar on a terminal ``stderr``.
+def load_traces(
+    path: Path, stderr: TextIO, keep: Callable[[Path], bool] | None = None
+) -> tuple[list[tuple[str, Trace]], list[str]]:
+    """Read every trace at ``path`` (those ``keep`` accepts); a rich progress bar on a terminal
+    ``stderr``.
 
     A single file that cannot be read raises ``ValueError``; in a directory, such files are
     listed as failures (one line each) and the others are read.
     """
     files = trace_files(path)
+    if keep is not None:
+        files = [f for f in files if keep(f)]
+        if not files:
+            raise ValueError(f"{path}: none of its trace files was chosen")
     single = len(files) == 1 and path.is_file()
     traces: list[tuple[str, Trace]] = []
     failures: list[str] = []
@@ -146,6 +160,12 @@ def run(args: argparse.Namespace) -> int:
         else:
             print("stepscope report: the HTML report is not available yet", file=sys.stderr)
             return 1
+    if args.parquet:
+        from stepscope.report.parquet import write_parquet
+
+        full = analyze(traces, step_range, ALL_ROWS) if args.top < ALL_ROWS else report
+        write_parquet(full, traces, args.parquet, run=Path(args.path).resolve().name)
+        print(f"stepscope report: Parquet tables -> {args.parquet}", file=sys.stderr)
     return 1 if failures else 0
 
 

@@ -35,6 +35,7 @@ from stepscope.distributed import distributed_info
 from stepscope.failures import failure_log
 from stepscope.profiler.events import EventList, function_events
 from stepscope.profiler.execution_trace import ExecutionTraceCollector
+from stepscope.profiler.ranks import RankSync
 from stepscope.profiler.schedule import ProfilerAction, Schedule, default_schedule
 from stepscope.profiler.step_trigger import StepTrigger
 from stepscope.profiler.summary import KeyAverages, key_averages
@@ -163,6 +164,7 @@ class profile:
         self._ctx: WindowContext | None = None
         self._window_index = 0
         self._window_first_step = 0
+        self._ranks = RankSync(strict)
         self._step_span: Any = None
         self._traces: list[Trace] = []
         self._broken: set[int] = set()
@@ -312,6 +314,9 @@ class profile:
                 "(stepscope runs one profile at a time)"
             )
         _active = self
+        joined = self._ranks.join(self.step_num)
+        if joined != self.step_num:  # a rank that started late takes the leader's numbering
+            self.step_num, self.current_action = joined, self.schedule(joined)
         if self._step_trigger is not None:
             self._step_trigger.install()
         steps.set_step(self.step_num)
@@ -333,6 +338,7 @@ class profile:
             )
         self.current_action = action
         steps.set_step(self.step_num)
+        self._ranks.publish(self.step_num)
         advance_kineto_step("step")
         if previous is ProfilerAction.RECORD and action in RECORDING and self._ctx is not None:
             ctx, step = self._ctx, self.step_num
@@ -353,6 +359,7 @@ class profile:
         finally:
             for collector in self.collectors:
                 self._guarded(collector, "close", collector.close)
+            self._ranks.close()
             steps.set_step(None)
             advance_kineto_step("stop")
             _release(self)
@@ -403,6 +410,8 @@ class profile:
         ctx = self._ctx = WindowContext(window=self._window_index)
         self._trace_id = self._make_trace_id()
         ctx.metadata["trace_id"] = self._trace_id
+        if self._ranks.record is not None:
+            ctx.metadata["stepscope_rank_sync"] = self._ranks.record
         self._window_first_step = self.step_num
         for collector in self.collectors:
             self._guarded(collector, "prepare", functools.partial(collector.prepare, ctx))
@@ -425,6 +434,10 @@ class profile:
         for collector in reversed(self.collectors):
             self._guarded(collector, "stop", functools.partial(collector.stop, ctx))
         ctx.end_ns = clock.now_ns()
+        if self._window_index == 0:  # clocks compared once, after the first window stopped
+            record = self._ranks.first_window_end(self._window_first_step, self.step_num)
+            if record is not None:
+                ctx.metadata["stepscope_rank_sync"] = record
         builder = TraceBuilder()
         for collector in self.collectors:
             self._guarded(collector, "collect", functools.partial(collector.collect, builder, ctx))

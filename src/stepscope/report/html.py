@@ -197,6 +197,10 @@ def _data_json(report: Report, traces: Sequence[tuple[str, Trace]]) -> str:
         )
     flames = report_flames(report, traces) if traces else [[] for _ in summaries]
     data = report.to_dict()
+    if report.ranks is not None:
+        from stepscope.report.ranks import heatmap_data
+
+        data["heatmap"] = heatmap_data(report.ranks)
     data["views"] = [
         {"title": s.source, "flames": f} for s, f in zip(summaries, flames, strict=True)
     ]

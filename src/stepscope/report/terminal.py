@@ -235,6 +235,10 @@ def render_report(report: Report, console: Console) -> None:
             console.print(Panel(render_summary(s), title=s.source, title_align="left"))
     title = report.combined.source
     console.print(Panel(render_summary(report.combined), title=title, title_align="left"))
+    if report.ranks is not None:
+        from stepscope.report.ranks import render_ranks
+
+        console.print(Panel(render_ranks(report.ranks), title="Across ranks", title_align="left"))
 
 
 def render_diff(diff: DiffResult, console: Console, top: int = 10) -> None:

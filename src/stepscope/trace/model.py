@@ -643,15 +643,20 @@ class TraceBuilder:
         time_offset_ns: int = 0,
         skip_spans: Container[int] = (),
         skip_meta: Container[int] = (),
+        pid_map: Mapping[int, int] | None = None,
+        flow_id_offset: int = 0,
     ) -> None:
         """Append the events of another trace, re-interning strings and shifting to this base.
 
         ``time_offset_ns`` is added to every time (to align a foreign clock); spans and metadata
-        events whose indices are in ``skip_spans`` / ``skip_meta`` are left out.
+        events whose indices are in ``skip_spans`` / ``skip_meta`` are left out; ``pid_map``
+        (source pid column value -> new int pid) renumbers processes and ``flow_id_offset`` is
+        added to every flow id (to merge traces of several ranks).
         """
         shift = trace.base_time_ns - self.base_time_ns + time_offset_ns
         remap = array("I", (self.intern(s) for s in trace.strings))
         remap_label = self._label_remapper(trace, remap)
+        remap_pid = pid_map.__getitem__ if pid_map is not None else remap_label
         args_offset = len(self._args)
         self._args.extend(trace.args)
 
@@ -667,9 +672,13 @@ class TraceBuilder:
                     values = [values[i] for i in keep]
                 if col in ("name", "cat", "series"):
                     dst[col].extend(map(remap.__getitem__, values))
+                elif col == "pid" and pid_map is not None:
+                    dst[col].extend(map(remap_pid, values))
                 elif col in ("pid", "tid"):
                     labelled = len(values) and max(values) >= LABEL_BASE
                     dst[col].extend(map(remap_label, values) if labelled else values)
+                elif col == "flow_id" and flow_id_offset:
+                    dst[col].extend(v + flow_id_offset for v in values)
                 elif col in ("start_ns", "ts_ns"):
                     dst[col].extend(map(shift.__add__, values) if shift else values)
                 elif col == "args":
@@ -695,7 +704,7 @@ class TraceBuilder:
             stack_map.append(sid)
         s = trace.samples
         c = self._cols["samples"]
-        c["pid"].extend(remap_label(v) for v in s["pid"])
+        c["pid"].extend(remap_pid(v) for v in s["pid"])
         c["tid"].extend(remap_label(v) for v in s["tid"])
         c["ts_ns"].extend(v + shift for v in s["ts_ns"])
         c["stack"].extend(stack_map[v] if v >= 0 else -1 for v in s["stack"])

@@ -30,6 +30,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from stepscope.extras import missing_extra
+from stepscope.metrics.exporters.rank_labels import with_rank_labels
 
 try:
     from prometheus_client.exposition import choose_encoder, delete_from_gateway, push_to_gateway
@@ -590,7 +591,7 @@ class PrometheusEndpoint(Exporter):
 
     def export(self, batch: ExportBatch, timeout_s: float) -> None:
         """Publish the batch's snapshot (or push it to the owning process)."""
-        families = with_step_families(batch.families)
+        families = with_rank_labels(with_step_families(batch.families))
         if self._server is not None:
             self.merger.set_own(families)
             return

@@ -667,6 +667,69 @@
     return section("memory", "Memory", parts);
   }
 
+  // ---- across ranks: stragglers, per-rank table, ranks x steps heat map --------------------
+  function ranksSection() {
+    const r = DATA.ranks;
+    if (!r || state.view !== 0) return [];
+    const parts = [];
+    if (r.stragglers.length) {
+      const s = r.stragglers[0];
+      parts.push(
+        h(
+          "p",
+          { id: "straggler", class: "straggler" },
+          `Straggler: rank ${s.rank} — the others waited ${ms(s.late_ns)} ms for it` +
+            (s.step === null
+              ? "."
+              : `; step ${s.step}: ${prettyName(s.phase)} ${ms(s.phase_ns)} ms vs ` +
+                `${ms(s.others_median_ns)} ms on the other ranks (median).`),
+        ),
+      );
+    } else parts.push(empty("No straggler: no rank kept the others waiting."));
+    const share = (row, key) => (row.total_ns ? (100 * row[key]) / row.total_ns : 0);
+    parts.push(
+      sortableTable(
+        "ranks-table",
+        [
+          { title: "rank", value: (x) => x.rank, num: true },
+          { title: "median step ms", value: (x) => x.step_median_ns, text: (x) => ms(x.step_median_ns), num: true },
+          { title: "compute", value: (x) => share(x, "computation_ns"), text: (x) => pct(share(x, "computation_ns")), num: true },
+          { title: "communication", value: (x) => share(x, "communication_ns"), text: (x) => pct(share(x, "communication_ns")), num: true },
+          { title: "idle", value: (x) => share(x, "idle_ns"), text: (x) => pct(share(x, "idle_ns")), num: true },
+          { title: "waiting ms", value: (x) => x.collective_wait_ns, text: (x) => ms(x.collective_wait_ns), num: true },
+          { title: "others waited ms", value: (x) => x.late_ns, text: (x) => ms(x.late_ns), num: true },
+        ],
+        r.ranks,
+        "Per rank (host time over the analysed steps)",
+      ),
+    );
+    const map = DATA.heatmap;
+    let top = 0;
+    for (const row of map.busy_ms) for (const v of row) top = Math.max(top, v);
+    const grid = h("table", { id: "rank-heatmap", class: "heatmap" });
+    grid.append(h("caption", {}, "Busy time (step time minus waiting at collectives), ms: ranks × steps"));
+    grid.append(h("tr", {}, h("th", {}, "rank \\ step"), map.steps.map((st) => h("th", {}, String(st)))));
+    map.ranks.forEach((rank, i) => {
+      const cells = map.busy_ms[i].map((v, j) => {
+        const level = top ? v / top : 0;
+        return h(
+          "td",
+          {
+            class: "cell",
+            "data-rank": String(rank),
+            "data-step": String(map.steps[j]),
+            style: `background:rgba(217,63,63,${(0.08 + 0.92 * level).toFixed(3)})`,
+            title: `rank ${rank}, step ${map.steps[j]}: busy ${NF3.format(v)} ms, step ${NF3.format(map.step_ms[i][j])} ms`,
+          },
+          NF1.format(v),
+        );
+      });
+      grid.append(h("tr", {}, h("th", {}, `rank ${rank}`), cells));
+    });
+    parts.push(grid);
+    return [section("ranks", "Across ranks", parts)];
+  }
+
   // ---- page ----------------------------------------------------------------------------
   function render() {
     for (const p of state.plots) p.destroy();
@@ -678,6 +741,7 @@
     const app = document.getElementById("app");
     app.replaceChildren(
       summaryCards(s),
+      ...ranksSection(),
       recommendations(s),
       stepsSection(s, after),
       deviceSection(s, after),

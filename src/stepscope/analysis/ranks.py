@@ -1,0 +1,274 @@
+"""Across ranks: each step on every rank, where each rank's time went, who everyone waited for.
+
+Input: the traces of a distributed job (one or more windows per rank; the rank from
+``distributedInfo`` or the file name) and their per-file summaries from ``analyze``.
+
+- **Steps**: per step number, each rank's step time and its *busy* time (step time minus the
+  time it waited at collectives).  In synchronous training every rank's step lasts about as long
+  as the slowest rank's, so the slowest rank of a step is the one with the most busy time.
+- **Per rank**: computation / communication / idle on the host (``collectives.host_partitions``),
+  HTA's device numbers per rank when the trace has device events, the waiting time at
+  collectives and the clock offset measured at the first window.
+- **Waiting at collectives**: instances matched across ranks (``collectives.collective_calls``);
+  a rank waited ``dur - min(dur over ranks)`` at an instance: everything beyond the fastest
+  rank's time in the same collective was spent waiting for the last rank to arrive (this needs
+  no aligned clocks).  The rank the others waited for is *late* by the others' mean wait.
+- **Stragglers**: ranks by late time (by excess busy time when there are no collectives), each
+  with its evidence: the step and the host phase (``host.py``'s categories) in which it spent
+  the most time beyond the median of the other ranks.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from stepscope.analysis.collectives import CollectiveKey, collective_calls, host_partitions
+from stepscope.analysis.result import DeviceBreakdown, TraceSummary
+from stepscope.analysis.steps import find_steps, select_steps
+from stepscope.trace.merge import clock_offset, group_by_rank
+from stepscope.trace.model import Trace
+
+__all__ = [
+    "CollectiveWait",
+    "RankRow",
+    "RanksReport",
+    "StepAcrossRanks",
+    "Straggler",
+    "analyze_ranks",
+]
+
+
+@dataclass(frozen=True)
+class RankRow:
+    """One rank over the analysed steps."""
+
+    rank: int
+    files: list[str]
+    steps: int
+    step_median_ns: int
+    total_ns: int
+    """Sum of its analysed step times; computation + communication + idle."""
+    computation_ns: int
+    communication_ns: int
+    idle_ns: int
+    collective_wait_ns: int
+    """Time it waited at collectives for later ranks."""
+    late_ns: int
+    """Mean time the other ranks waited for it at collectives."""
+    clock_offset_ns: int | None
+    clock_uncertainty_ns: int | None
+    device: DeviceBreakdown | None
+    """HTA's temporal breakdown of its device events (None: no device events)."""
+
+
+@dataclass(frozen=True)
+class StepAcrossRanks:
+    """One step on every rank (keys: the rank as text)."""
+
+    step: int
+    step_ns: dict[str, int]
+    busy_ns: dict[str, int]
+    """Step time minus time waiting at collectives."""
+    slowest_rank: int
+    spread_ns: int
+    """Slowest minus fastest busy time."""
+
+
+@dataclass(frozen=True)
+class Straggler:
+    """A rank the others waited for, with the evidence."""
+
+    rank: int
+    late_ns: int
+    excess_ns: int
+    """Busy time beyond the median rank's, summed over steps."""
+    slowest_steps: int
+    step: int | None
+    phase: str
+    """The host phase (``data_loading``, ``forward``...) of ``step`` with the largest excess."""
+    phase_ns: int
+    others_median_ns: int
+
+
+@dataclass(frozen=True)
+class CollectiveWait:
+    """One collective (name, group, size) and each rank's waiting time at it."""
+
+    collective: str
+    group: str
+    nelems: int
+    dtype: str
+    calls: int
+    """Instances seen on every rank."""
+    wait_ns: dict[str, int]
+
+
+@dataclass
+class RanksReport:
+    """The cross-rank part of a report."""
+
+    ranks: list[RankRow]
+    steps: list[StepAcrossRanks]
+    stragglers: list[Straggler]
+    collectives: list[CollectiveWait]
+    notes: list[str] = field(default_factory=list)
+
+
+def _median(values: Sequence[int]) -> int:
+    return int(statistics.median(values)) if values else 0
+
+
+def _device_total(summaries: Sequence[TraceSummary]) -> DeviceBreakdown | None:
+    found = [d for s in summaries for d in s.devices if d.device == "all"]
+    if len(found) == 1:
+        return found[0]
+    return None
+
+
+def analyze_ranks(
+    traces: Sequence[tuple[str, Trace]],
+    summaries: Sequence[TraceSummary],
+    step_range: tuple[int, int] | None = None,
+) -> RanksReport | None:
+    """The cross-rank report, or None when the traces come from fewer than two ranks."""
+    by_label = dict(zip((label for label, _ in traces), summaries, strict=True))
+    try:
+        ranked = group_by_rank(traces)
+    except ValueError:
+        return None
+    ranks = sorted({r.rank for r in ranked})
+    if len(ranks) < 2:
+        return None
+    notes: list[str] = []
+    step_ns: dict[int, dict[int, int]] = {}
+    parts: dict[int, list[int]] = {r: [0, 0, 0] for r in ranks}
+    phases: dict[tuple[int, int], dict[str, int]] = {}
+    calls: dict[tuple[int, CollectiveKey, int], dict[int, int]] = {}
+    offsets: dict[int, tuple[int, int] | None] = {}
+    for item in ranked:
+        windows, _ = find_steps(item.trace)
+        windows = [w for w in select_steps(windows, step_range) if w.step is not None]
+        for number, (comp, comm, idle) in host_partitions(item.trace, windows).items():
+            if number is None:
+                continue
+            p = parts[item.rank]
+            p[0], p[1], p[2] = p[0] + comp, p[1] + comm, p[2] + idle
+        for w in windows:
+            assert w.step is not None
+            step_ns.setdefault(w.step, {})[item.rank] = w.dur_ns
+        for hb in by_label[item.label].host_steps:
+            if hb.step is not None:
+                phases[(hb.step, item.rank)] = {c.name: c.ns for c in hb.categories}
+        for call in collective_calls(item.trace, windows):
+            calls.setdefault((call.step, call.key, call.nth), {})[item.rank] = call.dur_ns
+        offsets.setdefault(item.rank, clock_offset(item.trace))
+    # waiting at collectives: instances seen on every rank
+    wait: dict[int, int] = dict.fromkeys(ranks, 0)
+    late: dict[int, float] = dict.fromkeys(ranks, 0.0)
+    step_wait: dict[tuple[int, int], int] = {}
+    per_key: dict[CollectiveKey, tuple[int, dict[int, int]]] = {}
+    for (step, key, _), durs in calls.items():
+        if len(durs) != len(ranks):
+            continue
+        fastest = min(durs.values())
+        waits = {r: d - fastest for r, d in durs.items()}
+        last = min(waits, key=lambda r: (waits[r], r))
+        others = [ns for r, ns in waits.items() if r != last]
+        late[last] += sum(others) / len(others)
+        count, totals = per_key.get(key, (0, dict.fromkeys(ranks, 0)))
+        for r, ns in waits.items():
+            wait[r] += ns
+            totals[r] += ns
+            step_wait[(step, r)] = step_wait.get((step, r), 0) + ns
+        per_key[key] = (count + 1, totals)
+    if not calls:
+        notes.append("no collectives found: stragglers ranked by busy time alone")
+    # steps across ranks
+    across: list[StepAcrossRanks] = []
+    excess: dict[int, int] = dict.fromkeys(ranks, 0)
+    slowest_count: dict[int, int] = dict.fromkeys(ranks, 0)
+    for step in sorted(step_ns):
+        durs = step_ns[step]
+        if len(durs) != len(ranks):
+            notes.append(f"step {step} is missing on rank(s) {sorted(set(ranks) - set(durs))}")
+            continue
+        busy = {r: d - step_wait.get((step, r), 0) for r, d in durs.items()}
+        slowest = max(busy, key=lambda r: (busy[r], -r))
+        slowest_count[slowest] += 1
+        middle = _median(list(busy.values()))
+        for r, b in busy.items():
+            excess[r] += max(0, b - middle)
+        across.append(
+            StepAcrossRanks(
+                step,
+                {str(r): d for r, d in sorted(durs.items())},
+                {str(r): b for r, b in sorted(busy.items())},
+                slowest,
+                max(busy.values()) - min(busy.values()),
+            )
+        )
+    rows = []
+    for r in ranks:
+        summaries_r = [by_label[i.label] for i in ranked if i.rank == r]
+        mine = [d[r] for d in step_ns.values() if r in d]
+        offset = offsets.get(r)
+        rows.append(
+            RankRow(
+                rank=r,
+                files=[i.label for i in ranked if i.rank == r],
+                steps=len(mine),
+                step_median_ns=_median(mine),
+                total_ns=sum(parts[r]),
+                computation_ns=parts[r][0],
+                communication_ns=parts[r][1],
+                idle_ns=parts[r][2],
+                collective_wait_ns=wait[r],
+                late_ns=int(late[r]),
+                clock_offset_ns=offset[0] if offset else None,
+                clock_uncertainty_ns=offset[1] if offset else None,
+                device=_device_total(summaries_r),
+            )
+        )
+    order = sorted(ranks, key=lambda r: (-late[r], -excess[r], r))
+    stragglers = [
+        _straggler(r, int(late[r]), excess[r], slowest_count[r], phases, ranks)
+        for r in order
+        if late[r] > 0 or excess[r] > 0
+    ]
+    waits_out = [
+        CollectiveWait(
+            key.name,
+            key.group,
+            key.nelems,
+            key.dtype,
+            count,
+            {str(r): totals[r] for r in ranks},
+        )
+        for key, (count, totals) in sorted(per_key.items(), key=lambda kv: -sum(kv[1][1].values()))
+    ]
+    return RanksReport(rows, across, stragglers, waits_out, list(dict.fromkeys(notes)))
+
+
+def _straggler(
+    rank: int,
+    late: int,
+    excess: int,
+    slowest: int,
+    phases: dict[tuple[int, int], dict[str, int]],
+    ranks: Sequence[int],
+) -> Straggler:
+    best: tuple[int, int, str, int, int] | None = None
+    for (step, r), mine in phases.items():
+        if r != rank:
+            continue
+        others = [phases.get((step, o), {}) for o in ranks if o != rank]
+        for phase, ns in mine.items():
+            middle = _median([o.get(phase, 0) for o in others])
+            if best is None or ns - middle > best[0]:
+                best = (ns - middle, step, phase, ns, middle)
+    if best is None:
+        return Straggler(rank, late, excess, slowest, None, "", 0, 0)
+    _, step, phase, ns, middle = best
+    return Straggler(rank, late, excess, slowest, step, phase, ns, middle)
