@@ -130,6 +130,19 @@ def test_report_directory_of_several_files(tmp_path: Path) -> None:
     assert data["step_range"] == [0, 1]
 
 
+def test_the_combined_steps_say_which_file_they_come_from(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for rank in (0, 1):  # trace_handler's names for ranks end in _rank{r}
+        record_loop(tmp_path / f"r{rank}", steps=2)
+        [written] = (tmp_path / f"r{rank}").glob("*.pt.trace.json")
+        written.rename(tmp_path / f"host_{rank}_rank{rank}.1.pt.trace.json")
+    capsys.readouterr()
+    assert main(["report", str(tmp_path)]) == 0
+    combined = capsys.readouterr().out.split("all files")[1]
+    assert "file" in combined and "rank 0" in combined and "rank 1" in combined
+
+
 def test_diff_finds_a_20_percent_slowdown(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

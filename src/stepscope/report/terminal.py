@@ -84,20 +84,33 @@ def _head(s: TraceSummary) -> Table:
         f"min {ms(st.min_ns)}  median {ms(st.median_ns)}  p95 {ms(st.p95_ns)}  max {ms(st.max_ns)}",
     )
     if st.slowest:
+        several = len({t.source for t in s.steps}) > 1
         head.add_row(
             "slowest",
             ", ".join(
-                f"#{x.step} {ms(x.dur_ns)} ms" if x.step is not None else f"{ms(x.dur_ns)} ms"
+                (f"#{x.step} {ms(x.dur_ns)} ms" if x.step is not None else f"{ms(x.dur_ns)} ms")
+                + (f" ({_source_label(x.source)})" if several else "")
                 for x in st.slowest
             ),
         )
     return head
 
 
+def _source_label(source: str) -> str:
+    """A short name for the file a step came from: its rank when the name has one."""
+    rank = re.search(r"_rank(\d+)", source)
+    if rank:
+        return f"rank {rank.group(1)}"
+    return source if len(source) <= 32 else "…" + source[-31:]
+
+
 def _steps(s: TraceSummary) -> Table:
-    table = _table("Steps", ["step", "ms", "host breakdown"], ("host breakdown",))
+    several = len({t.source for t in s.steps}) > 1  # a combined view: say which file
+    first = ["file"] if several else []
+    table = _table("Steps", [*first, "step", "ms", "host breakdown"], ("file", "host breakdown"))
     for t, b in zip(s.steps[:50], s.host_steps[:50], strict=False):
-        table.add_row(str(t.step), ms(t.dur_ns), breakdown_bar(b.categories, 40))
+        label = [_source_label(t.source)] if several else []
+        table.add_row(*label, str(t.step), ms(t.dur_ns), breakdown_bar(b.categories, 40))
     if len(s.steps) > 50:
         table.caption = f"{len(s.steps) - 50} more steps in the JSON output"
     return table
