@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Container, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, NamedTuple
@@ -22,7 +23,8 @@ LABEL_BASE = 1 << 62
 
 SCHEMA_VERSION = 1
 
-# Column layouts: (column name, array typecode).  ``args`` holds -1 or an index into Trace.args.
+# Column layouts: (column name, array typecode).  ``args`` holds -1 (none), an index into
+# Trace.args, or ``-2 - row`` of the ``python_ids`` table (see ``python_ids_ref``).
 SPAN_COLUMNS = (
     ("name", "I"),
     ("cat", "I"),
@@ -85,6 +87,12 @@ STACK_COLUMNS = (
     ("parent", "i"),  # -1 at the root
     ("frame", "i"),
 )
+# The function tracer's span args as columns: a span whose args ref is ``-2 - row`` has args
+# ``{"Python id": id, "Python parent id": parent or None}`` (no dict per span until asked).
+PYTHON_ID_COLUMNS = (
+    ("id", "q"),
+    ("parent", "q"),
+)
 
 TABLE_LAYOUTS: dict[str, tuple[tuple[str, str], ...]] = {
     "spans": SPAN_COLUMNS,
@@ -95,7 +103,13 @@ TABLE_LAYOUTS: dict[str, tuple[tuple[str, str], ...]] = {
     "samples": SAMPLE_COLUMNS,
     "frames": FRAME_COLUMNS,
     "stacks": STACK_COLUMNS,
+    "python_ids": PYTHON_ID_COLUMNS,
 }
+
+
+def python_ids_ref(row: int) -> int:
+    """The ``args`` column value of a span whose args are row ``row`` of ``python_ids``."""
+    return -2 - row
 
 
 class Span(NamedTuple):
@@ -257,7 +271,13 @@ class Trace:
 
     def args_at(self, ref: int) -> Mapping[str, Any] | None:
         """The args mapping for an ``args`` column value (None for -1)."""
-        return None if ref < 0 else self.args[ref]
+        if ref >= 0:
+            return self.args[ref]
+        if ref == -1:
+            return None
+        ids = self.tables["python_ids"]
+        parent = ids["parent"][-2 - ref]
+        return {"Python id": ids["id"][-2 - ref], "Python parent id": parent or None}
 
     def iter_spans(self) -> Iterator[Span]:
         """Decode spans one by one (for analysis; exporters read the columns directly)."""
@@ -499,6 +519,32 @@ class TraceBuilder:
         """Store an args mapping and return its ref (for ``extend_spans``)."""
         return self._add_args(args)
 
+    @property
+    def python_ids_rows(self) -> int:
+        """Rows in the ``python_ids`` table so far (the next row's index)."""
+        return len(self._cols["python_ids"]["id"])
+
+    @contextmanager
+    def grown(
+        self, table: str, n: int, fill: Mapping[str, int] | None = None
+    ) -> Iterator[dict[str, memoryview]]:
+        """Add ``n`` rows to ``table`` (0, or ``fill``'s value per column) and lend writable
+        views of them, for bulk writers that fill columns in place (released on exit)."""
+        views: dict[str, memoryview] = {}
+        try:
+            for name, col in self._cols[table].items():
+                start = len(col)
+                if fill and name in fill:
+                    col.extend(array(col.typecode, [fill[name]]) * n)
+                else:
+                    col.frombytes(bytes(n * col.itemsize))
+                with memoryview(col) as whole:
+                    views[name] = whole[start:]
+            yield views
+        finally:
+            for view in views.values():
+                view.release()
+
     def instant(
         self,
         name: str,
@@ -654,6 +700,7 @@ class TraceBuilder:
         remap_label = self._label_remapper(trace, remap)
         args_offset = len(self._args)
         self._args.extend(trace.args)
+        ids_offset = len(self._cols["python_ids"]["id"])
 
         for table, layout in TABLE_LAYOUTS.items():
             if table in ("frames", "stacks", "samples"):
@@ -673,7 +720,10 @@ class TraceBuilder:
                 elif col in ("start_ns", "ts_ns"):
                     dst[col].extend(map(shift.__add__, values) if shift else values)
                 elif col == "args":
-                    dst[col].extend(v + args_offset if v >= 0 else -1 for v in values)
+                    dst[col].extend(
+                        v + args_offset if v >= 0 else v if v == -1 else v - ids_offset
+                        for v in values
+                    )
                 else:
                     dst[col].extend(values)
         frame_map = array("i")
