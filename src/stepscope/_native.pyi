@@ -186,9 +186,9 @@ def _tracer_export(
     ids: WriteableBuffer,
     parents: WriteableBuffer,
     /,
-) -> bytes:
+) -> tuple[bytes, list[int]]:
     """Write every span in pre-order into the columns (``name_ids``: uint32 string id per
-    interned target); returns their flags."""
+    interned target); returns their flags and the threads' native ids."""
 
 def _tracer_clear() -> None:
     """Free every buffer and interned reference (not while recording)."""

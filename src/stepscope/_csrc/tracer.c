@@ -1262,7 +1262,7 @@ static PyObject *py_export(PyObject *mod, PyObject *args) {
     }
     Py_buffer views[EXPORT_COLUMNS];
     int got = 0;
-    PyObject *flags = NULL;
+    PyObject *flags = NULL, *tids = NULL, *result = NULL;
     ThreadBuf **order = NULL;
     Record *recs = NULL;
     int32_t *scratch = NULL;
@@ -1306,11 +1306,21 @@ static PyObject *py_export(PyObject *mod, PyObject *args) {
         order[m++] = tb;
     }
     size_t at = 0;
-    for (uint32_t i = m; i-- > 0;) {
+    tids = PyList_New(0);
+    for (uint32_t i = m; tids != NULL && i-- > 0;) {
+        if (order[i]->count == 0) {
+            continue;
+        }
         export_thread(order[i], (const uint32_t *)ids_view.buf, ids_view.len / 4, first_id,
                       first_row, at, &o, recs, scratch);
         at += (size_t)order[i]->count;
+        PyObject *tid = PyLong_FromUnsignedLong(order[i]->native_tid);
+        if (tid == NULL || PyList_Append(tids, tid) < 0) {
+            Py_CLEAR(tids);
+        }
+        Py_XDECREF(tid);
     }
+    result = tids == NULL ? NULL : Py_BuildValue("(NN)", Py_NewRef(flags), tids);
 done:
     while (got-- > 0) {
         PyBuffer_Release(&views[got]);
@@ -1319,7 +1329,8 @@ done:
     free(recs);
     free(scratch);
     PyBuffer_Release(&ids_view);
-    return flags;
+    Py_XDECREF(flags);
+    return result;
 }
 
 static PyObject *py_clear(PyObject *mod, PyObject *unused) {
@@ -1365,7 +1376,7 @@ static PyMethodDef tracer_methods[] = {
     {"_tracer_export", py_export, METH_VARARGS,
      "Write every span in pre-order, thread by thread, into the given columns (name ids, tids, "
      "starts, durs, args refs to python_ids rows from first_row, Python ids, parent ids); "
-     "returns their flags."},
+     "returns (their flags, the threads' native ids)."},
     {"_tracer_clear", py_clear, METH_NOARGS, "Free every buffer and interned reference."},
     {"_tracer_active", py_active, METH_NOARGS, "Whether the tracer is recording."},
     {"_tracer_thread_hook", (PyCFunction)(void (*)(void))py_thread_hook, METH_FASTCALL,

@@ -197,7 +197,9 @@ class _NativeTracer:
     def count(self) -> int:
         return int(self.mod._tracer_stats()["events"])
 
-    def export(self, name_ids: Any, first_id: int, first_row: int, cols: Any) -> bytes:
+    def export(
+        self, name_ids: Any, first_id: int, first_row: int, cols: Any
+    ) -> tuple[bytes, list[int]]:
         return self.mod._tracer_export(name_ids, first_id, first_row, *cols)
 
     def clear(self) -> None:
@@ -235,7 +237,9 @@ class _TwinAdapter:
     def count(self) -> int:
         return int(self.twin.stats()["events"])
 
-    def export(self, name_ids: Any, first_id: int, first_row: int, cols: Any) -> bytes:
+    def export(
+        self, name_ids: Any, first_id: int, first_row: int, cols: Any
+    ) -> tuple[bytes, list[int]]:
         return fill_span_columns(self.twin.export(name_ids, first_id, first_row), cols)
 
     def clear(self) -> None:

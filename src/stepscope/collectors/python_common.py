@@ -263,9 +263,10 @@ def span_args(py_id: int, parent: int, flags: int) -> dict[str, Any]:
     return args
 
 
-SpanExporter = Callable[[int, tuple[memoryview, ...]], bytes]
+SpanExporter = Callable[[int, tuple[memoryview, ...]], tuple[bytes, list[int]]]
 """``export(first_row, columns)``: write every recorded span into the seven columns (name ids,
-tids, starts, durs, args refs, Python ids, parent ids), return their flags (one byte each)."""
+tids, starts, durs, args refs, Python ids, parent ids), return their flags (one byte each) and
+the tids they hold."""
 
 
 def add_python_spans(builder: TraceBuilder, pid: int, count: int, export: SpanExporter) -> int:
@@ -279,17 +280,21 @@ def add_python_spans(builder: TraceBuilder, pid: int, count: int, export: SpanEx
         return 0
     fill = {"cat": builder.intern(PYTHON_CATEGORY), "pid": builder.encode_label(pid)}
     first_row = builder.python_ids_rows
+    first_span = builder.span_rows
     with builder.grown("spans", count, fill) as spans, builder.grown("python_ids", count) as ids:
         refs, py_ids, parents = spans["args"], ids["id"], ids["parent"]
         cols = (spans["name"], spans["tid"], spans["start_ns"], spans["dur_ns"], refs)
-        flags = export(first_row, (*cols, py_ids, parents))
+        flags, tids = export(first_row, (*cols, py_ids, parents))
         for match in _FLAGGED.finditer(flags):
             i = match.start()
             refs[i] = builder.add_args(span_args(py_ids[i], parents[i], flags[i]))
+    builder.note_span_tracks(first_span, first_span + count, {(fill["pid"], t) for t in tids})
     return count
 
 
-def fill_span_columns(threads: Sequence[ThreadSpans], cols: tuple[memoryview, ...]) -> bytes:
+def fill_span_columns(
+    threads: Sequence[ThreadSpans], cols: tuple[memoryview, ...]
+) -> tuple[bytes, list[int]]:
     """Write exported threads into the columns of :data:`SpanExporter` (the twin's way)."""
     at = 0
     flags = bytearray()
@@ -303,7 +308,7 @@ def fill_span_columns(threads: Sequence[ThreadSpans], cols: tuple[memoryview, ..
         at += k
     if at != len(cols[0]):
         raise ValueError(f"exported {at} spans into columns of {len(cols[0])}")
-    return bytes(flags)
+    return bytes(flags), [t.tid for t in threads]
 
 
 def name_ids_for(

@@ -29,7 +29,7 @@ from stepscope.collectors.python_common import (
     ThreadSpans,
     chunk_capacity,
 )
-from stepscope.trace.model import python_ids_ref
+from stepscope.trace.layouts import python_ids_ref
 
 __all__ = ["TwinTracer"]
 

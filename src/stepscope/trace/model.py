@@ -18,98 +18,17 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
-LABEL_BASE = 1 << 62
-"""pid/tid values at or above this encode a string label (``LABEL_BASE + string id``)."""
-
-SCHEMA_VERSION = 1
-
-# Column layouts: (column name, array typecode).  ``args`` holds -1 (none), an index into
-# Trace.args, or ``-2 - row`` of the ``python_ids`` table (see ``python_ids_ref``).
-SPAN_COLUMNS = (
-    ("name", "I"),
-    ("cat", "I"),
-    ("pid", "q"),
-    ("tid", "q"),
-    ("start_ns", "q"),
-    ("dur_ns", "q"),
-    ("args", "i"),
+from stepscope.trace.layouts import (
+    COUNTER_COLUMNS,
+    FLOW_COLUMNS,
+    INSTANT_COLUMNS,
+    META_COLUMNS,
+    SAMPLE_COLUMNS,
+    SCHEMA_VERSION,
+    TABLE_LAYOUTS,
 )
-INSTANT_COLUMNS = (
-    ("name", "I"),
-    ("cat", "I"),
-    ("pid", "q"),
-    ("tid", "q"),
-    ("ts_ns", "q"),
-    ("scope", "B"),  # ord of 't', 'p' or 'g'
-    ("args", "i"),
-)
-# One row per (event, series): rows with first == 0 continue the previous event's args.
-COUNTER_COLUMNS = (
-    ("name", "I"),
-    ("pid", "q"),
-    ("tid", "q"),
-    ("ts_ns", "q"),
-    ("series", "I"),
-    ("value", "d"),
-    ("first", "B"),
-)
-FLOW_COLUMNS = (
-    ("name", "I"),
-    ("cat", "I"),
-    ("pid", "q"),
-    ("tid", "q"),
-    ("ts_ns", "q"),
-    ("flow_id", "q"),
-    ("phase", "B"),  # ord of 's', 't' or 'f'
-    ("binding", "B"),  # ord('e') for enclosing-slice binding, else 0
-)
-# ``M`` events: process_name, thread_name, process_labels, *_sort_index ...; value in args.
-META_COLUMNS = (
-    ("name", "I"),
-    ("pid", "q"),
-    ("tid", "q"),
-    ("args", "i"),
-)
-SAMPLE_COLUMNS = (
-    ("pid", "q"),
-    ("tid", "q"),
-    ("ts_ns", "q"),
-    ("stack", "i"),  # index into the stacks table, -1 for an empty stack
-    ("weight", "q"),
-    ("idle", "B"),
-)
-FRAME_COLUMNS = (
-    ("name", "I"),
-    ("file", "I"),
-    ("line", "i"),
-)
-STACK_COLUMNS = (
-    ("parent", "i"),  # -1 at the root
-    ("frame", "i"),
-)
-# The function tracer's span args as columns: a span whose args ref is ``-2 - row`` has args
-# ``{"Python id": id, "Python parent id": parent or None}`` (no dict per span until asked).
-PYTHON_ID_COLUMNS = (
-    ("id", "q"),
-    ("parent", "q"),
-)
-
-TABLE_LAYOUTS: dict[str, tuple[tuple[str, str], ...]] = {
-    "spans": SPAN_COLUMNS,
-    "instants": INSTANT_COLUMNS,
-    "counters": COUNTER_COLUMNS,
-    "flows": FLOW_COLUMNS,
-    "meta": META_COLUMNS,
-    "samples": SAMPLE_COLUMNS,
-    "frames": FRAME_COLUMNS,
-    "stacks": STACK_COLUMNS,
-    "python_ids": PYTHON_ID_COLUMNS,
-}
-
-
-def python_ids_ref(row: int) -> int:
-    """The ``args`` column value of a span whose args are row ``row`` of ``python_ids``."""
-    return -2 - row
+from stepscope.trace.layouts import LABEL_BASE as LABEL_BASE  # re-exported (readers, writers)
+from stepscope.trace.layouts import SPAN_COLUMNS as SPAN_COLUMNS
 
 
 class Span(NamedTuple):
@@ -408,6 +327,7 @@ class TraceBuilder:
             for table, layout in TABLE_LAYOUTS.items()
         }
         self._frame_ids: dict[tuple[int, int, int], int] = {}
+        self._noted_tracks: list[tuple[int, int, set[tuple[int, int]]]] = []
         self._stack_ids: dict[tuple[int, int], int] = {}
         self.metadata: dict[str, Any] = {}
         self.device_properties: list[Mapping[str, Any]] = []
@@ -782,10 +702,25 @@ class TraceBuilder:
                 threads.add((pid, tid))
         return processes, threads
 
+    @property
+    def span_rows(self) -> int:
+        """Spans appended so far."""
+        return len(self._cols["spans"]["name"])
+
+    def note_span_tracks(self, lo: int, hi: int, tracks: set[tuple[int, int]]) -> None:
+        """Tell ``span_tracks`` the (pid, tid) values of spans ``lo..hi`` (for bulk writers)."""
+        self._noted_tracks.append((lo, hi, set(tracks)))
+
     def span_tracks(self) -> set[tuple[int, int]]:
         """The (pid, tid) column values of the spans appended so far."""
-        cols = self._cols["spans"]
-        return set(zip(cols["pid"], cols["tid"], strict=True))
+        pids, tids = self._cols["spans"]["pid"], self._cols["spans"]["tid"]
+        out: set[tuple[int, int]] = set()
+        at = 0
+        for lo, hi, tracks in [*sorted(self._noted_tracks), (len(pids), len(pids), set())]:
+            out.update(zip(pids[at:lo], tids[at:lo], strict=True))
+            out |= tracks
+            at = hi
+        return out
 
     def build(self) -> Trace:
         """Freeze into a read-only ``Trace`` (the builder should not be used afterwards)."""
