@@ -5,9 +5,12 @@ Usage: python bench/tracer_child.py SUBJECT WORKLOAD OUT.json   (imports happen 
 Prints one JSON line: seconds from start to the last call (``record``), to the end of stop
 (``stop``) and to the trace on disk (``total``), the file's bytes and its ``X`` events.
 SUBJECT: ``stepscope`` (``stepscope.profile`` with the Python tracer, ``export_chrome_trace``),
+``sampler`` (``stepscope.profile`` sampling stacks at 1 kHz, no tracer),
 ``viztracer`` (``VizTracer(ignore_c_function=True)``: the same Python calls; ``save``),
-``cprofile`` (``cProfile``; ``dump_stats``, not a trace), ``none`` (the workload alone).
-WORKLOAD: ``mixed`` (recursive fib plus small method calls) or ``methods`` (method calls only).
+``cprofile`` (``cProfile``; ``dump_stats``, not a trace), ``floor`` (a no-op C hook on the same
+events), ``none`` (the workload alone).
+WORKLOAD: ``mixed`` (recursive fib plus small method calls), ``methods`` (method calls only) or
+``over_budget`` (more calls than the tracer's default budget keeps).
 """
 
 from __future__ import annotations
@@ -21,9 +24,12 @@ from typing import Any
 
 from bench_tracer import fib, methods
 
+CALLS = {"mixed": 242785 + 800001, "methods": 1400001, "over_budget": 4000001}
+"""Python calls each workload makes."""
 WORKLOADS: dict[str, Callable[[], object]] = {
     "mixed": lambda: (fib(25), methods(200_000)),  # 242785 + 800001 calls
     "methods": lambda: methods(350_000),  # 1400001 calls
+    "over_budget": lambda: methods(1_000_000),  # 4000001 calls: past the default budget
 }
 
 
@@ -34,6 +40,13 @@ def subject_hooks(subject: str, out: str) -> tuple[Callable[[], Any], ...]:
 
         prof = stepscope.profile(activities=[stepscope.ProfilerActivity.PYTHON], torch_ops=False)
         return prof.start, prof.stop, lambda: prof.export_chrome_trace(out)
+    if subject == "sampler":
+        import stepscope
+
+        prof = stepscope.profile(
+            activities=[stepscope.ProfilerActivity.SAMPLING], sampling_rate_hz=1000, torch_ops=False
+        )
+        return prof.start, prof.stop, lambda: prof.export_chrome_trace(out)
     if subject == "viztracer":
         from viztracer import VizTracer
 
@@ -42,11 +55,18 @@ def subject_hooks(subject: str, out: str) -> tuple[Callable[[], Any], ...]:
     if subject == "cprofile":
         import cProfile
 
-        prof = cProfile.Profile()
-        return prof.enable, prof.disable, lambda: prof.dump_stats(out)
+        cprof = cProfile.Profile()
+        return cprof.enable, cprof.disable, lambda: cprof.dump_stats(out)
+    if subject == "floor":
+        from bench_tracer import _floor
+
+        hooks = _floor()
+        if hooks is None:
+            raise SystemExit("the floor needs the C extension")
+        return hooks[0], hooks[1], (lambda: None)
     if subject == "none":
         return (lambda: None), (lambda: None), (lambda: None)
-    raise SystemExit(f"unknown subject {subject!r}: stepscope, viztracer, cprofile or none")
+    raise SystemExit(f"unknown subject {subject!r} (see this script's docstring)")
 
 
 def x_events(path: str) -> int:

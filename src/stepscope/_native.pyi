@@ -202,6 +202,9 @@ def _tracer_thread_hook(frame: FrameType, event: str, arg: Any, /) -> None:
 def _floor_profile(on: object, /) -> None:
     """Install or remove a no-op profile function (benchmark floor; 3.10/3.11)."""
 
+def _bench_clock_reads(n: int, /) -> int:
+    """Read the tracer's clock ``n`` times in a C loop (benchmark)."""
+
 # sys.monitoring callbacks (3.12+); each returns sys.monitoring.DISABLE or None.
 def _mon_py_start(code: CodeType, offset: int, /) -> object: ...
 def _mon_py_throw(code: CodeType, offset: int, exc: BaseException, /) -> object: ...

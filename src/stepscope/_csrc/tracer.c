@@ -1365,6 +1365,19 @@ static PyObject *py_floor_profile(PyObject *mod, PyObject *arg) {
 #endif
 }
 
+/* Benchmark: `n` reads of the tracer's clock in a C loop (what a recorded call pays twice). */
+static PyObject *py_bench_clock_reads(PyObject *mod, PyObject *arg) {
+    long long n = PyLong_AsLongLong(arg);
+    if (n == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    uint64_t sum = 0;
+    for (long long i = 0; i < n; i++) {
+        sum += ss_ticks();
+    }
+    return PyLong_FromUnsignedLongLong(sum & 1);
+}
+
 static PyMethodDef tracer_methods[] = {
     {"_tracer_configure", (PyCFunction)(void (*)(void))py_configure,
      METH_VARARGS | METH_KEYWORDS, "Set the tracer's filters and budget for the next window."},
@@ -1382,6 +1395,7 @@ static PyMethodDef tracer_methods[] = {
     {"_tracer_thread_hook", (PyCFunction)(void (*)(void))py_thread_hook, METH_FASTCALL,
      "threading.setprofile target that installs the C profile function in new threads."},
     {"_floor_profile", py_floor_profile, METH_O, "Install/remove a no-op profile function."},
+    {"_bench_clock_reads", py_bench_clock_reads, METH_O, "Read the tracer's clock n times."},
     {"_mon_py_start", (PyCFunction)(void (*)(void))mon_py_start, METH_FASTCALL,
      "sys.monitoring PY_START/PY_RESUME callback."},
     {"_mon_py_throw", (PyCFunction)(void (*)(void))mon_py_throw, METH_FASTCALL,
