@@ -335,9 +335,10 @@ class TwinTracer:
         self._prev_thread_hook = threading.getprofile()
         self._prev_profile = sys.getprofile()
         self.active = True
+        # New threads first: once the hook is on this thread, the call would be recorded.
+        threading.setprofile(self._thread_hook)
         if all_threads:
             threading.setprofile_all_threads(self._thread_hook)  # type: ignore[attr-defined]
-        threading.setprofile(self._thread_hook)
         if mine is not None:
             chained = self._prev_profile
             if chained is not None and not callable(chained):
