@@ -298,6 +298,7 @@ def _version(python: str) -> str:
 def _separate_processes(report: Report, python: str) -> None:
     """Each tracer in its own process: overhead, time to a written trace, bytes, stop()."""
     from tracer_child import CALLS  # it imports this module's workload functions
+
     rounds = 2 if report.quick else 3
     version = _version(python).strip()
     subjects = ["none", "floor", "stepscope", "sampler", "cprofile"]
