@@ -299,7 +299,7 @@ def _separate_processes(report: Report, python: str) -> None:
     """Each tracer in its own process: overhead, time to a written trace, bytes, stop()."""
     from tracer_child import CALLS  # it imports this module's workload functions
 
-    rounds = 2 if report.quick else 3
+    rounds = 2 if report.quick else 5
     version = _version(python).strip()
     subjects = ["none", "floor", "stepscope", "sampler", "cprofile"]
     has_viz = subprocess.run([python, "-c", "import viztracer"], capture_output=True).returncode

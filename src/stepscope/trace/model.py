@@ -451,13 +451,14 @@ class TraceBuilder:
         """Add ``n`` rows to ``table`` (0, or ``fill``'s value per column) and lend writable
         views of them, for bulk writers that fill columns in place (released on exit)."""
         views: dict[str, memoryview] = {}
+        zeros = memoryview(bytes(8 * n))  # one source for every column: its pages read once
         try:
             for name, col in self._cols[table].items():
                 start = len(col)
                 if fill and name in fill:
                     col.extend(array(col.typecode, [fill[name]]) * n)
                 else:
-                    col.frombytes(bytes(n * col.itemsize))
+                    col.frombytes(zeros[: n * col.itemsize])
                 with memoryview(col) as whole:
                     views[name] = whole[start:]
             yield views
