@@ -9,12 +9,23 @@ on 3.12+).
 Targets (issue 4): stepscope's overhead <= 0.8 x the smallest of cProfile's and VizTracer's, and
 <= 1.5 x the floor's; <= 24 bytes per recorded call in memory; a NONE-phase step costs the same
 with and without with_stack=True.  Also reported: bytes per call on disk (.json, .json.gz).
+
+Then each tracer in its own process (``tracer_child.py``, imports outside the timing), rounds
+interleaved (issue 19): recording overhead on a mixed (fib + 800k method calls) and a
+method-only workload, <= 0.8 x the best of cProfile and VizTracer; start to a written ``.json``
+<= 0.4 x VizTracer's (record + stop + save); ``.json`` bytes per call <= 0.8 x VizTracer's;
+stop() <= 100 ns per span; and past the default budget (4M calls, the oldest dropped) how long
+stop() takes beside the workload; and the 1 kHz sampler's slowdown with start and stop included
+(<= 1.10x).  ``STEPSCOPE_BENCH_PYTHONS`` (paths joined by ``:``) adds interpreters to this part,
+e.g. a Python 3.12 venv for the ``sys.monitoring`` path (each needs the extension built for it).
 """
 
 from __future__ import annotations
 
 import cProfile
+import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -246,6 +257,146 @@ def _none_step_cost(report: Report, repeat: int) -> None:
     report.target("NONE step with_stack=True / with_stack=False <= 1.1", ratio, 1.1)
 
 
+CHILD = Path(__file__).with_name("tracer_child.py")
+
+
+def _child(python: str, subject: str, workload: str, out: Path) -> dict[str, float]:
+    """One run of ``tracer_child.py`` in a fresh process of ``python``."""
+    env = dict(os.environ)
+    src = str(Path(__file__).resolve().parent.parent / "src")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
+    done = subprocess.run(
+        [python, str(CHILD), subject, workload, str(out)],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+        cwd=str(CHILD.parent),
+    )
+    out.unlink(missing_ok=True)
+    result: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def _tsc_read_ns() -> float:
+    """Nanoseconds per clock read of the tracer (``ticks()`` in a C loop; 0 if not built)."""
+    mod = native()
+    if mod is None:
+        return 0.0
+    n = 2_000_000
+    start = time.perf_counter()
+    mod._bench_clock_reads(n)
+    return (time.perf_counter() - start) * 1e9 / n
+
+
+def _version(python: str) -> str:
+    """``3.12`` for an interpreter's path."""
+    code = "import sys; print('%d.%d' % sys.version_info[:2])"
+    return subprocess.run([python, "-c", code], capture_output=True, text=True, check=True).stdout
+
+
+def _separate_processes(report: Report, python: str) -> None:
+    """Each tracer in its own process: overhead, time to a written trace, bytes, stop()."""
+    from tracer_child import CALLS  # it imports this module's workload functions
+
+    rounds = 2 if report.quick else 5
+    version = _version(python).strip()
+    subjects = ["none", "floor", "stepscope", "sampler", "cprofile"]
+    has_viz = subprocess.run([python, "-c", "import viztracer"], capture_output=True).returncode
+    if has_viz != 0:
+        report.note(f"VizTracer: not installed for Python {version}, skipped")
+    else:
+        subjects.append("viztracer")
+    with tempfile.TemporaryDirectory() as tmp:
+        for workload in ("mixed", "methods"):
+            runs: dict[str, list[dict[str, float]]] = {s: [] for s in subjects}
+            for _ in range(rounds):
+                for subject in subjects:
+                    runs[subject].append(_child(python, subject, workload, Path(tmp) / "t.json"))
+            case = f"py{version} {workload}, own process"
+            res = {
+                s: report.add(f"{case}: start to last call", s, "s", [r["record"] for r in rs])
+                for s, rs in runs.items()
+            }
+            base = res["none"].median
+            over = {s: r.median / base - 1 for s, r in res.items() if s not in ("none", "sampler")}
+            peers = [over[s] for s in ("cprofile", "viztracer") if s in over]
+            report.note(f"{case}: overhead " + ", ".join(f"{s} {v:.1%}" for s, v in over.items()))
+            calls = CALLS[workload]
+            floor_ns = (res["floor"].median - base) * 1e9 / calls
+            ours_ns = (res["stepscope"].median - res["floor"].median) * 1e9 / calls
+            report.note(
+                f"{case}: the no-op hook costs {floor_ns:.0f} ns per call, stepscope "
+                f"{ours_ns:.0f} ns more (two clock reads: {2 * _tsc_read_ns():.0f} ns)"
+            )
+            report.target(
+                f"py{version} {workload}: stepscope overhead / min(cProfile, VizTracer) <= 0.8",
+                over["stepscope"] / min(peers),
+                0.8,
+            )
+            if workload == "mixed":
+                sampled = report.add(
+                    f"{case}: start + workload + stop",
+                    "sampler 1 kHz",
+                    "s",
+                    [r["record"] + r["stop"] for r in runs["sampler"]],
+                )
+                slowdown = report.ratio(case, sampled, res["none"])
+                report.target(
+                    f"py{version} sampler at 1 kHz, start and stop included <= 1.10x", slowdown, 1.1
+                )
+            ours = runs["stepscope"]
+            stop = report.add(
+                f"{case}: stop() per span",
+                "stepscope",
+                "ns/span",
+                [r["stop"] * 1e9 / r["events"] for r in ours],
+            )
+            report.target(f"py{version} {workload}: stop() ns per span <= 100", stop.median, 100)
+            if "viztracer" not in runs:
+                continue
+            theirs = runs["viztracer"]
+            total = {
+                s: report.add(f"{case}: start to written .json", s, "s", [r["total"] for r in rs])
+                for s, rs in (("stepscope", ours), ("viztracer", theirs))
+            }
+            ratio = report.ratio(
+                f"{case}: to written .json", total["stepscope"], total["viztracer"]
+            )
+            report.target(
+                f"py{version} {workload}: start to .json / VizTracer's <= 0.4", ratio, 0.4
+            )
+            per_call = {
+                s: report.add(
+                    f"{case}: .json bytes per call",
+                    s,
+                    "bytes",
+                    [r["bytes"] / r["events"] for r in rs],
+                )
+                for s, rs in (("stepscope", ours), ("viztracer", theirs))
+            }
+            ratio = report.ratio(f"{case}: bytes", per_call["stepscope"], per_call["viztracer"])
+            report.target(
+                f"py{version} {workload}: .json bytes per call / VizTracer's <= 0.8", ratio, 0.8
+            )
+        big = [
+            _child(python, "stepscope", "over_budget", Path(tmp) / "t.json") for _ in range(rounds)
+        ]
+    record = report.add(
+        f"py{version} 4M calls, oldest dropped: start to last call",
+        "stepscope",
+        "s",
+        [r["record"] for r in big],
+    )
+    stop = report.add(
+        f"py{version} 4M calls, oldest dropped: stop()", "stepscope", "s", [r["stop"] for r in big]
+    )
+    report.note(f"py{version} over the budget: {big[0]['events']:.0f} spans kept of 4000001 calls")
+    report.target(
+        f"py{version} over budget: stop() / recording time <= 0.5", stop.median / record.median, 0.5
+    )
+
+
 def run(report: Report) -> None:
     """Run the tracer benchmark."""
     seconds = 0.1 if report.quick else 1.0
@@ -290,3 +441,6 @@ def run(report: Report) -> None:
         report.target("stepscope overhead / no-op hook overhead <= 1.5", ours / floor, 1.5)
     _bytes_per_event(report)
     _none_step_cost(report, repeat=3 if report.quick else 5)
+    extra = os.environ.get("STEPSCOPE_BENCH_PYTHONS", "")
+    for python in [sys.executable, *(p for p in extra.split(os.pathsep) if p)]:
+        _separate_processes(report, python)

@@ -27,7 +27,6 @@ TYPING_ONLY = {
     "_F",
     "_SpanColumnBytes",
     "_SpanTuple",
-    "_ThreadSpanBytes",
     "_TracerStats",
     "_SamplerExport",
     "_SignalStats",

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from array import array
+
 import pytest
 
 from stepscope.trace import Trace, TraceBuilder
+from stepscope.trace.layouts import python_ids_ref
 from stepscope.trace.model import LABEL_BASE
 
 
@@ -106,3 +109,36 @@ def test_extend_spans_appends_in_bulk() -> None:
     assert [s.args for s in trace.iter_spans()] == [{"Python id": 1}, None]
     with pytest.raises(ValueError, match="same length"):
         TraceBuilder(base_time_ns=0).extend_spans([1], [], [], [], [], [])
+
+
+def test_bulk_rows_filled_in_place_with_python_ids_and_noted_tracks() -> None:
+    b = TraceBuilder(base_time_ns=0)
+    b.span("before", "cpu_op", 1, 5, 0, 9)
+    first_span, first_row = b.span_rows, b.python_ids_rows
+    fill = {"cat": b.intern("python_function"), "pid": 1}
+    with b.grown("spans", 3, fill) as spans, b.grown("python_ids", 3) as ids:
+        spans["name"][:] = array("I", [b.intern("f")]) * 3
+        spans["tid"][:] = array("q", [7, 7, 8])
+        spans["start_ns"][:] = array("q", [10, 11, 20])
+        spans["dur_ns"][:] = array("q", [5, 1, 2])
+        spans["args"][:] = array("i", [python_ids_ref(first_row + k) for k in range(3)])
+        ids["id"][:] = array("q", [1, 2, 3])
+        ids["parent"][:] = array("q", [0, 1, 0])
+    b.note_span_tracks(first_span, first_span + 3, {(1, 7), (1, 8)})
+    b.span("after", "cpu_op", 2, 9, 30, 1)
+    assert b.span_tracks() == {(1, 5), (1, 7), (1, 8), (2, 9)}
+    trace = b.build()
+    assert [s.args for s in trace.iter_spans()] == [
+        None,
+        {"Python id": 1, "Python parent id": None},
+        {"Python id": 2, "Python parent id": 1},
+        {"Python id": 3, "Python parent id": None},
+        None,
+    ]
+    assert [s.tid for s in trace.iter_spans()] == [5, 7, 7, 8, 9]
+    # merged into another trace, the ids follow their spans
+    merged = TraceBuilder(base_time_ns=0)
+    merged.add_trace(trace)
+    merged.add_trace(trace)
+    again = merged.build()
+    assert [s.args for s in again.iter_spans()] == 2 * [s.args for s in trace.iter_spans()]

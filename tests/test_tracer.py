@@ -450,8 +450,13 @@ def test_chrome_trace_round_trip(tmp_path: Path) -> None:
     fibs = [e for e in events if e["name"].endswith(": fib")]
     assert len(fibs) == 9
     assert all(e["cat"] == "python_function" for e in events)
-    ids = {e["args"]["Python id"] for e in events}
-    assert all(e["args"]["Python parent id"] in ids | {None} for e in events)
+    # Ids stay in memory (the file's nesting carries the same tree); only the spans open at
+    # the window's edges carry args in the file, with their flags.
+    flagged = [e for e in events if "args" in e]
+    assert flagged and all(
+        "Open at window start" in e["args"] or "Open at window end" in e["args"] for e in flagged
+    )
+    assert all(n.args["Python id"] for n in nodes(trace))
     again = read_chrome_trace(path)
     assert len(again.spans) == len(trace.spans)
 

@@ -93,6 +93,7 @@ if TYPE_CHECKING:
         _tracer_active = staticmethod(_native._tracer_active)
         _tracer_thread_hook = staticmethod(_native._tracer_thread_hook)
         _floor_profile = staticmethod(_native._floor_profile)
+        _bench_clock_reads = staticmethod(_native._bench_clock_reads)
         _mon_py_start = staticmethod(_native._mon_py_start)
         _mon_py_throw = staticmethod(_native._mon_py_throw)
         _mon_py_return = staticmethod(_native._mon_py_return)

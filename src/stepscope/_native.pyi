@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from types import CodeType, FrameType, TracebackType
 from typing import Any, Final, Literal, TypedDict, TypeVar, final
 
-from _typeshed import ReadableBuffer
+from _typeshed import ReadableBuffer, WriteableBuffer
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -148,10 +148,6 @@ class _TracerStats(TypedDict):
     first_filter_error: BaseException | None
     record_bytes: int
 
-_ThreadSpanBytes = tuple[int, bytes, bytes, bytes, bytes, bytes, bytes]
-"""One thread's spans in pre-order: (native tid, name ids u32, starts, durs, ids, parents i64,
-flags u8)."""
-
 def _tracer_configure(
     max_depth: int,
     min_ticks: int,
@@ -178,8 +174,21 @@ def _tracer_stats() -> _TracerStats:
 def _tracer_interned() -> list[CodeType | str | None]:
     """Interned targets by id: code objects, C-function names, None for excluded ones."""
 
-def _tracer_export(name_ids: ReadableBuffer, first_id: int = 1, /) -> list[_ThreadSpanBytes]:
-    """Each thread's spans (``name_ids``: uint32 string id per interned target)."""
+def _tracer_export(
+    name_ids: ReadableBuffer,
+    first_id: int,
+    first_row: int,
+    names: WriteableBuffer,
+    tids: WriteableBuffer,
+    starts: WriteableBuffer,
+    durs: WriteableBuffer,
+    refs: WriteableBuffer,
+    ids: WriteableBuffer,
+    parents: WriteableBuffer,
+    /,
+) -> tuple[bytes, list[int]]:
+    """Write every span in pre-order into the columns (``name_ids``: uint32 string id per
+    interned target); returns their flags and the threads' native ids."""
 
 def _tracer_clear() -> None:
     """Free every buffer and interned reference (not while recording)."""
@@ -192,6 +201,9 @@ def _tracer_thread_hook(frame: FrameType, event: str, arg: Any, /) -> None:
 
 def _floor_profile(on: object, /) -> None:
     """Install or remove a no-op profile function (benchmark floor; 3.10/3.11)."""
+
+def _bench_clock_reads(n: int, /) -> int:
+    """Read the tracer's clock ``n`` times in a C loop (benchmark)."""
 
 # sys.monitoring callbacks (3.12+); each returns sys.monitoring.DISABLE or None.
 def _mon_py_start(code: CodeType, offset: int, /) -> object: ...

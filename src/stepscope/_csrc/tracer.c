@@ -1151,27 +1151,31 @@ static PyObject *py_interned(PyObject *mod, PyObject *unused) {
     return out;
 }
 
-/* One thread's records as span columns in pre-order (see the module comment). */
-static PyObject *export_thread(ThreadBuf *tb, const uint32_t *name_ids, Py_ssize_t n_names,
-                               int64_t *next_id) {
+/* Where the export writes: the trace's own columns, already sized (no copy in between). */
+typedef struct {
+    uint32_t *name;
+    int64_t *tid;
+    int64_t *start;
+    int64_t *dur;
+    int32_t *ref;
+    int64_t *id;
+    int64_t *parent;
+    uint8_t *flags;
+} ExportOut;
+
+/* One thread's records in pre-order from `at` on (see the module comment); `scratch` holds
+ * room for 5 int32 per record. */
+static void export_thread(ThreadBuf *tb, const uint32_t *name_ids, Py_ssize_t n_names,
+                          int64_t first_id, int64_t first_row, size_t at, const ExportOut *o,
+                          Record *recs, int32_t *scratch) {
     size_t n = (size_t)tb->count;
-    Record *recs = malloc(n * sizeof(Record) + 1);
-    int32_t *links = malloc(4 * n * sizeof(int32_t) + 1);
-    int32_t *anc = malloc((n + 1) * sizeof(int32_t));
-    PyObject *cols[6] = {NULL};
-    size_t widths[6] = {4, 8, 8, 8, 8, 1};
-    PyObject *result = NULL;
-    if (recs == NULL || links == NULL || anc == NULL) {
-        PyErr_NoMemory();
-        goto done;
-    }
     size_t k = 0;
     for (Chunk *c = tb->first; c; c = c->next_thread) {
         memcpy(recs + k, c->records, c->count * sizeof(Record));
         k += c->count;
     }
-    int32_t *parent = links, *first_child = links + n, *next_sib = links + 2 * n,
-            *pos = links + 3 * n;
+    int32_t *parent = scratch, *first_child = scratch + n, *next_sib = scratch + 2 * n,
+            *pos = scratch + 3 * n, *anc = scratch + 4 * n;
     /* Reverse post-order meets each parent before its children: a stack of ancestors. */
     int32_t root_head = -1;
     size_t top = 0;
@@ -1192,18 +1196,9 @@ static PyObject *export_thread(ThreadBuf *tb, const uint32_t *name_ids, Py_ssize
         }
         anc[top++] = (int32_t)j;
     }
-    for (int i = 0; i < 6; i++) {
-        cols[i] = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(n * widths[i]));
-        if (cols[i] == NULL) {
-            goto done;
-        }
-    }
-    uint32_t *o_name = (uint32_t *)PyBytes_AS_STRING(cols[0]);
-    int64_t *o_start = (int64_t *)PyBytes_AS_STRING(cols[1]);
-    int64_t *o_dur = (int64_t *)PyBytes_AS_STRING(cols[2]);
-    int64_t *o_id = (int64_t *)PyBytes_AS_STRING(cols[3]);
-    int64_t *o_parent = (int64_t *)PyBytes_AS_STRING(cols[4]);
-    uint8_t *o_flags = (uint8_t *)PyBytes_AS_STRING(cols[5]);
+    int64_t tid = (int64_t)tb->native_tid;
+    int64_t id0 = first_id + (int64_t)at;
+    int64_t ref0 = -2 - (first_row + (int64_t)at); /* python_ids rows, one per span */
     size_t out = 0;
     int32_t node = root_head;
     while (node >= 0) {
@@ -1212,12 +1207,15 @@ static PyObject *export_thread(ThreadBuf *tb, const uint32_t *name_ids, Py_ssize
         uint64_t start = rec_start(r);
         uint32_t code = r->code_flags >> 2;
         int64_t start_ns = ss_ticks_to_ns(start);
-        o_name[out] = code < (uint64_t)n_names ? name_ids[code] : 0;
-        o_start[out] = start_ns;
-        o_dur[out] = ss_ticks_to_ns(start + rec_dur(r)) - start_ns;
-        o_id[out] = *next_id + (int64_t)out;
-        o_parent[out] = parent[node] >= 0 ? *next_id + pos[parent[node]] : 0;
-        o_flags[out] = (uint8_t)(r->code_flags & REC_FLAGS_MASK);
+        size_t i = at + out;
+        o->name[i] = code < (uint64_t)n_names ? name_ids[code] : 0;
+        o->tid[i] = tid;
+        o->start[i] = start_ns;
+        o->dur[i] = ss_ticks_to_ns(start + rec_dur(r)) - start_ns;
+        o->ref[i] = (int32_t)(ref0 - (int64_t)out);
+        o->id[i] = id0 + (int64_t)out;
+        o->parent[i] = parent[node] >= 0 ? id0 + pos[parent[node]] : 0;
+        o->flags[i] = (uint8_t)(r->code_flags & REC_FLAGS_MASK);
         out++;
         if (first_child[node] >= 0) {
             node = first_child[node];
@@ -1230,68 +1228,109 @@ static PyObject *export_thread(ThreadBuf *tb, const uint32_t *name_ids, Py_ssize
             node = next_sib[node];
         }
     }
-    *next_id += (int64_t)n;
-    result = Py_BuildValue("(kNNNNNN)", tb->native_tid, cols[0], cols[1], cols[2], cols[3],
-                           cols[4], cols[5]);
-    for (int i = 0; i < 6; i++) {
-        cols[i] = NULL; /* stolen by Py_BuildValue (N), even on failure */
+}
+
+#define EXPORT_COLUMNS 7
+
+/* Writable buffers of exactly `n` items of `itemsize` bytes. */
+static int get_out_buffer(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, Py_ssize_t n,
+                          const char *name) {
+    if (PyObject_GetBuffer(obj, view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+        return -1;
     }
-done:
-    for (int i = 0; i < 6; i++) {
-        Py_XDECREF(cols[i]);
+    if (view->itemsize != itemsize || view->len != n * itemsize) {
+        PyErr_Format(PyExc_ValueError,
+                     "export column %s must hold %zd items of %zd bytes (got %zd bytes of %zd)",
+                     name, n, itemsize, view->len, view->itemsize);
+        PyBuffer_Release(view);
+        return -1;
     }
-    free(recs);
-    free(links);
-    free(anc);
-    return result;
+    return 0;
 }
 
 static PyObject *py_export(PyObject *mod, PyObject *args) {
-    Py_buffer names;
-    long long first_id = 1;
-    if (!PyArg_ParseTuple(args, "y*|L:_tracer_export", &names, &first_id)) {
+    static const char *names[EXPORT_COLUMNS] = {"name", "tid", "start_ns", "dur_ns",
+                                                "args",  "id",  "parent"};
+    static const Py_ssize_t sizes[EXPORT_COLUMNS] = {4, 8, 8, 8, 4, 8, 8};
+    Py_buffer ids_view;
+    long long first_id, first_row;
+    PyObject *cols[EXPORT_COLUMNS];
+    if (!PyArg_ParseTuple(args, "y*LLOOOOOOO:_tracer_export", &ids_view, &first_id, &first_row,
+                          &cols[0], &cols[1], &cols[2], &cols[3], &cols[4], &cols[5],
+                          &cols[6])) {
         return NULL;
     }
+    Py_buffer views[EXPORT_COLUMNS];
+    int got = 0;
+    PyObject *flags = NULL, *tids = NULL, *result = NULL;
+    ThreadBuf **order = NULL;
+    Record *recs = NULL;
+    int32_t *scratch = NULL;
+    Py_ssize_t n = (Py_ssize_t)S.kept;
     if (S.active) {
-        PyBuffer_Release(&names);
         PyErr_SetString(PyExc_RuntimeError, "stop the function tracer before exporting");
-        return NULL;
+        goto done;
     }
-    if (names.len % 4 != 0) {
-        PyBuffer_Release(&names);
+    if (ids_view.len % 4 != 0) {
         PyErr_SetString(PyExc_TypeError, "name ids must be a buffer of uint32");
-        return NULL;
+        goto done;
     }
-    PyObject *out = PyList_New(0);
-    int64_t next_id = first_id;
+    if (first_row < 0 || first_row + (long long)n > INT32_MAX - 2) {
+        PyErr_SetString(PyExc_OverflowError, "python_ids rows must fit the 32-bit args refs");
+        goto done;
+    }
+    for (; got < EXPORT_COLUMNS; got++) {
+        if (get_out_buffer(cols[got], &views[got], sizes[got], n, names[got]) < 0) {
+            goto done;
+        }
+    }
+    flags = PyBytes_FromStringAndSize(NULL, n);
+    order = malloc((S.n_threads + 1) * sizeof(ThreadBuf *));
+    uint64_t most = 1;
+    for (ThreadBuf *tb = S.threads; tb; tb = tb->next) {
+        most = tb->count > most ? tb->count : most;
+    }
+    recs = malloc(most * sizeof(Record));
+    scratch = malloc(5 * most * sizeof(int32_t));
+    if (flags == NULL || order == NULL || recs == NULL || scratch == NULL) {
+        Py_CLEAR(flags);
+        PyErr_NoMemory();
+        goto done;
+    }
+    ExportOut o = {views[0].buf, views[1].buf, views[2].buf, views[3].buf,
+                   views[4].buf, views[5].buf, views[6].buf,
+                   (uint8_t *)PyBytes_AS_STRING(flags)};
     /* Threads in creation order (the list is newest first). */
-    ThreadBuf **order = malloc((S.n_threads + 1) * sizeof(ThreadBuf *));
-    if (out == NULL || order == NULL) {
-        Py_XDECREF(out);
-        free(order);
-        PyBuffer_Release(&names);
-        return PyErr_NoMemory();
-    }
     uint32_t m = 0;
     for (ThreadBuf *tb = S.threads; tb; tb = tb->next) {
         order[m++] = tb;
     }
-    for (uint32_t i = m; i-- > 0;) {
+    size_t at = 0;
+    tids = PyList_New(0);
+    for (uint32_t i = m; tids != NULL && i-- > 0;) {
         if (order[i]->count == 0) {
             continue;
         }
-        PyObject *item = export_thread(order[i], (const uint32_t *)names.buf, names.len / 4,
-                                       &next_id);
-        if (item == NULL || PyList_Append(out, item) < 0) {
-            Py_XDECREF(item);
-            Py_CLEAR(out);
-            break;
+        export_thread(order[i], (const uint32_t *)ids_view.buf, ids_view.len / 4, first_id,
+                      first_row, at, &o, recs, scratch);
+        at += (size_t)order[i]->count;
+        PyObject *tid = PyLong_FromUnsignedLong(order[i]->native_tid);
+        if (tid == NULL || PyList_Append(tids, tid) < 0) {
+            Py_CLEAR(tids);
         }
-        Py_DECREF(item);
+        Py_XDECREF(tid);
+    }
+    result = tids == NULL ? NULL : Py_BuildValue("(NN)", Py_NewRef(flags), tids);
+done:
+    while (got-- > 0) {
+        PyBuffer_Release(&views[got]);
     }
     free(order);
-    PyBuffer_Release(&names);
-    return out;
+    free(recs);
+    free(scratch);
+    PyBuffer_Release(&ids_view);
+    Py_XDECREF(flags);
+    return result;
 }
 
 static PyObject *py_clear(PyObject *mod, PyObject *unused) {
@@ -1326,6 +1365,19 @@ static PyObject *py_floor_profile(PyObject *mod, PyObject *arg) {
 #endif
 }
 
+/* Benchmark: `n` reads of the tracer's clock in a C loop (what a recorded call pays twice). */
+static PyObject *py_bench_clock_reads(PyObject *mod, PyObject *arg) {
+    long long n = PyLong_AsLongLong(arg);
+    if (n == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    uint64_t sum = 0;
+    for (long long i = 0; i < n; i++) {
+        sum += ss_ticks();
+    }
+    return PyLong_FromUnsignedLongLong(sum & 1);
+}
+
 static PyMethodDef tracer_methods[] = {
     {"_tracer_configure", (PyCFunction)(void (*)(void))py_configure,
      METH_VARARGS | METH_KEYWORDS, "Set the tracer's filters and budget for the next window."},
@@ -1335,12 +1387,15 @@ static PyMethodDef tracer_methods[] = {
     {"_tracer_stats", py_stats, METH_NOARGS, "Counters of the current session."},
     {"_tracer_interned", py_interned, METH_NOARGS, "Interned code objects / C names by id."},
     {"_tracer_export", py_export, METH_VARARGS,
-     "Per-thread span columns in pre-order: (tid, names, starts, durs, ids, parents, flags)."},
+     "Write every span in pre-order, thread by thread, into the given columns (name ids, tids, "
+     "starts, durs, args refs to python_ids rows from first_row, Python ids, parent ids); "
+     "returns (their flags, the threads' native ids)."},
     {"_tracer_clear", py_clear, METH_NOARGS, "Free every buffer and interned reference."},
     {"_tracer_active", py_active, METH_NOARGS, "Whether the tracer is recording."},
     {"_tracer_thread_hook", (PyCFunction)(void (*)(void))py_thread_hook, METH_FASTCALL,
      "threading.setprofile target that installs the C profile function in new threads."},
     {"_floor_profile", py_floor_profile, METH_O, "Install/remove a no-op profile function."},
+    {"_bench_clock_reads", py_bench_clock_reads, METH_O, "Read the tracer's clock n times."},
     {"_mon_py_start", (PyCFunction)(void (*)(void))mon_py_start, METH_FASTCALL,
      "sys.monitoring PY_START/PY_RESUME callback."},
     {"_mon_py_throw", (PyCFunction)(void (*)(void))mon_py_throw, METH_FASTCALL,

@@ -24,11 +24,10 @@ from stepscope.collectors.python_common import (
     DEFAULT_BUFFER_BYTES,
     ModuleFilter,
     SourceNames,
-    ThreadSpans,
     TracerOptions,
     add_python_spans,
+    fill_span_columns,
     name_ids_for,
-    thread_spans_from_bytes,
 )
 from stepscope.collectors.python_twin import TwinTracer
 from stepscope.failures import failure_log
@@ -195,8 +194,13 @@ class _NativeTracer:
     def interned(self) -> list[CodeType | str | None]:
         return self.mod._tracer_interned()
 
-    def export(self, name_ids: Any, first_id: int = 1) -> list[ThreadSpans]:
-        return [thread_spans_from_bytes(row) for row in self.mod._tracer_export(name_ids, first_id)]
+    def count(self) -> int:
+        return int(self.mod._tracer_stats()["events"])
+
+    def export(
+        self, name_ids: Any, first_id: int, first_row: int, cols: Any
+    ) -> tuple[bytes, list[int]]:
+        return self.mod._tracer_export(name_ids, first_id, first_row, *cols)
 
     def clear(self) -> None:
         self.mod._tracer_clear()
@@ -230,8 +234,13 @@ class _TwinAdapter:
     def interned(self) -> list[CodeType | str | None]:
         return self.twin.interned()
 
-    def export(self, name_ids: Any, first_id: int = 1) -> list[ThreadSpans]:
-        return self.twin.export(name_ids, first_id)
+    def count(self) -> int:
+        return int(self.twin.stats()["events"])
+
+    def export(
+        self, name_ids: Any, first_id: int, first_row: int, cols: Any
+    ) -> tuple[bytes, list[int]]:
+        return fill_span_columns(self.twin.export(name_ids, first_id, first_row), cols)
 
     def clear(self) -> None:
         self.twin.clear()
@@ -351,8 +360,13 @@ class PythonTracerCollector(Collector):
             spans = 0
             if self._failure is None:
                 name_ids = name_ids_for(builder, self._backend.interned(), self._names)
-                threads = self._backend.export(name_ids, 1)
-                spans = add_python_spans(builder, ctx.pid, threads)
+                backend = self._backend
+                spans = add_python_spans(
+                    builder,
+                    ctx.pid,
+                    backend.count(),
+                    lambda row, cols: backend.export(name_ids, 1, row, cols),
+                )
             self._report(ctx, spans)
         finally:
             self._release()

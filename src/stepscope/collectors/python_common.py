@@ -9,9 +9,10 @@ numbers, which :func:`add_python_spans` appends to a ``TraceBuilder``.
 from __future__ import annotations
 
 import os
+import re
 import sys
 from array import array
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from types import CodeType
@@ -33,6 +34,7 @@ __all__ = [
     "TracerOptions",
     "add_python_spans",
     "chunk_capacity",
+    "fill_span_columns",
 ]
 
 PYTHON_CATEGORY = "python_function"
@@ -244,19 +246,11 @@ class ThreadSpans(NamedTuple):
     parents: array[int]
     """Parent's ``Python id``; 0 for roots."""
     flags: bytes
+    refs: array[int]
+    """Args refs: ``python_ids_ref(row)`` of consecutive ``python_ids`` rows."""
 
 
-def thread_spans_from_bytes(
-    row: tuple[int, bytes, bytes, bytes, bytes, bytes, bytes],
-) -> ThreadSpans:
-    """Wrap the C tracer's per-thread byte columns."""
-    tid, names, starts, durs, ids, parents, flags = row
-    cols: list[array[int]] = []
-    for code, raw in (("I", names), ("q", starts), ("q", durs), ("q", ids), ("q", parents)):
-        col = array(code)
-        col.frombytes(raw)
-        cols.append(col)
-    return ThreadSpans(tid, cols[0], cols[1], cols[2], cols[3], cols[4], flags)
+_FLAGGED = re.compile(rb"[^\x00]")
 
 
 def span_args(py_id: int, parent: int, flags: int) -> dict[str, Any]:
@@ -269,33 +263,52 @@ def span_args(py_id: int, parent: int, flags: int) -> dict[str, Any]:
     return args
 
 
-def add_python_spans(builder: TraceBuilder, pid: int, threads: Sequence[ThreadSpans]) -> int:
-    """Append every thread's spans as ``python_function`` spans; returns how many."""
-    cat = builder.intern(PYTHON_CATEGORY)
-    total = 0
-    add_args = builder.add_args
+SpanExporter = Callable[[int, tuple[memoryview, ...]], tuple[bytes, list[int]]]
+"""``export(first_row, columns)``: write every recorded span into the seven columns (name ids,
+tids, starts, durs, args refs, Python ids, parent ids), return their flags (one byte each) and
+the tids they hold."""
+
+
+def add_python_spans(builder: TraceBuilder, pid: int, count: int, export: SpanExporter) -> int:
+    """Append ``count`` recorded calls as ``python_function`` spans; returns how many.
+
+    The exporter writes straight into the trace's columns; ids go to its ``python_ids`` columns
+    (no dict per span).  Only the few spans open at the window's start or end get an args dict,
+    which also carries their flags.
+    """
+    if count == 0:
+        return 0
+    fill = {"cat": builder.intern(PYTHON_CATEGORY), "pid": builder.encode_label(pid)}
+    first_row = builder.python_ids_rows
+    first_span = builder.span_rows
+    with builder.grown("spans", count, fill) as spans, builder.grown("python_ids", count) as ids:
+        refs, py_ids, parents = spans["args"], ids["id"], ids["parent"]
+        cols = (spans["name"], spans["tid"], spans["start_ns"], spans["dur_ns"], refs)
+        flags, tids = export(first_row, (*cols, py_ids, parents))
+        for match in _FLAGGED.finditer(flags):
+            i = match.start()
+            refs[i] = builder.add_args(span_args(py_ids[i], parents[i], flags[i]))
+    builder.note_span_tracks(first_span, first_span + count, {(fill["pid"], t) for t in tids})
+    return count
+
+
+def fill_span_columns(
+    threads: Sequence[ThreadSpans], cols: tuple[memoryview, ...]
+) -> tuple[bytes, list[int]]:
+    """Write exported threads into the columns of :data:`SpanExporter` (the twin's way)."""
+    at = 0
+    flags = bytearray()
     for t in threads:
-        n = len(t.name_ids)
-        if n == 0:
-            continue
-        refs = array(
-            "i",
-            (
-                add_args(span_args(i, p, f))
-                for i, p, f in zip(t.ids, t.parents, t.flags, strict=True)
-            ),
-        )
-        builder.extend_spans(
-            t.name_ids,
-            array("I", [cat]) * n,
-            array("q", [builder.encode_label(pid)]) * n,
-            array("q", [builder.encode_label(t.tid)]) * n,
-            t.starts,
-            t.durs,
-            refs,
-        )
-        total += n
-    return total
+        k = len(t.name_ids)
+        tids = array("q", [t.tid]) * k
+        sources = (t.name_ids, tids, t.starts, t.durs, t.refs, t.ids, t.parents)
+        for col, src in zip(cols, sources, strict=True):
+            col[at : at + k] = memoryview(src)
+        flags += t.flags
+        at += k
+    if at != len(cols[0]):
+        raise ValueError(f"exported {at} spans into columns of {len(cols[0])}")
+    return bytes(flags), [t.tid for t in threads]
 
 
 def name_ids_for(

@@ -29,6 +29,7 @@ from stepscope.collectors.python_common import (
     ThreadSpans,
     chunk_capacity,
 )
+from stepscope.trace.layouts import python_ids_ref
 
 __all__ = ["TwinTracer"]
 
@@ -334,9 +335,10 @@ class TwinTracer:
         self._prev_thread_hook = threading.getprofile()
         self._prev_profile = sys.getprofile()
         self.active = True
+        # New threads first: once the hook is on this thread, the call would be recorded.
+        threading.setprofile(self._thread_hook)
         if all_threads:
             threading.setprofile_all_threads(self._thread_hook)  # type: ignore[attr-defined]
-        threading.setprofile(self._thread_hook)
         if mine is not None:
             chained = self._prev_profile
             if chained is not None and not callable(chained):
@@ -379,7 +381,9 @@ class TwinTracer:
         """Interned code objects / C names by id (None for excluded ones)."""
         return list(self._interned)
 
-    def export(self, name_ids: Sequence[int], first_id: int = 1) -> list[ThreadSpans]:
+    def export(
+        self, name_ids: Sequence[int], first_id: int = 1, first_row: int = 0
+    ) -> list[ThreadSpans]:
         """Each thread's spans in pre-order (twin of the C export)."""
         if self.active:
             raise RuntimeError("stop the pure-Python tracer before exporting")
@@ -387,7 +391,7 @@ class TwinTracer:
         next_id = first_id
         for t in self._threads:
             if t.count:
-                out.append(_export_thread(t, name_ids, next_id))
+                out.append(_export_thread(t, name_ids, next_id, first_row + next_id - first_id))
                 next_id += t.count
         return out
 
@@ -400,7 +404,9 @@ class TwinTracer:
         self._reset_counters()
 
 
-def _export_thread(t: _Thread, name_ids: Sequence[int], first_id: int) -> ThreadSpans:
+def _export_thread(
+    t: _Thread, name_ids: Sequence[int], first_id: int, first_row: int
+) -> ThreadSpans:
     records = [r for chunk in t.chunks for r in chunk.records]
     n = len(records)
     parent = [-1] * n
@@ -445,7 +451,8 @@ def _export_thread(t: _Thread, name_ids: Sequence[int], first_id: int) -> Thread
             node = parent[node]
         if node >= 0:
             node = next_sib[node]
-    return ThreadSpans(t.tid, names, starts, durs, ids, parents, bytes(flags))
+    refs = array("i", range(python_ids_ref(first_row), python_ids_ref(first_row + n), -1))
+    return ThreadSpans(t.tid, names, starts, durs, ids, parents, bytes(flags), refs)
 
 
 def _own_codes() -> list[CodeType]:

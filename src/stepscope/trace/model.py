@@ -13,89 +13,22 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Container, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
-LABEL_BASE = 1 << 62
-"""pid/tid values at or above this encode a string label (``LABEL_BASE + string id``)."""
-
-SCHEMA_VERSION = 1
-
-# Column layouts: (column name, array typecode).  ``args`` holds -1 or an index into Trace.args.
-SPAN_COLUMNS = (
-    ("name", "I"),
-    ("cat", "I"),
-    ("pid", "q"),
-    ("tid", "q"),
-    ("start_ns", "q"),
-    ("dur_ns", "q"),
-    ("args", "i"),
+from stepscope.trace.layouts import (
+    COUNTER_COLUMNS,
+    FLOW_COLUMNS,
+    INSTANT_COLUMNS,
+    META_COLUMNS,
+    SAMPLE_COLUMNS,
+    SCHEMA_VERSION,
+    TABLE_LAYOUTS,
 )
-INSTANT_COLUMNS = (
-    ("name", "I"),
-    ("cat", "I"),
-    ("pid", "q"),
-    ("tid", "q"),
-    ("ts_ns", "q"),
-    ("scope", "B"),  # ord of 't', 'p' or 'g'
-    ("args", "i"),
-)
-# One row per (event, series): rows with first == 0 continue the previous event's args.
-COUNTER_COLUMNS = (
-    ("name", "I"),
-    ("pid", "q"),
-    ("tid", "q"),
-    ("ts_ns", "q"),
-    ("series", "I"),
-    ("value", "d"),
-    ("first", "B"),
-)
-FLOW_COLUMNS = (
-    ("name", "I"),
-    ("cat", "I"),
-    ("pid", "q"),
-    ("tid", "q"),
-    ("ts_ns", "q"),
-    ("flow_id", "q"),
-    ("phase", "B"),  # ord of 's', 't' or 'f'
-    ("binding", "B"),  # ord('e') for enclosing-slice binding, else 0
-)
-# ``M`` events: process_name, thread_name, process_labels, *_sort_index ...; value in args.
-META_COLUMNS = (
-    ("name", "I"),
-    ("pid", "q"),
-    ("tid", "q"),
-    ("args", "i"),
-)
-SAMPLE_COLUMNS = (
-    ("pid", "q"),
-    ("tid", "q"),
-    ("ts_ns", "q"),
-    ("stack", "i"),  # index into the stacks table, -1 for an empty stack
-    ("weight", "q"),
-    ("idle", "B"),
-)
-FRAME_COLUMNS = (
-    ("name", "I"),
-    ("file", "I"),
-    ("line", "i"),
-)
-STACK_COLUMNS = (
-    ("parent", "i"),  # -1 at the root
-    ("frame", "i"),
-)
-
-TABLE_LAYOUTS: dict[str, tuple[tuple[str, str], ...]] = {
-    "spans": SPAN_COLUMNS,
-    "instants": INSTANT_COLUMNS,
-    "counters": COUNTER_COLUMNS,
-    "flows": FLOW_COLUMNS,
-    "meta": META_COLUMNS,
-    "samples": SAMPLE_COLUMNS,
-    "frames": FRAME_COLUMNS,
-    "stacks": STACK_COLUMNS,
-}
+from stepscope.trace.layouts import LABEL_BASE as LABEL_BASE  # re-exported (readers, writers)
+from stepscope.trace.layouts import SPAN_COLUMNS as SPAN_COLUMNS
 
 
 class Span(NamedTuple):
@@ -257,7 +190,13 @@ class Trace:
 
     def args_at(self, ref: int) -> Mapping[str, Any] | None:
         """The args mapping for an ``args`` column value (None for -1)."""
-        return None if ref < 0 else self.args[ref]
+        if ref >= 0:
+            return self.args[ref]
+        if ref == -1:
+            return None
+        ids = self.tables["python_ids"]
+        parent = ids["parent"][-2 - ref]
+        return {"Python id": ids["id"][-2 - ref], "Python parent id": parent or None}
 
     def iter_spans(self) -> Iterator[Span]:
         """Decode spans one by one (for analysis; exporters read the columns directly)."""
@@ -388,6 +327,7 @@ class TraceBuilder:
             for table, layout in TABLE_LAYOUTS.items()
         }
         self._frame_ids: dict[tuple[int, int, int], int] = {}
+        self._noted_tracks: list[tuple[int, int, set[tuple[int, int]]]] = []
         self._stack_ids: dict[tuple[int, int], int] = {}
         self.metadata: dict[str, Any] = {}
         self.device_properties: list[Mapping[str, Any]] = []
@@ -498,6 +438,33 @@ class TraceBuilder:
     def add_args(self, args: Mapping[str, Any]) -> int:
         """Store an args mapping and return its ref (for ``extend_spans``)."""
         return self._add_args(args)
+
+    @property
+    def python_ids_rows(self) -> int:
+        """Rows in the ``python_ids`` table so far (the next row's index)."""
+        return len(self._cols["python_ids"]["id"])
+
+    @contextmanager
+    def grown(
+        self, table: str, n: int, fill: Mapping[str, int] | None = None
+    ) -> Iterator[dict[str, memoryview]]:
+        """Add ``n`` rows to ``table`` (0, or ``fill``'s value per column) and lend writable
+        views of them, for bulk writers that fill columns in place (released on exit)."""
+        views: dict[str, memoryview] = {}
+        zeros = memoryview(bytes(8 * n))  # one source for every column: its pages read once
+        try:
+            for name, col in self._cols[table].items():
+                start = len(col)
+                if fill and name in fill:
+                    col.extend(array(col.typecode, [fill[name]]) * n)
+                else:
+                    col.frombytes(zeros[: n * col.itemsize])
+                with memoryview(col) as whole:
+                    views[name] = whole[start:]
+            yield views
+        finally:
+            for view in views.values():
+                view.release()
 
     def instant(
         self,
@@ -659,6 +626,7 @@ class TraceBuilder:
         remap_pid = pid_map.__getitem__ if pid_map is not None else remap_label
         args_offset = len(self._args)
         self._args.extend(trace.args)
+        ids_offset = len(self._cols["python_ids"]["id"])
 
         for table, layout in TABLE_LAYOUTS.items():
             if table in ("frames", "stacks", "samples"):
@@ -682,7 +650,10 @@ class TraceBuilder:
                 elif col in ("start_ns", "ts_ns"):
                     dst[col].extend(map(shift.__add__, values) if shift else values)
                 elif col == "args":
-                    dst[col].extend(v + args_offset if v >= 0 else -1 for v in values)
+                    dst[col].extend(
+                        v + args_offset if v >= 0 else v if v == -1 else v - ids_offset
+                        for v in values
+                    )
                 else:
                     dst[col].extend(values)
         frame_map = array("i")
@@ -741,10 +712,25 @@ class TraceBuilder:
                 threads.add((pid, tid))
         return processes, threads
 
+    @property
+    def span_rows(self) -> int:
+        """Spans appended so far."""
+        return len(self._cols["spans"]["name"])
+
+    def note_span_tracks(self, lo: int, hi: int, tracks: set[tuple[int, int]]) -> None:
+        """Tell ``span_tracks`` the (pid, tid) values of spans ``lo..hi`` (for bulk writers)."""
+        self._noted_tracks.append((lo, hi, set(tracks)))
+
     def span_tracks(self) -> set[tuple[int, int]]:
         """The (pid, tid) column values of the spans appended so far."""
-        cols = self._cols["spans"]
-        return set(zip(cols["pid"], cols["tid"], strict=True))
+        pids, tids = self._cols["spans"]["pid"], self._cols["spans"]["tid"]
+        out: set[tuple[int, int]] = set()
+        at = 0
+        for lo, hi, tracks in [*sorted(self._noted_tracks), (len(pids), len(pids), set())]:
+            out.update(zip(pids[at:lo], tids[at:lo], strict=True))
+            out |= tracks
+            at = hi
+        return out
 
     def instants_named(self, name: str) -> Iterator[tuple[int, int, int, Mapping[str, Any] | None]]:
         """The instants appended so far with this name: ``(ts_ns, pid, tid, args)`` (encoded)."""
