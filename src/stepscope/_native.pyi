@@ -75,11 +75,20 @@ def scan_trace(
     skip_cat: str,
     raw_args_type: Callable[[bytes, int], Any],
     loads: Callable[[str], Any],
+    flow_id: Callable[[str], int],
     drop: bool,
     /,
-) -> tuple[bytes, list[tuple[int, Any]], _SpanColumnBytes] | None:
-    """(document without its events, (index, event) of non-plain events, span columns), or
-    None when the text is not one the scanner reads (``json.loads`` decides then)."""
+) -> (
+    tuple[
+        bytes,
+        list[tuple[int, Any]],
+        tuple[tuple[bytes, ...], tuple[bytes, ...], tuple[bytes, ...], tuple[bytes, ...]],
+    ]
+    | None
+):
+    """(document without its events, (index, event) of non-plain events, the columns of the
+    spans, instants, flows and meta tables), or None when the text is not one the scanner reads
+    (``json.loads`` decides then)."""
 
 # -- annotations.c -----------------------------------------------------------------------------
 

@@ -1,9 +1,10 @@
 """Chrome trace files in the Kineto dialect: the reader (stepscope's files and torch.profiler's).
 
 With the C extension, the scanner (``_csrc/chrome_scanner.c``) walks the document once and
-turns plain ``X`` events into span columns, their args kept as JSON text; a document it
-cannot scan goes to ``json.loads`` and the bulk span reader (``_csrc/chrome_columns.c``, twin
-``spans_from_events_python``).  Every other event is read one by one.  Any failure is a
+turns plain ``X``, instant, flow and ``M`` events into table columns, their args kept as JSON
+text; a document it cannot scan goes to ``json.loads`` and the bulk span reader
+(``_csrc/chrome_columns.c``, twin ``spans_from_events_python``) for its ``X`` events.  Every
+other event is read one by one.  Any failure is a
 ``ChromeTraceError`` naming the file and the position.
 """
 
@@ -202,33 +203,38 @@ def _loads(p: Path, data: bytes) -> Any:
         raise ChromeTraceError(f"{p}: a JSON value cannot be read: {exc}") from None
 
 
-_EventsRead = tuple[Any, TraceBuilder, list[tuple[int, Any]], tuple[bytes, ...]]
+_EventsRead = tuple[Any, TraceBuilder, list[tuple[int, Any]], dict[str, tuple[bytes, ...]]]
+
+SCANNED_TABLES = ("spans", "instants", "flows", "meta")
+"""The tables the C scanner fills, in the order it returns their columns."""
 
 
 def _scan_events(p: Path, data: bytes, drop: bool) -> _EventsRead:
-    """(document, builder, events left for the per-event reader, span columns of the rest).
+    """(document, builder, events left for the per-event reader, columns of the bulk-read tables).
 
-    The C scanner reads ``X`` events without building their objects (args stay JSON text);
-    its twin is ``json.loads`` and ``spans_from_events``, used when it is absent or declines.
+    The C scanner reads plain ``X``, instant, flow and ``M`` events without building their
+    objects (args stay JSON text); its twin is ``json.loads``, ``spans_from_events`` for the
+    ``X`` events and the per-event reader for the rest, used when it is absent or declines.
+    Both give the same tables in the same order (string ids may be numbered differently).
     """
     mod = native()
     if mod is not None:
         b = TraceBuilder(base_time_ns=0)
         try:
             scanned = mod.scan_trace(
-                data, *b.bulk_tables(), SAMPLED_CATEGORY, RawArgs, json.loads, drop
+                data, *b.bulk_tables(), SAMPLED_CATEGORY, RawArgs, json.loads, string_flow_id, drop
             )
         except RecursionError:
             raise ChromeTraceError(f"{p}: JSON nested too deeply to read") from None
         except ValueError as exc:  # json.loads of one event, e.g. a 4300+-digit integer
             raise ChromeTraceError(f"{p}: a JSON value cannot be read: {exc}") from None
         if scanned is not None:
-            head, rest, columns = scanned
-            return _loads(p, head), b, rest, columns
+            head, rest, tables = scanned
+            return _loads(p, head), b, rest, dict(zip(SCANNED_TABLES, tables, strict=True))
     doc = _loads(p, data)
     events = doc.get("traceEvents") if isinstance(doc, dict) else doc
     if not isinstance(events, list):
-        return doc, TraceBuilder(base_time_ns=0), [], ()
+        return doc, TraceBuilder(base_time_ns=0), [], {}
     if drop:
         for ev in events:
             if type(ev) is dict and ev.get("ph") == "X" and type(ev.get("args")) is dict:
@@ -238,7 +244,7 @@ def _scan_events(p: Path, data: bytes, drop: bool) -> _EventsRead:
         mod.spans_from_events if mod is not None else spans_from_events_python
     )
     indices, span_columns = reader(events, *b.bulk_tables(), SAMPLED_CATEGORY)
-    return doc, b, [(i, events[i]) for i in indices], span_columns
+    return doc, b, [(i, events[i]) for i in indices], {"spans": span_columns}
 
 
 def _read_document(p: Path, data: bytes, drop: bool) -> Trace:
@@ -351,17 +357,18 @@ def spans_from_events_python(
 
 
 def _read_events(
-    rest: list[tuple[int, Any]], columns: tuple[bytes, ...], b: TraceBuilder, p: Path
+    rest: list[tuple[int, Any]], tables: dict[str, tuple[bytes, ...]], b: TraceBuilder, p: Path
 ) -> dict[str, int]:
-    """Add the bulk-read ``X`` spans, then read the rest one by one in file order.
+    """Add the bulk-read tables, then read the rest one by one in file order.
 
-    Spans closed from ``B``/``E`` pairs come after the ``X`` spans; an ``X`` event the bulk
-    readers leave is one the per-event reader skips or rejects with a clear error.
+    Spans closed from ``B``/``E`` pairs come after the ``X`` spans; an event of a bulk-read
+    phase that the bulk readers leave is one the per-event reader skips or rejects with a clear
+    error, so each table keeps the file's order.
     """
     skipped: dict[str, int] = {}
     open_begins: _OpenBegins = {}  # B events waiting for their E, per (pid, tid)
-    if columns:
-        b.extend_span_bytes(columns)
+    for table, columns in tables.items():
+        b.extend_table_bytes(table, columns)
     _read_event_list(rest, b, p, skipped, open_begins)
     unmatched = sum(len(s) for s in open_begins.values())
     if unmatched:
@@ -468,16 +475,21 @@ def _flow_id(value: Any, index: int, path: Path) -> int:
     if type(value) is int and -_MAX_FLOW_ID <= value <= _MAX_FLOW_ID:
         return value
     if type(value) is str:
-        with contextlib.suppress(ValueError):
-            number = int(value, 0)
-            if -_MAX_FLOW_ID <= number <= _MAX_FLOW_ID:
-                return number
-        digest = hashlib.blake2b(utf8(value), digest_size=8).digest()
-        return int.from_bytes(digest, "little") >> 2  # stable across processes, never negative
+        return string_flow_id(value)
     raise ChromeTraceError(
         f"{path}: traceEvents[{index}]: id must be an integer (|value| < 2**63) or a string, "
         f"got {value!r:.80}"
     )
+
+
+def string_flow_id(value: str) -> int:
+    """A string flow id as an int: its number (``int(value, 0)``) when in range, else a hash."""
+    with contextlib.suppress(ValueError):
+        number = int(value, 0)
+        if -_MAX_FLOW_ID <= number <= _MAX_FLOW_ID:
+            return number
+    digest = hashlib.blake2b(utf8(value), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 2  # stable across processes, never negative
 
 
 def _counter_value(value: Any) -> float | None:

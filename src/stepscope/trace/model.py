@@ -482,16 +482,16 @@ class TraceBuilder:
         """The live string ids, strings and args store, for bulk readers that append in place."""
         return self._string_ids, self._strings, self._args
 
-    def extend_span_bytes(self, columns: Sequence[bytes]) -> None:
-        """Append spans from the machine-order bytes of the seven span columns (interned ids)."""
-        cols = self._cols["spans"]
+    def extend_table_bytes(self, table: str, columns: Sequence[bytes]) -> None:
+        """Append rows to a table from the machine-order bytes of its columns (interned ids)."""
+        cols = self._cols[table]
         staged = []
-        for (name, code), data in zip(SPAN_COLUMNS, columns, strict=True):
+        for (name, code), data in zip(TABLE_LAYOUTS[table], columns, strict=True):
             column = array(code)
             column.frombytes(data)
             staged.append((cols[name], column))
         if len({len(column) for _, column in staged}) > 1:
-            raise ValueError("extend_span_bytes: all columns must have the same length")
+            raise ValueError(f"extend_table_bytes: the {table} columns differ in length")
         for dst, column in staged:
             dst.extend(column)
 
