@@ -34,6 +34,7 @@ typedef struct {
     int drop;
     const char *skip_utf8; /* skip_cat's text */
     Py_ssize_t skip_len;
+    PyObject *slots_descr[3]; /* RawArgs' slot descriptors, or NULL (see raw_args_slots) */
     Slot *slots; /* interned plain strings by their text (open addressing) */
     size_t mask, used;
     SsBuffer args;
@@ -239,6 +240,45 @@ static int read_flow_id(Scan *s, const Token *t, int64_t *out) {
     return 1;
 }
 
+/* The slots of RawArgs (raw, _size, _parsed) as data descriptors, so that its objects are made
+ * without a call to its __init__ per event; 0, or -1 when it has none (then it is called). */
+static int raw_args_slots(Scan *s) {
+    static const char *names[3] = {"raw", "_size", "_parsed"};
+    if (!PyType_Check(s->raw_type)) return -1;
+    for (int k = 0; k < 3; k++) {
+        PyObject *descr = PyObject_GetAttrString(s->raw_type, names[k]);
+        if (descr == NULL || Py_TYPE(descr) != &PyMemberDescr_Type) {
+            PyErr_Clear();
+            Py_XDECREF(descr);
+            for (int j = 0; j < k; j++) Py_CLEAR(s->slots_descr[j]);
+            return -1;
+        }
+        s->slots_descr[k] = descr;
+    }
+    return 0;
+}
+
+/* A RawArgs over the args buffer with `members` members (new reference; NULL with an error). */
+static PyObject *raw_args(Scan *s, Py_ssize_t members) {
+    PyObject *raw = PyBytes_FromStringAndSize(s->args.data, (Py_ssize_t)s->args.len);
+    PyObject *count = raw ? PyLong_FromSsize_t(members) : NULL;
+    PyObject *made = NULL;
+    if (count != NULL && s->slots_descr[2] == NULL) {
+        made = PyObject_CallFunctionObjArgs(s->raw_type, raw, count, NULL);
+    } else if (count != NULL) {
+        PyTypeObject *type = (PyTypeObject *)s->raw_type;
+        PyObject *values[3] = {raw, count, Py_None};
+        made = type->tp_alloc(type, 0);
+        for (int k = 0; made != NULL && k < 3; k++) {
+            if (Py_TYPE(s->slots_descr[k])->tp_descr_set(s->slots_descr[k], made, values[k]) < 0)
+                Py_CLEAR(made);
+        }
+    }
+    Py_XDECREF(raw);
+    Py_XDECREF(count);
+    return made;
+}
+
 /* The event's args in the args store (compacted now unless read_event did, with Kineto's
  * bookkeeping dropped for X events when asked); *ref = its index, -1 for none; `empty` stores a
  * dict for absent or empty args.  0 / -1. */
@@ -254,11 +294,7 @@ static int store_args(Scan *s, Event *ev, int phase, int32_t *ref) {
     }
     PyObject *stored;
     if (ev->args == 1 && (ev->members > 0 || !empty)) {
-        PyObject *raw = PyBytes_FromStringAndSize(s->args.data, (Py_ssize_t)s->args.len);
-        PyObject *count = raw ? PyLong_FromSsize_t(ev->members) : NULL;
-        stored = count ? PyObject_CallFunctionObjArgs(s->raw_type, raw, count, NULL) : NULL;
-        Py_XDECREF(raw);
-        Py_XDECREF(count);
+        stored = raw_args(s, ev->members);
     } else if (empty) {
         stored = PyDict_New();
     } else {
@@ -438,6 +474,7 @@ static int scan_document(Cursor *c, Scan *s, PyObject *rest, const char **list_s
 }
 
 static void scan_free(Scan *s) {
+    for (int k = 0; k < 3; k++) Py_XDECREF(s->slots_descr[k]);
     PyMem_Free(s->slots);
     PyMem_Free(s->args.data);
     SsBuffer *tables[4] = {s->spans, s->instants, s->flows, s->meta};
@@ -461,6 +498,7 @@ static PyObject *scan_trace(PyObject *self, PyObject *call_args) {
         PyBuffer_Release(&view);
         return NULL;
     }
+    raw_args_slots(&s); /* without them, RawArgs is called */
     Cursor c = {view.buf, (const char *)view.buf + view.len};
     const char *list_start = NULL, *list_end = NULL;
     PyObject *rest = PyList_New(0), *result = NULL;

@@ -371,6 +371,14 @@ class Trace:
         )
 
 
+def _extend(column: array[Any], values: Any) -> None:
+    """Append to a column: a column's memoryview as bytes at once, anything else by items."""
+    if type(values) is memoryview:
+        column.frombytes(values.cast("B"))
+    else:
+        column.extend(values)
+
+
 class TraceBuilder:
     """Appends events cheaply into columns; ``build()`` returns the read-only ``Trace``."""
 
@@ -669,13 +677,15 @@ class TraceBuilder:
                     dst[col].extend(map(remap.__getitem__, values))
                 elif col in ("pid", "tid"):
                     labelled = len(values) and max(values) >= LABEL_BASE
-                    dst[col].extend(map(remap_label, values) if labelled else values)
+                    _extend(dst[col], map(remap_label, values) if labelled else values)
                 elif col in ("start_ns", "ts_ns"):
-                    dst[col].extend(map(shift.__add__, values) if shift else values)
+                    _extend(dst[col], map(shift.__add__, values) if shift else values)
                 elif col == "args":
-                    dst[col].extend(v + args_offset if v >= 0 else -1 for v in values)
+                    if args_offset and len(values) and max(values) >= 0:
+                        values = [v + args_offset if v >= 0 else -1 for v in values]
+                    _extend(dst[col], values)
                 else:
-                    dst[col].extend(values)
+                    _extend(dst[col], values)
         frame_map = array("i")
         frames = trace.tables["frames"]
         for name, file, line in zip(frames["name"], frames["file"], frames["line"], strict=True):
