@@ -14,7 +14,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from stepscope._ext import native
-from stepscope.trace import Trace, chrome, chrome_reader, read_chrome_trace, write_chrome_trace
+from stepscope.trace import (
+    Trace,
+    TraceBuilder,
+    chrome,
+    chrome_reader,
+    read_chrome_trace,
+    write_chrome_trace,
+)
 from stepscope.trace.raw_args import RawArgs
 from tests.analysis_helpers import SHARED
 
@@ -42,10 +49,9 @@ def resolved(trace: Trace, column: str, values: Any) -> list[Any]:
 
 def snapshot(trace: Trace) -> dict[str, Any]:
     """Everything a trace holds, in table order, with strings and args decoded (the scanner and
-    its twin may number strings and args differently)."""
+    its twin may number strings and args differently, and intern different unused strings)."""
     return {
         "base": trace.base_time_ns,
-        "strings": sorted(trace.strings),
         "tables": {
             name: {c: resolved(trace, c, t[c]) for c in t.column_names()}
             for name, t in trace.tables.items()
@@ -340,3 +346,63 @@ def test_every_shared_trace_reads_the_same_both_ways(
         count = sum(1 for e in events if e.get("ph") in phases)
         found = trace.counter_event_count() if table == "counters" else len(trace.tables[table])
         assert found == count, table
+
+
+BEGIN_END_AND_COUNTERS = [
+    {"ph": "B", "name": "outer", "cat": "c", "pid": 1, "tid": "T", "ts": 1, "args": {"a": 1}},
+    {"ph": "B", "name": "inner", "pid": 1.0, "tid": "T", "ts": 2},
+    {"ph": "E", "pid": 1, "tid": "T", "ts": 3.5},
+    {"ph": "X", "name": "x", "pid": 1, "tid": 2, "ts": 2, "dur": 1},
+    {"ph": "E", "pid": 1, "tid": "T", "ts": 9, "name": 5},
+    {"ph": "E", "pid": 1, "tid": 3, "ts": 9},
+    {"ph": "B", "name": "never closed", "pid": 2, "tid": 2, "ts": 1, "args": []},
+    {"ph": "C", "name": "mem", "pid": 1, "ts": 4, "args": {"a": 1, "b": 2.5, "a\u00e9": 3}},
+    {"ph": "C", "name": "dup", "pid": 1, "ts": 5, "args": {"x": True, "y": "s", "z": 10**400}},
+    {"ph": "C", "name": "none", "pid": 1, "ts": 6},
+    {"ph": "C", "name": "big", "pid": 1, "tid": "T", "ts": 7, "args": {"v": 2**64 + 1}},
+]
+
+
+def test_begin_end_pairs_and_counters_read_in_bulk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "be.json"
+    text = json.dumps({"traceEvents": BEGIN_END_AND_COUNTERS})
+    # a duplicate key in a counter's args: the last value wins, at the first key's place
+    path.write_text(text.replace('"b": 2.5', '"b": 2.5, "a": 7'))
+    outcomes = outcomes_both_ways(path, monkeypatch)
+    assert outcomes[0] == outcomes[1]
+    # only the counters without a numeric value are left to the per-event reader (which skips)
+    mod = native()
+    assert mod is not None
+    builder = TraceBuilder(base_time_ns=0)
+    scanned = mod.scan_trace(
+        path.read_bytes(), *builder.bulk_tables(), "s", RawArgs, json.loads, len, False
+    )
+    assert scanned is not None
+    assert [index for index, _ in scanned[1]] == [8, 9]
+    trace = read_chrome_trace(path)
+    spans = {s.name: s for s in trace.iter_spans()}
+    assert (spans["inner"].start_ns, spans["inner"].dur_ns) == (2000, 1500)
+    assert (spans["outer"].dur_ns, spans["outer"].tid, spans["outer"].args) == (8000, "T", {"a": 1})
+    counters = {c.name: c.values for c in trace.iter_counter_events()}
+    assert counters == {"mem": {"a": 7.0, "b": 2.5, "a\u00e9": 3.0}, "big": {"v": float(2**64 + 1)}}
+    assert trace.metadata["stepscope_skipped_events"] == {
+        "E(unmatched)": 1,
+        "B(unmatched)": 1,
+        "C(no numeric values)": 2,
+    }
+
+
+def test_a_begin_with_bad_args_is_the_same_error_both_ways(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    events = [
+        {"ph": "B", "name": "b", "ts": 1, "args": [1]},
+        {"ph": "E", "ts": 2},
+    ]
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    outcomes = outcomes_both_ways(path, monkeypatch)
+    assert outcomes[0] == outcomes[1]
+    assert "traceEvents[1]: args must be an object" in str(outcomes[0])

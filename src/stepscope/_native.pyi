@@ -78,17 +78,11 @@ def scan_trace(
     flow_id: Callable[[str], int],
     drop: bool,
     /,
-) -> (
-    tuple[
-        bytes,
-        list[tuple[int, Any]],
-        tuple[tuple[bytes, ...], tuple[bytes, ...], tuple[bytes, ...], tuple[bytes, ...]],
-    ]
-    | None
-):
+) -> tuple[bytes, list[tuple[int, Any]], tuple[tuple[bytes, ...], ...], tuple[int, int]] | None:
     """(document without its events, (index, event) of non-plain events, the columns of the
-    spans, instants, flows and meta tables), or None when the text is not one the scanner reads
-    (``json.loads`` decides then)."""
+    spans, instants, flows, meta and counters tables and of the spans closed from B/E pairs,
+    (unmatched E events, B events left open)), or None when the text is not one the scanner
+    reads (``json.loads`` decides then)."""
 
 # -- annotations.c -----------------------------------------------------------------------------
 

@@ -1,12 +1,13 @@
 /* A Chrome trace's "traceEvents" read without building a Python object per event.
  *
  * scan_trace walks the document once.  Each plain event of the phases X (complete), i/I/n
- * (instant), s/t/f (flow) and M (metadata) goes straight into its table's columns: names, categories
- * and string pid/tids interned through a cache keyed by their JSON text, times converted to ns,
- * args kept as compact JSON text (whitespace dropped; for X optionally Kineto's bookkeeping keys
- * too) wrapped in RawArgs, parsed only if read.  Every other event (C, B/E, unknown phases, and
- * events the per-event reader would skip or reject) is parsed with json.loads and returned with its
- * index, for the validating per-event reader.  When the document is not a well-formed object with a
+ * (instant), s/t/f (flow), M (metadata), C (counter) and B/E (begin/end, paired per track) goes
+ * straight into its table's columns: names, categories and string pid/tids interned through a cache
+ * keyed by their JSON text, times converted to ns, args kept as compact JSON text (whitespace
+ * dropped; for X optionally Kineto's bookkeeping keys too) wrapped in RawArgs, parsed only if read
+ * (a counter's args are parsed for its values).  Every other event (unknown phases, and events the
+ * per-event reader would skip or reject) is parsed with json.loads and returned with its index, for
+ * the validating per-event reader.  When the document is not a well-formed object with a
  * traceEvents list (or a list of events), it returns None and the caller parses it the ordinary way
  * (which also words the error).  The ordinary path is the twin: both give the same trace. */
 #include "chrome_json.h"
@@ -21,6 +22,19 @@ typedef struct {
     int compacted;                     /* args already in the scan's args buffer */
     Py_ssize_t members;
 } Event;
+
+typedef struct {
+    Token name, cat;                   /* in the document, interned when the span closes */
+    const char *args_start, *args_end; /* as Event's */
+    int args;
+    int64_t ts;
+} Begin;
+
+typedef struct {
+    int64_t pid, tid;
+    Begin *open;
+    Py_ssize_t len, cap;
+} Track;
 
 typedef struct {
     const char *text; /* the string's JSON text between its quotes, in the document */
@@ -38,7 +52,10 @@ typedef struct {
     Slot *slots; /* interned plain strings by their text (open addressing) */
     size_t mask, used;
     SsBuffer args;
-    SsBuffer spans[7], instants[7], flows[8], meta[4];
+    SsBuffer spans[7], instants[7], flows[8], meta[4], counters[7];
+    SsBuffer closed[7]; /* spans closed from B/E pairs, which follow the X spans */
+    Track *tracks;      /* open B events per (pid, tid) */
+    Py_ssize_t ntracks, tracks_cap, unmatched_ends;
 } Scan;
 
 /* One event's members; X events' args compacted as soon as the phase is known.  0 / -1 bad JSON. */
@@ -312,14 +329,129 @@ static int store_args(Scan *s, Event *ev, int phase, int32_t *ref) {
         if (ss_buffer_put(&(col), &v_, sizeof(v_)) < 0) return -1;                                 \
     } while (0)
 
+/* A counter event: one row per numeric member of its args (json.loads reads the args text, as the
+ * per-event reader's values); 1 done, 0 left to the per-event reader (no numeric value, or a bad
+ * field), -1 error. */
+static int add_counter(Scan *s, Event *ev, int64_t pid, int pid_label, int64_t tid, int tid_label,
+                       int64_t ts) {
+    if (ev->args != 1) return 0; /* no values (a skip), or args of another type (an error) */
+    PyObject *text = PyUnicode_DecodeUTF8(ev->args_start, ev->args_end - ev->args_start, NULL);
+    PyObject *values = text ? PyObject_CallOneArg(s->loads, text) : NULL;
+    Py_XDECREF(text);
+    if (values == NULL) return -1;
+    PyObject *key, *value;
+    Py_ssize_t pos = 0, rows = 0;
+    int64_t name = 0;
+    int r = PyDict_CheckExact(values) ? 1 : -1;
+    while (r == 1 && PyDict_Next(values, &pos, &key, &value)) {
+        double number;
+        if (PyFloat_CheckExact(value)) {
+            number = PyFloat_AS_DOUBLE(value);
+        } else if (PyLong_CheckExact(value)) {
+            number = PyLong_AsDouble(value);
+            if (number == -1.0 && PyErr_Occurred()) {
+                if (!PyErr_ExceptionMatches(PyExc_OverflowError)) r = -1;
+                PyErr_Clear(); /* float() of it fails: not a value */
+                continue;
+            }
+        } else {
+            continue;
+        }
+        if (rows == 0) { /* the event's fields, interned once it has a value */
+            name = intern_token(s, &ev->name);
+            if (name < 0 || (pid = label_value(s, &ev->pid, pid, pid_label)) == -1 ||
+                (tid = label_value(s, &ev->tid, tid, tid_label)) == -1) {
+                if (PyErr_Occurred()) r = -1;
+                break;
+            }
+        }
+        int64_t series = ss_intern(key, s->ids, s->strings);
+        uint32_t name32 = (uint32_t)name, series32 = (uint32_t)series;
+        uint8_t first = rows++ == 0;
+        SsBuffer *c = s->counters;
+        if (series < 0 || ss_buffer_put(&c[0], &name32, 4) < 0 || ss_buffer_put(&c[1], &pid, 8) < 0 ||
+            ss_buffer_put(&c[2], &tid, 8) < 0 || ss_buffer_put(&c[3], &ts, 8) < 0 ||
+            ss_buffer_put(&c[4], &series32, 4) < 0 || ss_buffer_put(&c[5], &number, 8) < 0 ||
+            ss_buffer_put(&c[6], &first, 1) < 0)
+            r = -1;
+    }
+    Py_DECREF(values);
+    return r < 0 ? -1 : rows > 0;
+}
+
+/* The open B events of a track, added when new; NULL with an error. */
+static Track *track(Scan *s, int64_t pid, int64_t tid) {
+    for (Py_ssize_t k = s->ntracks - 1; k >= 0; k--) {
+        if (s->tracks[k].pid == pid && s->tracks[k].tid == tid) return &s->tracks[k];
+    }
+    if (s->ntracks == s->tracks_cap) {
+        Py_ssize_t cap = s->tracks_cap ? s->tracks_cap * 2 : 16;
+        Track *grown = PyMem_Realloc(s->tracks, (size_t)cap * sizeof(Track));
+        if (grown == NULL) {
+            PyErr_NoMemory();
+            return NULL;
+        }
+        s->tracks = grown;
+        s->tracks_cap = cap;
+    }
+    Track *t = &s->tracks[s->ntracks++];
+    *t = (Track){pid, tid, NULL, 0, 0};
+    return t;
+}
+
+/* A B event: pushed on its track until its E.  1 / -1. */
+static int begin(Scan *s, const Event *ev, int64_t pid, int64_t tid, int64_t ts) {
+    Track *t = track(s, pid, tid);
+    if (t == NULL) return -1;
+    if (t->len == t->cap) {
+        Py_ssize_t cap = t->cap ? t->cap * 2 : 8;
+        Begin *grown = PyMem_Realloc(t->open, (size_t)cap * sizeof(Begin));
+        if (grown == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        t->open = grown;
+        t->cap = cap;
+    }
+    t->open[t->len++] = (Begin){ev->name, ev->cat, ev->args_start, ev->args_end, ev->args, ts};
+    return 1;
+}
+
+/* An E event: closes the last open B of its track into a span (args read then, as the per-event
+ * reader does: a B whose args are not an object makes the document one for that reader, which
+ * words the error), or counts as unmatched.  1, -1 error, -2 not scannable. */
+static int end(Scan *s, int64_t pid, int64_t tid, int64_t ts) {
+    Track *t = track(s, pid, tid);
+    if (t == NULL) return -1;
+    if (t->len == 0) {
+        s->unmatched_ends++;
+        return 1;
+    }
+    Begin b = t->open[--t->len];
+    int64_t dur;
+    if (b.args < 0 || __builtin_sub_overflow(ts, b.ts, &dur)) return -2;
+    Event args = {.args_start = b.args_start, .args_end = b.args_end, .args = b.args};
+    int32_t ref;
+    if (store_args(s, &args, 'B', &ref) < 0) return -1;
+    int64_t name = intern_token(s, &b.name), cat = intern_token(s, &b.cat);
+    if (name < 0 || cat < 0) return -1;
+    uint32_t name32 = (uint32_t)name, cat32 = (uint32_t)cat;
+    SsBuffer *c = s->closed;
+    PUT(c[0], name32); PUT(c[1], cat32); PUT(c[2], pid); PUT(c[3], tid);
+    PUT(c[4], b.ts); PUT(c[5], dur); PUT(c[6], ref);
+    return 1;
+}
+
 /* Appends a plain event to its table: 1 done, 0 left to the per-event reader (another phase, or an
  * event it skips or rejects), -1 error.  Nothing is interned until the event is known good. */
 static int add_event(Scan *s, Event *ev) {
     int phase = single_char(s, &ev->ph);
     if (phase <= 0) return phase;
-    if (!strchr("XiInstfM", phase)) return 0;
-    /* the per-event reader reads no category of M events, nor args of flows */
-    if (!optional_string(&ev->name) || (phase != 'M' && !optional_string(&ev->cat))) return 0;
+    if (!strchr("XiInstfMCBE", phase)) return 0;
+    /* what the per-event reader checks: no category of M, C or E events, no name of E events */
+    if ((phase != 'E' && !optional_string(&ev->name)) ||
+        (!strchr("MCE", phase) && !optional_string(&ev->cat)))
+        return 0;
     if (ev->cat.start != NULL && *ev->cat.start == '"') {
         int same = string_equals(s, &ev->cat, s->skip_cat);
         if (same != 0) return same < 0 ? -1 : 0; /* sampled spans: the per-event reader skips them */
@@ -328,6 +460,12 @@ static int add_event(Scan *s, Event *ev) {
     int pid_label, tid_label, r;
     if (!check_label(&ev->pid, &pid, &pid_label) || !check_label(&ev->tid, &tid, &tid_label)) return 0;
     if (phase != 'M' && !parse_us(&ev->ts, &ts)) return 0;
+    if (phase == 'C') return add_counter(s, ev, pid, pid_label, tid, tid_label, ts);
+    if (phase == 'B' || phase == 'E') {
+        if ((pid = label_value(s, &ev->pid, pid, pid_label)) == -1 && PyErr_Occurred()) return -1;
+        if ((tid = label_value(s, &ev->tid, tid, tid_label)) == -1 && PyErr_Occurred()) return -1;
+        return phase == 'B' ? begin(s, ev, pid, tid, ts) : end(s, pid, tid, ts);
+    }
     if (phase == 'X' && ev->dur.start != NULL && !parse_us(&ev->dur, &dur)) return 0;
     if (ev->args < 0 && phase != 's' && phase != 't' && phase != 'f') return 0;
     if (strchr("stf", phase) && (r = read_flow_id(s, &ev->id, &flow)) != 1) return r;
@@ -477,11 +615,20 @@ static void scan_free(Scan *s) {
     for (int k = 0; k < 3; k++) Py_XDECREF(s->slots_descr[k]);
     PyMem_Free(s->slots);
     PyMem_Free(s->args.data);
-    SsBuffer *tables[4] = {s->spans, s->instants, s->flows, s->meta};
-    int widths[4] = {7, 7, 8, 4};
-    for (int t = 0; t < 4; t++) {
+    SsBuffer *tables[6] = {s->spans, s->instants, s->flows, s->meta, s->counters, s->closed};
+    int widths[6] = {7, 7, 8, 4, 7, 7};
+    for (int t = 0; t < 6; t++) {
         for (int k = 0; k < widths[t]; k++) PyMem_Free(tables[t][k].data);
     }
+    for (Py_ssize_t k = 0; k < s->ntracks; k++) PyMem_Free(s->tracks[k].open);
+    PyMem_Free(s->tracks);
+}
+
+/* How many B events are still open at the end of the document. */
+static Py_ssize_t unmatched_begins(const Scan *s) {
+    Py_ssize_t open = 0;
+    for (Py_ssize_t k = 0; k < s->ntracks; k++) open += s->tracks[k].len;
+    return open;
 }
 
 static PyObject *scan_trace(PyObject *self, PyObject *call_args) {
@@ -514,10 +661,12 @@ static PyObject *scan_trace(PyObject *self, PyObject *call_args) {
         if (ss_buffer_put(&head, base, (size_t)(list_start - base)) == 0 &&
             ss_buffer_put(&head, "[]", 2) == 0 &&
             ss_buffer_put(&head, list_end, (size_t)(c.end - list_end)) == 0) {
-            PyObject *tables = Py_BuildValue("(NNNN)", table_bytes(s.spans, 7), table_bytes(s.instants, 7),
-                                             table_bytes(s.flows, 8), table_bytes(s.meta, 4));
+            PyObject *tables = Py_BuildValue(
+                "(NNNNNN)", table_bytes(s.spans, 7), table_bytes(s.instants, 7), table_bytes(s.flows, 8),
+                table_bytes(s.meta, 4), table_bytes(s.counters, 7), table_bytes(s.closed, 7));
             if (tables != NULL) {
-                result = Py_BuildValue("(y#ON)", head.data, (Py_ssize_t)head.len, rest, tables);
+                result = Py_BuildValue("(y#ON(nn))", head.data, (Py_ssize_t)head.len, rest, tables,
+                                       s.unmatched_ends, unmatched_begins(&s));
             }
         }
         PyMem_Free(head.data);
@@ -531,7 +680,8 @@ static PyObject *scan_trace(PyObject *self, PyObject *call_args) {
 static PyMethodDef scan_methods[] = {
     {"scan_trace", scan_trace, METH_VARARGS,
      "scan_trace(data, string_ids, strings, args_store, skip_cat, raw_args_type, loads, flow_id, drop)"
-     " -> (head, rest, (spans, instants, flows, meta)) or None."},
+     " -> (head, rest, (spans, instants, flows, meta, counters, closed spans), (unmatched E, unmatched B))"
+     " or None."},
     {NULL, NULL, 0, NULL},
 };
 

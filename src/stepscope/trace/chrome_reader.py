@@ -1,11 +1,13 @@
 """Chrome trace files in the Kineto dialect: the reader (stepscope's files and torch.profiler's).
 
-With the C extension, the scanner (``_csrc/chrome_scanner.c``) walks the document once and
-turns plain ``X``, instant, flow and ``M`` events into table columns, their args kept as JSON
-text; a document it cannot scan goes to ``json.loads`` and the bulk span reader
-(``_csrc/chrome_columns.c``, twin ``spans_from_events_python``) for its ``X`` events.  Every
-other event is read one by one.  Any failure is a
-``ChromeTraceError`` naming the file and the position.
+With the C extension, the scanner (``_csrc/chrome_scanner.c``, lexing in ``chrome_json.c``)
+walks the document once and turns plain events of every phase (``X``, ``B``/``E``, instants,
+counters, flows, ``M``) into table columns, their args kept as JSON text; what it leaves goes
+to the per-event reader below.  A document it cannot scan goes to ``json.loads`` and the bulk
+span reader (``_csrc/chrome_columns.c``, twin ``spans_from_events_python``) for its ``X``
+events; every other event is then read one by one.  Stack samples (``samples`` and
+``stackFrames`` beside the events) are read in Python.  Any failure is a ``ChromeTraceError``
+naming the file and the position.
 """
 
 from __future__ import annotations
@@ -203,19 +205,22 @@ def _loads(p: Path, data: bytes) -> Any:
         raise ChromeTraceError(f"{p}: a JSON value cannot be read: {exc}") from None
 
 
-_EventsRead = tuple[Any, TraceBuilder, list[tuple[int, Any]], dict[str, tuple[bytes, ...]]]
+_Tables = list[tuple[str, tuple[bytes, ...]]]
+_EventsRead = tuple[Any, TraceBuilder, list[tuple[int, Any]], _Tables, dict[str, int]]
 
-SCANNED_TABLES = ("spans", "instants", "flows", "meta")
-"""The tables the C scanner fills, in the order it returns their columns."""
+SCANNED_TABLES = ("spans", "instants", "flows", "meta", "counters", "spans")
+"""The tables the C scanner fills, in the order it returns their columns (the spans closed from
+``B``/``E`` pairs after the ``X`` spans)."""
 
 
 def _scan_events(p: Path, data: bytes, drop: bool) -> _EventsRead:
-    """(document, builder, events left for the per-event reader, columns of the bulk-read tables).
+    """(document, builder, events left for the per-event reader, (table, columns) of the events
+    read in bulk, the unmatched ``B``/``E`` events counted so far).
 
-    The C scanner reads plain ``X``, instant, flow and ``M`` events without building their
-    objects (args stay JSON text); its twin is ``json.loads``, ``spans_from_events`` for the
-    ``X`` events and the per-event reader for the rest, used when it is absent or declines.
-    Both give the same tables in the same order (string ids may be numbered differently).
+    The C scanner reads plain events of every phase without building their objects (args stay
+    JSON text); its twin is ``json.loads``, ``spans_from_events`` for the ``X`` events and the
+    per-event reader for the rest, used when it is absent or declines.  Both give the same
+    tables in the same order (strings and args may be numbered differently).
     """
     mod = native()
     if mod is not None:
@@ -229,12 +234,15 @@ def _scan_events(p: Path, data: bytes, drop: bool) -> _EventsRead:
         except ValueError as exc:  # json.loads of one event, e.g. a 4300+-digit integer
             raise ChromeTraceError(f"{p}: a JSON value cannot be read: {exc}") from None
         if scanned is not None:
-            head, rest, tables = scanned
-            return _loads(p, head), b, rest, dict(zip(SCANNED_TABLES, tables, strict=True))
+            head, rest, tables, (ends, begins) = scanned
+            unmatched = {"E(unmatched)": ends, "B(unmatched)": begins}
+            skipped = {k: n for k, n in unmatched.items() if n}
+            pairs = list(zip(SCANNED_TABLES, tables, strict=True))
+            return _loads(p, head), b, rest, pairs, skipped
     doc = _loads(p, data)
     events = doc.get("traceEvents") if isinstance(doc, dict) else doc
     if not isinstance(events, list):
-        return doc, TraceBuilder(base_time_ns=0), [], {}
+        return doc, TraceBuilder(base_time_ns=0), [], [], {}
     if drop:
         for ev in events:
             if type(ev) is dict and ev.get("ph") == "X" and type(ev.get("args")) is dict:
@@ -244,11 +252,11 @@ def _scan_events(p: Path, data: bytes, drop: bool) -> _EventsRead:
         mod.spans_from_events if mod is not None else spans_from_events_python
     )
     indices, span_columns = reader(events, *b.bulk_tables(), SAMPLED_CATEGORY)
-    return doc, b, [(i, events[i]) for i in indices], {"spans": span_columns}
+    return doc, b, [(i, events[i]) for i in indices], [("spans", span_columns)], {}
 
 
 def _read_document(p: Path, data: bytes, drop: bool) -> Trace:
-    doc, b, rest, columns = _scan_events(p, data, drop)
+    doc, b, rest, tables, skipped = _scan_events(p, data, drop)
     if isinstance(doc, list):
         doc = {"traceEvents": doc}
     if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
@@ -269,7 +277,7 @@ def _read_document(p: Path, data: bytes, drop: bool) -> Trace:
     for key, value in doc.items():
         if key not in RESERVED_KEYS:
             b.metadata[key] = value
-    skipped = _read_events(rest, columns, b, p)
+    _read_events(rest, tables, skipped, b, p)
     _read_samples(doc, b, p)
     if skipped:
         b.metadata["stepscope_skipped_events"] = skipped
@@ -357,23 +365,22 @@ def spans_from_events_python(
 
 
 def _read_events(
-    rest: list[tuple[int, Any]], tables: dict[str, tuple[bytes, ...]], b: TraceBuilder, p: Path
-) -> dict[str, int]:
-    """Add the bulk-read tables, then read the rest one by one in file order.
+    rest: list[tuple[int, Any]], tables: _Tables, skipped: dict[str, int], b: TraceBuilder, p: Path
+) -> None:
+    """Add the bulk-read tables, then read the rest one by one in file order, counting what is
+    skipped into ``skipped``.
 
     Spans closed from ``B``/``E`` pairs come after the ``X`` spans; an event of a bulk-read
     phase that the bulk readers leave is one the per-event reader skips or rejects with a clear
     error, so each table keeps the file's order.
     """
-    skipped: dict[str, int] = {}
     open_begins: _OpenBegins = {}  # B events waiting for their E, per (pid, tid)
-    for table, columns in tables.items():
+    for table, columns in tables:
         b.extend_table_bytes(table, columns)
     _read_event_list(rest, b, p, skipped, open_begins)
     unmatched = sum(len(s) for s in open_begins.values())
     if unmatched:
-        skipped["B(unmatched)"] = unmatched
-    return skipped
+        skipped["B(unmatched)"] = skipped.get("B(unmatched)", 0) + unmatched
 
 
 _OpenBegins = dict[tuple[int | str, int | str], list[tuple[str, str, int, Any]]]
