@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
-import pytest
+from array import array
 
-from stepscope.trace import Trace, TraceBuilder
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from stepscope._ext import native
+from stepscope.trace import Trace, TraceBuilder, remap
 from stepscope.trace.model import LABEL_BASE
 
 
@@ -106,3 +111,42 @@ def test_extend_spans_appends_in_bulk() -> None:
     assert [s.args for s in trace.iter_spans()] == [{"Python id": 1}, None]
     with pytest.raises(ValueError, match="same length"):
         TraceBuilder(base_time_ns=0).extend_spans([1], [], [], [], [], [])
+
+
+@pytest.mark.native
+@pytest.mark.skipif(native() is None, reason="C extension not built")
+@settings(max_examples=300, deadline=None)
+@given(
+    ids=st.lists(st.integers(0, 9), max_size=20),
+    labels=st.lists(
+        st.integers(-(2**40), 2**40) | st.integers(0, 9).map(LABEL_BASE.__add__), max_size=20
+    ),
+    times=st.lists(st.integers(-(2**62), 2**62), max_size=20),
+    refs=st.lists(st.integers(-1, 2**20), max_size=20),
+    offset=st.integers(-(2**62), 2**62),
+    ref_offset=st.integers(0, 2**20),
+)
+def test_c_column_remap_matches_the_python_twin(
+    ids: list[int],
+    labels: list[int],
+    times: list[int],
+    refs: list[int],
+    offset: int,
+    ref_offset: int,
+) -> None:
+    mod = native()
+    assert mod is not None
+    table = array("I", [7 * k + 3 for k in range(10)])
+    cases = [
+        (array("I", ids), remap.IDS, table, 0),
+        (array("q", labels), remap.LABELS, table, 0),
+        (array("q", times), remap.TIMES, None, offset),
+        (array("i", refs), remap.REFS, None, ref_offset),
+    ]
+    for values, mode, mapping, by in cases:
+        twin = remap.remapped_python(values, mode, mapping, by)
+        assert mod.remap_column(values, mode, mapping, by) == twin.tobytes()
+    with pytest.raises(IndexError):
+        mod.remap_column(array("I", [10]), remap.IDS, table, 0)
+    with pytest.raises(OverflowError):
+        mod.remap_column(array("q", [2**62]), remap.TIMES, None, 2**62)

@@ -67,6 +67,12 @@ def spans_from_events(
 ) -> tuple[list[int], _SpanColumnBytes]:
     """Plain ``X`` events as span columns (interning in place); the indices of the others."""
 
+def remap_column(
+    column: ReadableBuffer, mode: int, table: ReadableBuffer | None, offset: int, /
+) -> bytes:
+    """A column re-based for another builder: mode 0 string ids and 1 pid/tid labels through
+    ``table``, 2 times and 3 args refs (-1 stays) plus ``offset``."""
+
 def scan_trace(
     data: ReadableBuffer,
     string_ids: dict[str, int],

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
-LABEL_BASE = 1 << 62
-"""pid/tid values at or above this encode a string label (``LABEL_BASE + string id``)."""
+from stepscope.trace.remap import IDS, LABELS, REFS, TIMES, remapped
+from stepscope.trace.remap import LABEL_BASE as LABEL_BASE  # re-exported: the model's constant
 
 SCHEMA_VERSION = 1
 
@@ -371,6 +371,18 @@ class Trace:
         )
 
 
+_REMAP_MODES = {
+    "name": IDS,
+    "cat": IDS,
+    "series": IDS,
+    "pid": LABELS,
+    "tid": LABELS,
+    "start_ns": TIMES,
+    "ts_ns": TIMES,
+    "args": REFS,
+}
+
+
 def _extend(column: array[Any], values: Any) -> None:
     """Append to a column: a column's memoryview as bytes at once, anything else by items."""
     if type(values) is memoryview:
@@ -659,33 +671,24 @@ class TraceBuilder:
         """
         shift = trace.base_time_ns - self.base_time_ns + time_offset_ns
         remap = array("I", (self.intern(s) for s in trace.strings))
-        remap_label = self._label_remapper(trace, remap)
         args_offset = len(self._args)
         self._args.extend(trace.args)
 
+        offsets = {TIMES: shift, REFS: args_offset}
         for table, layout in TABLE_LAYOUTS.items():
             if table in ("frames", "stacks", "samples"):
                 continue
             src, dst = trace.tables[table], self._cols[table]
             skip = skip_spans if table == "spans" else skip_meta if table == "meta" else ()
             keep = [i for i in range(len(src)) if i not in skip] if skip else None
-            for col, _ in layout:
+            for col, code in layout:
                 values: Any = src[col]
                 if keep is not None:
-                    values = [values[i] for i in keep]
-                if col in ("name", "cat", "series"):
-                    dst[col].extend(map(remap.__getitem__, values))
-                elif col in ("pid", "tid"):
-                    labelled = len(values) and max(values) >= LABEL_BASE
-                    _extend(dst[col], map(remap_label, values) if labelled else values)
-                elif col in ("start_ns", "ts_ns"):
-                    _extend(dst[col], map(shift.__add__, values) if shift else values)
-                elif col == "args":
-                    if args_offset and len(values) and max(values) >= 0:
-                        values = [v + args_offset if v >= 0 else -1 for v in values]
-                    _extend(dst[col], values)
-                else:
-                    _extend(dst[col], values)
+                    values = array(code, [values[i] for i in keep])
+                mode = _REMAP_MODES.get(col)
+                if mode is not None and (mode in (IDS, LABELS) or offsets[mode]):
+                    values = remapped(values, mode, remap, offsets.get(mode, 0))
+                _extend(dst[col], values)
         frame_map = array("i")
         frames = trace.tables["frames"]
         for name, file, line in zip(frames["name"], frames["file"], frames["line"], strict=True):
@@ -705,27 +708,18 @@ class TraceBuilder:
             stack_map.append(sid)
         s = trace.samples
         c = self._cols["samples"]
-        c["pid"].extend(remap_label(v) for v in s["pid"])
-        c["tid"].extend(remap_label(v) for v in s["tid"])
-        c["ts_ns"].extend(v + shift for v in s["ts_ns"])
+        c["pid"].extend(remapped(s["pid"], LABELS, remap, 0))
+        c["tid"].extend(remapped(s["tid"], LABELS, remap, 0))
+        _extend(c["ts_ns"], remapped(s["ts_ns"], TIMES, None, shift) if shift else s["ts_ns"])
         c["stack"].extend(stack_map[v] if v >= 0 else -1 for v in s["stack"])
-        c["weight"].extend(s["weight"])
-        c["idle"].extend(s["idle"])
+        _extend(c["weight"], s["weight"])
+        _extend(c["idle"], s["idle"])
         for meta_key, meta_value in trace.metadata.items():
             self.metadata.setdefault(meta_key, meta_value)
         if not self.device_properties:
             self.device_properties = list(trace.device_properties)
         if self.distributed_info is None:
             self.distributed_info = trace.distributed_info
-
-    @staticmethod
-    def _label_remapper(trace: Trace, remap: array[int]) -> Any:
-        def remap_label(value: int) -> int:
-            if value >= LABEL_BASE:
-                return LABEL_BASE + remap[value - LABEL_BASE]
-            return value
-
-        return remap_label
 
     def named_tracks(self) -> tuple[set[int], set[tuple[int, int]]]:
         """Pids with a ``process_name`` and (pid, tid) pairs with a ``thread_name`` so far."""
