@@ -406,3 +406,74 @@ def test_a_begin_with_bad_args_is_the_same_error_both_ways(
     outcomes = outcomes_both_ways(path, monkeypatch)
     assert outcomes[0] == outcomes[1]
     assert "traceEvents[1]: args must be an object" in str(outcomes[0])
+
+
+frame_keys = st.sampled_from(["1", "2", "3", "9"]) | st.integers(1, 3) | st.none()
+samples = st.fixed_dictionaries(
+    {},
+    optional={
+        "pid": st.integers(0, 3) | st.sampled_from(["P", 1.0, 1.5]),
+        "tid": st.integers(0, 3) | st.sampled_from(["T", None]),
+        "ts": st.integers(0, 10**6) | st.floats(0, 1e6) | st.none(),
+        "sf": frame_keys | st.floats(1, 3) | st.booleans(),
+        "weight": st.integers(-3, 3) | st.sampled_from([1.0, 2.5, "2", None, True]),
+        "name": st.sampled_from(["idle", "cpu", "\u00e9"]),
+        "cpu": st.integers(0, 3),
+    },
+)
+stack_frames = st.fixed_dictionaries(
+    {
+        "1": st.just({"name": "main", "category": "a.py", "line": 1}),
+        "2": st.fixed_dictionaries(
+            {"name": st.just("f"), "parent": st.sampled_from(["1", 1, "7"])},
+            optional={"line": st.integers(0, 9) | st.just("x")},
+        ),
+        "3": st.just({"name": "g", "parent": "2", "category": "b.py"}),
+    }
+)
+
+
+@settings(
+    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    doc_samples=st.lists(samples, max_size=10) | st.none(),
+    frames=stack_frames | st.none() | st.just([]),
+    indent=st.sampled_from([None, 1]),
+)
+def test_any_samples_read_the_same_both_ways(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    doc_samples: list[Any] | None,
+    frames: Any,
+    indent: int | None,
+) -> None:
+    doc: dict[str, Any] = {"traceEvents": [{"ph": "i", "name": "m", "ts": 1}]}
+    if frames is not None:
+        doc["stackFrames"] = frames
+    if doc_samples is not None:
+        doc["samples"] = doc_samples
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(doc, indent=indent))
+    outcomes = outcomes_both_ways(path, monkeypatch)
+    assert outcomes[0] == outcomes[1]
+
+
+def test_samples_are_read_in_bulk_and_keep_their_stacks(tmp_path: Path) -> None:
+    builder = TraceBuilder(base_time_ns=0)
+    main = builder.frame("main", "a.py", 1)
+    leaf = builder.frame("work", "a.py", 7)
+    for k in range(50):
+        stack = builder.stack([main, leaf] if k % 2 else [main])
+        builder.sample(1, "worker", k * 1000, stack, weight=1 + k % 3, idle=k % 5 == 0)
+    written = builder.build()
+    path = tmp_path / "samples.json"
+    write_chrome_trace(written, path)
+    mod = native()
+    assert mod is not None
+    b = TraceBuilder(base_time_ns=0)
+    scanned = mod.scan_trace(
+        path.read_bytes(), *b.bulk_tables(), "s", RawArgs, json.loads, len, False
+    )
+    assert scanned is not None and scanned[4] is not None  # the samples list was scanned
+    assert list(read_chrome_trace(path).iter_samples()) == list(written.iter_samples())

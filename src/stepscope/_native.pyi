@@ -84,11 +84,21 @@ def scan_trace(
     flow_id: Callable[[str], int],
     drop: bool,
     /,
-) -> tuple[bytes, list[tuple[int, Any]], tuple[tuple[bytes, ...], ...], tuple[int, int]] | None:
-    """(document without its events, (index, event) of non-plain events, the columns of the
-    spans, instants, flows, meta and counters tables and of the spans closed from B/E pairs,
-    (unmatched E events, B events left open)), or None when the text is not one the scanner
-    reads (``json.loads`` decides then)."""
+) -> (
+    tuple[
+        bytes,
+        list[tuple[int, Any]],
+        tuple[tuple[bytes, ...], ...],
+        tuple[int, int],
+        tuple[tuple[bytes, ...], list[str]] | None,
+    ]
+    | None
+):
+    """(document without its events and samples, (index, event) of non-plain events, the
+    columns of the spans, instants, flows, meta and counters tables and of the spans closed from
+    B/E pairs, (unmatched E events, B events left open), (sample columns with each sample's index
+    into the distinct stack-frame keys, those keys) or None without a samples list), or None
+    when the text is not one the scanner reads (``json.loads`` decides then)."""
 
 # -- annotations.c -----------------------------------------------------------------------------
 

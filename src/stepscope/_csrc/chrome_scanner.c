@@ -10,53 +10,9 @@
  * the validating per-event reader.  When the document is not a well-formed object with a
  * traceEvents list (or a list of events), it returns None and the caller parses it the ordinary way
  * (which also words the error).  The ordinary path is the twin: both give the same trace. */
-#include "chrome_json.h"
+#include "chrome_scan.h"
 
 #include <limits.h>
-#include <stdint.h>
-
-typedef struct {
-    Token ph, name, cat, pid, tid, ts, dur, scope, id, bp;
-    const char *args_start, *args_end; /* the args object's text, when it is an object */
-    int args;                          /* 0 absent or null, 1 object, -1 another type */
-    int compacted;                     /* args already in the scan's args buffer */
-    Py_ssize_t members;
-} Event;
-
-typedef struct {
-    Token name, cat;                   /* in the document, interned when the span closes */
-    const char *args_start, *args_end; /* as Event's */
-    int args;
-    int64_t ts;
-} Begin;
-
-typedef struct {
-    int64_t pid, tid;
-    Begin *open;
-    Py_ssize_t len, cap;
-} Track;
-
-typedef struct {
-    const char *text; /* the string's JSON text between its quotes, in the document */
-    Py_ssize_t len;
-    uint64_t hash;
-    int64_t id;
-} Slot;
-
-typedef struct {
-    PyObject *ids, *strings, *args_store, *raw_type, *skip_cat, *loads, *flow_id;
-    int drop;
-    const char *skip_utf8; /* skip_cat's text */
-    Py_ssize_t skip_len;
-    PyObject *slots_descr[3]; /* RawArgs' slot descriptors, or NULL (see raw_args_slots) */
-    Slot *slots; /* interned plain strings by their text (open addressing) */
-    size_t mask, used;
-    SsBuffer args;
-    SsBuffer spans[7], instants[7], flows[8], meta[4], counters[7];
-    SsBuffer closed[7]; /* spans closed from B/E pairs, which follow the X spans */
-    Track *tracks;      /* open B events per (pid, tid) */
-    Py_ssize_t ntracks, tracks_cap, unmatched_ends;
-} Scan;
 
 /* One event's members; X events' args compacted as soon as the phase is known.  0 / -1 bad JSON. */
 static int read_event(Cursor *c, Scan *s, Event *ev) {
@@ -134,7 +90,7 @@ static int cache_grow(Scan *s) {
 }
 
 /* The string id of a string token (0 when absent or null); -1 with an error. */
-static int64_t intern_token(Scan *s, const Token *t) {
+int64_t scan_intern_token(Scan *s, const Token *t) {
     uint64_t hash;
     if (t->start == NULL || *t->start != '"') return 0;
     if (!plain_text(t, &hash)) {
@@ -186,7 +142,7 @@ static int string_equals(Scan *s, const Token *t, PyObject *text) {
 }
 
 /* A one-character string value (json's reading of the token), else 0; -1 with an error. */
-static int single_char(Scan *s, const Token *t) {
+int scan_single_char(Scan *s, const Token *t) {
     if (t->start == NULL || *t->start != '"') return 0;
     if (t->end - t->start == 3 && t->start[1] != '\\') return (unsigned char)t->start[1];
     PyObject *value = cj_decode_string(t, s->loads);
@@ -199,7 +155,7 @@ static int single_char(Scan *s, const Token *t) {
 }
 
 /* Microseconds to ns as round(value * 1000) on json's int or float; 1 ok, 0 not plain. */
-static int parse_us(const Token *t, int64_t *out) {
+int scan_parse_us(const Token *t, int64_t *out) {
     int is_int;
     long long i;
     double d;
@@ -209,7 +165,7 @@ static int parse_us(const Token *t, int64_t *out) {
 
 /* A pid/tid: 0 when absent, a number in range, or a string (to intern later: *is_label).
  * 1 ok, 0 not plain. */
-static int check_label(const Token *t, int64_t *out, int *is_label) {
+int scan_check_label(const Token *t, int64_t *out, int *is_label) {
     int is_int;
     long long i;
     double d;
@@ -224,18 +180,15 @@ static int check_label(const Token *t, int64_t *out, int *is_label) {
     return is_int ? ss_label_from_int(i, out) : ss_label_from_double(d, out);
 }
 
-static int64_t label_value(Scan *s, const Token *t, int64_t number, int is_label) {
+int64_t scan_label_value(Scan *s, const Token *t, int64_t number, int is_label) {
     if (!is_label) return number;
-    int64_t id = intern_token(s, t);
+    int64_t id = scan_intern_token(s, t);
     return id < 0 ? -1 : LABEL_BASE + id;
 }
 
 /* A flow id as the per-event reader reads it (an int64, an integral float, a string through
  * flow_id); 1 ok, 0 not plain, -1 error. */
 static int read_flow_id(Scan *s, const Token *t, int64_t *out) {
-    int is_int;
-    long long i;
-    double d;
     *out = 0;
     if (t->start == NULL) return 1;
     if (*t->start == '"') {
@@ -247,6 +200,13 @@ static int read_flow_id(Scan *s, const Token *t, int64_t *out) {
         Py_DECREF(number);
         return *out == -1 && PyErr_Occurred() ? -1 : 1;
     }
+    return scan_int64(t, out);
+}
+
+int scan_int64(const Token *t, int64_t *out) {
+    int is_int;
+    long long i;
+    double d;
     if (!cj_parse_number(t, &is_int, &i, &d)) return 0;
     if (is_int) {
         *out = i;
@@ -358,9 +318,9 @@ static int add_counter(Scan *s, Event *ev, int64_t pid, int pid_label, int64_t t
             continue;
         }
         if (rows == 0) { /* the event's fields, interned once it has a value */
-            name = intern_token(s, &ev->name);
-            if (name < 0 || (pid = label_value(s, &ev->pid, pid, pid_label)) == -1 ||
-                (tid = label_value(s, &ev->tid, tid, tid_label)) == -1) {
+            name = scan_intern_token(s, &ev->name);
+            if (name < 0 || (pid = scan_label_value(s, &ev->pid, pid, pid_label)) == -1 ||
+                (tid = scan_label_value(s, &ev->tid, tid, tid_label)) == -1) {
                 if (PyErr_Occurred()) r = -1;
                 break;
             }
@@ -433,7 +393,7 @@ static int end(Scan *s, int64_t pid, int64_t tid, int64_t ts) {
     Event args = {.args_start = b.args_start, .args_end = b.args_end, .args = b.args};
     int32_t ref;
     if (store_args(s, &args, 'B', &ref) < 0) return -1;
-    int64_t name = intern_token(s, &b.name), cat = intern_token(s, &b.cat);
+    int64_t name = scan_intern_token(s, &b.name), cat = scan_intern_token(s, &b.cat);
     if (name < 0 || cat < 0) return -1;
     uint32_t name32 = (uint32_t)name, cat32 = (uint32_t)cat;
     SsBuffer *c = s->closed;
@@ -445,7 +405,7 @@ static int end(Scan *s, int64_t pid, int64_t tid, int64_t ts) {
 /* Appends a plain event to its table: 1 done, 0 left to the per-event reader (another phase, or an
  * event it skips or rejects), -1 error.  Nothing is interned until the event is known good. */
 static int add_event(Scan *s, Event *ev) {
-    int phase = single_char(s, &ev->ph);
+    int phase = scan_single_char(s, &ev->ph);
     if (phase <= 0) return phase;
     if (!strchr("XiInstfMCBE", phase)) return 0;
     /* what the per-event reader checks: no category of M, C or E events, no name of E events */
@@ -458,30 +418,30 @@ static int add_event(Scan *s, Event *ev) {
     }
     int64_t pid, tid, ts = 0, dur = 0, flow = 0;
     int pid_label, tid_label, r;
-    if (!check_label(&ev->pid, &pid, &pid_label) || !check_label(&ev->tid, &tid, &tid_label)) return 0;
-    if (phase != 'M' && !parse_us(&ev->ts, &ts)) return 0;
+    if (!scan_check_label(&ev->pid, &pid, &pid_label) || !scan_check_label(&ev->tid, &tid, &tid_label)) return 0;
+    if (phase != 'M' && !scan_parse_us(&ev->ts, &ts)) return 0;
     if (phase == 'C') return add_counter(s, ev, pid, pid_label, tid, tid_label, ts);
     if (phase == 'B' || phase == 'E') {
-        if ((pid = label_value(s, &ev->pid, pid, pid_label)) == -1 && PyErr_Occurred()) return -1;
-        if ((tid = label_value(s, &ev->tid, tid, tid_label)) == -1 && PyErr_Occurred()) return -1;
+        if ((pid = scan_label_value(s, &ev->pid, pid, pid_label)) == -1 && PyErr_Occurred()) return -1;
+        if ((tid = scan_label_value(s, &ev->tid, tid, tid_label)) == -1 && PyErr_Occurred()) return -1;
         return phase == 'B' ? begin(s, ev, pid, tid, ts) : end(s, pid, tid, ts);
     }
-    if (phase == 'X' && ev->dur.start != NULL && !parse_us(&ev->dur, &dur)) return 0;
+    if (phase == 'X' && ev->dur.start != NULL && !scan_parse_us(&ev->dur, &dur)) return 0;
     if (ev->args < 0 && phase != 's' && phase != 't' && phase != 'f') return 0;
     if (strchr("stf", phase) && (r = read_flow_id(s, &ev->id, &flow)) != 1) return r;
     int scope = 't', binding = 0;
     if (phase == 'i' || phase == 'I' || phase == 'n') {
-        if ((scope = single_char(s, &ev->scope)) < 0) return -1;
+        if ((scope = scan_single_char(s, &ev->scope)) < 0) return -1;
         if (scope != 't' && scope != 'p' && scope != 'g') scope = 't';
     }
-    if (strchr("stf", phase) && (binding = single_char(s, &ev->bp)) < 0) return -1;
+    if (strchr("stf", phase) && (binding = scan_single_char(s, &ev->bp)) < 0) return -1;
     int32_t ref = -1;
     if (!strchr("stf", phase) && store_args(s, ev, phase, &ref) < 0) return -1;
-    int64_t name = intern_token(s, &ev->name);
-    int64_t cat = phase == 'M' ? 0 : intern_token(s, &ev->cat);
+    int64_t name = scan_intern_token(s, &ev->name);
+    int64_t cat = phase == 'M' ? 0 : scan_intern_token(s, &ev->cat);
     if (name < 0 || cat < 0) return -1;
-    if ((pid = label_value(s, &ev->pid, pid, pid_label)) == -1 && PyErr_Occurred()) return -1;
-    if ((tid = label_value(s, &ev->tid, tid, tid_label)) == -1 && PyErr_Occurred()) return -1;
+    if ((pid = scan_label_value(s, &ev->pid, pid, pid_label)) == -1 && PyErr_Occurred()) return -1;
+    if ((tid = scan_label_value(s, &ev->tid, tid, tid_label)) == -1 && PyErr_Occurred()) return -1;
     uint32_t name32 = (uint32_t)name, cat32 = (uint32_t)cat;
     if (phase == 'X') {
         SsBuffer *c = s->spans;
@@ -580,10 +540,10 @@ static int scan_events(Cursor *c, Scan *s, PyObject *rest) {
     return more < 0;
 }
 
-/* The document: a list of events, or an object with one traceEvents list (*list_start, *list_end
- * bracket it).  0 done, 1 not scannable, -1 error. */
-static int scan_document(Cursor *c, Scan *s, PyObject *rest, const char **list_start,
-                         const char **list_end) {
+/* The document: a list of events, or an object with one traceEvents list and at most one samples
+ * list (list_start[k], list_end[k] bracket them).  0 done, 1 not scannable, -1 error. */
+static int scan_document(Cursor *c, Scan *s, PyObject *rest, const char *list_start[2],
+                         const char *list_end[2]) {
     int plain, r, more;
     cj_skip_ws(c);
     if (c->p < c->end && *c->p == '[') {
@@ -597,14 +557,17 @@ static int scan_document(Cursor *c, Scan *s, PyObject *rest, const char **list_s
         const char *key;
         size_t key_len;
         if (cj_member_key(c, &key, &key_len, &plain) < 0) return 1;
-        if (!(key_len == 11 && memcmp(key, "traceEvents", 11) == 0 && c->p < c->end && *c->p == '[')) {
+        int events = key_len == 11 && memcmp(key, "traceEvents", 11) == 0;
+        int samples = key_len == 7 && memcmp(key, "samples", 7) == 0;
+        if (!(events || samples) || c->p >= c->end || *c->p != '[') {
             if (cj_skip_value(c, 0) < 0) return 1;
             continue;
         }
-        if (*list_start != NULL) return 1; /* a repeated key: json.loads decides */
-        *list_start = c->p;
-        if ((r = scan_events(c, s, rest)) != 0) return r;
-        *list_end = c->p;
+        const char **range = events ? list_start : list_start + 1;
+        if (range[0] != NULL) return 1; /* a repeated key: json.loads decides */
+        range[0] = c->p;
+        if ((r = events ? scan_events(c, s, rest) : scan_samples(c, s)) != 0) return r;
+        (events ? list_end : list_end + 1)[0] = c->p;
     }
     if (more != 0) return 1; /* not an object, or a bad one (an empty one has no list) */
     cj_skip_ws(c);
@@ -622,6 +585,9 @@ static void scan_free(Scan *s) {
     }
     for (Py_ssize_t k = 0; k < s->ntracks; k++) PyMem_Free(s->tracks[k].open);
     PyMem_Free(s->tracks);
+    for (int k = 0; k < 6; k++) PyMem_Free(s->samples[k].data);
+    Py_XDECREF(s->sf_keys);
+    Py_XDECREF(s->sf_index);
 }
 
 /* How many B events are still open at the end of the document. */
@@ -647,27 +613,41 @@ static PyObject *scan_trace(PyObject *self, PyObject *call_args) {
     }
     raw_args_slots(&s); /* without them, RawArgs is called */
     Cursor c = {view.buf, (const char *)view.buf + view.len};
-    const char *list_start = NULL, *list_end = NULL;
+    const char *list_start[2] = {NULL, NULL}, *list_end[2] = {NULL, NULL};
     PyObject *rest = PyList_New(0), *result = NULL;
     int r = rest == NULL ? -1 : valid_utf8(c.p, c.end);
     /* args text is copied as it is, so the whole document must be valid UTF-8 first */
-    if (r == 1) r = scan_document(&c, &s, rest, &list_start, &list_end);
+    if (r == 1) r = scan_document(&c, &s, rest, list_start, list_end);
     else if (r == 0) r = 1;
     if (r == 1) {
         result = Py_NewRef(Py_None);
     } else if (r == 0) {
-        const char *base = view.buf;
+        /* the head: the document with its lists emptied, in document order */
+        int first = list_start[1] != NULL && list_start[1] < list_start[0];
+        const char *from = view.buf;
         SsBuffer head = {NULL, 0, 0};
-        if (ss_buffer_put(&head, base, (size_t)(list_start - base)) == 0 &&
-            ss_buffer_put(&head, "[]", 2) == 0 &&
-            ss_buffer_put(&head, list_end, (size_t)(c.end - list_end)) == 0) {
+        r = 0;
+        for (int k = 0; k < 2 && r == 0; k++) {
+            int j = k ^ first;
+            if (list_start[j] == NULL) continue;
+            if (ss_buffer_put(&head, from, (size_t)(list_start[j] - from)) < 0 ||
+                ss_buffer_put(&head, "[]", 2) < 0)
+                r = -1;
+            from = list_end[j];
+        }
+        if (r == 0 && ss_buffer_put(&head, from, (size_t)(c.end - from)) == 0) {
             PyObject *tables = Py_BuildValue(
                 "(NNNNNN)", table_bytes(s.spans, 7), table_bytes(s.instants, 7), table_bytes(s.flows, 8),
                 table_bytes(s.meta, 4), table_bytes(s.counters, 7), table_bytes(s.closed, 7));
-            if (tables != NULL) {
-                result = Py_BuildValue("(y#ON(nn))", head.data, (Py_ssize_t)head.len, rest, tables,
-                                       s.unmatched_ends, unmatched_begins(&s));
+            PyObject *samples = s.sf_keys == NULL
+                                    ? Py_NewRef(Py_None)
+                                    : Py_BuildValue("(NO)", table_bytes(s.samples, 6), s.sf_keys);
+            if (tables != NULL && samples != NULL) {
+                result = Py_BuildValue("(y#OO(nn)O)", head.data, (Py_ssize_t)head.len, rest, tables,
+                                       s.unmatched_ends, unmatched_begins(&s), samples);
             }
+            Py_XDECREF(tables);
+            Py_XDECREF(samples);
         }
         PyMem_Free(head.data);
     }
@@ -680,8 +660,8 @@ static PyObject *scan_trace(PyObject *self, PyObject *call_args) {
 static PyMethodDef scan_methods[] = {
     {"scan_trace", scan_trace, METH_VARARGS,
      "scan_trace(data, string_ids, strings, args_store, skip_cat, raw_args_type, loads, flow_id, drop)"
-     " -> (head, rest, (spans, instants, flows, meta, counters, closed spans), (unmatched E, unmatched B))"
-     " or None."},
+     " -> (head, rest, (spans, instants, flows, meta, counters, closed spans), (unmatched E, unmatched B),"
+     " (sample columns, stack-frame keys) or None) or None."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -5,9 +5,9 @@ walks the document once and turns plain events of every phase (``X``, ``B``/``E`
 counters, flows, ``M``) into table columns, their args kept as JSON text; what it leaves goes
 to the per-event reader below.  A document it cannot scan goes to ``json.loads`` and the bulk
 span reader (``_csrc/chrome_columns.c``, twin ``spans_from_events_python``) for its ``X``
-events; every other event is then read one by one.  Stack samples (``samples`` and
-``stackFrames`` beside the events) are read in Python.  Any failure is a ``ChromeTraceError``
-naming the file and the position.
+events; every other event is then read one by one.  The ``samples`` list beside the events is
+scanned in C as well (``_csrc/chrome_samples.c``); its ``sf`` keys are resolved against
+``stackFrames`` here.  Any failure is a ``ChromeTraceError`` naming the file and the position.
 """
 
 from __future__ import annotations
@@ -206,7 +206,8 @@ def _loads(p: Path, data: bytes) -> Any:
 
 
 _Tables = list[tuple[str, tuple[bytes, ...]]]
-_EventsRead = tuple[Any, TraceBuilder, list[tuple[int, Any]], _Tables, dict[str, int]]
+_Samples = tuple[tuple[bytes, ...], list[str]] | None
+_EventsRead = tuple[Any, TraceBuilder, list[tuple[int, Any]], _Tables, dict[str, int], _Samples]
 
 SCANNED_TABLES = ("spans", "instants", "flows", "meta", "counters", "spans")
 """The tables the C scanner fills, in the order it returns their columns (the spans closed from
@@ -234,15 +235,15 @@ def _scan_events(p: Path, data: bytes, drop: bool) -> _EventsRead:
         except ValueError as exc:  # json.loads of one event, e.g. a 4300+-digit integer
             raise ChromeTraceError(f"{p}: a JSON value cannot be read: {exc}") from None
         if scanned is not None:
-            head, rest, tables, (ends, begins) = scanned
+            head, rest, tables, (ends, begins), samples = scanned
             unmatched = {"E(unmatched)": ends, "B(unmatched)": begins}
             skipped = {k: n for k, n in unmatched.items() if n}
             pairs = list(zip(SCANNED_TABLES, tables, strict=True))
-            return _loads(p, head), b, rest, pairs, skipped
+            return _loads(p, head), b, rest, pairs, skipped, samples
     doc = _loads(p, data)
     events = doc.get("traceEvents") if isinstance(doc, dict) else doc
     if not isinstance(events, list):
-        return doc, TraceBuilder(base_time_ns=0), [], [], {}
+        return doc, TraceBuilder(base_time_ns=0), [], [], {}, None
     if drop:
         for ev in events:
             if type(ev) is dict and ev.get("ph") == "X" and type(ev.get("args")) is dict:
@@ -252,11 +253,11 @@ def _scan_events(p: Path, data: bytes, drop: bool) -> _EventsRead:
         mod.spans_from_events if mod is not None else spans_from_events_python
     )
     indices, span_columns = reader(events, *b.bulk_tables(), SAMPLED_CATEGORY)
-    return doc, b, [(i, events[i]) for i in indices], [("spans", span_columns)], {}
+    return doc, b, [(i, events[i]) for i in indices], [("spans", span_columns)], {}, None
 
 
 def _read_document(p: Path, data: bytes, drop: bool) -> Trace:
-    doc, b, rest, tables, skipped = _scan_events(p, data, drop)
+    doc, b, rest, tables, skipped, samples = _scan_events(p, data, drop)
     if isinstance(doc, list):
         doc = {"traceEvents": doc}
     if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
@@ -278,6 +279,8 @@ def _read_document(p: Path, data: bytes, drop: bool) -> Trace:
         if key not in RESERVED_KEYS:
             b.metadata[key] = value
     _read_events(rest, tables, skipped, b, p)
+    if samples is not None:
+        _add_scanned_samples(doc, b, p, *samples)
     _read_samples(doc, b, p)
     if skipped:
         b.metadata["stepscope_skipped_events"] = skipped
@@ -509,13 +512,9 @@ def _counter_value(value: Any) -> float | None:
     return None
 
 
-def _read_samples(doc: dict[str, Any], b: TraceBuilder, p: Path) -> None:
+def _stack_resolver(doc: dict[str, Any], b: TraceBuilder, p: Path) -> Callable[[str], int]:
+    """The stack id of a sample's ``sf`` key, from the document's ``stackFrames`` (cached)."""
     frames = doc.get("stackFrames")
-    samples = doc.get("samples")
-    if samples is None or samples == []:
-        return
-    if not isinstance(samples, list):
-        raise ChromeTraceError(f"{p}: samples must be a list, got {type(samples).__name__}")
     if frames is None:
         frames = {}
     if not isinstance(frames, dict):
@@ -550,6 +549,31 @@ def _read_samples(doc: dict[str, Any], b: TraceBuilder, p: Path) -> None:
         sid = b.stack(ids)
         resolved[sf] = sid
         return sid
+
+    return stack_id
+
+
+def _add_scanned_samples(
+    doc: dict[str, Any], b: TraceBuilder, p: Path, columns: tuple[bytes, ...], keys: list[str]
+) -> None:
+    """Samples the C scanner read: their ``sf`` keys resolved to stacks in first-seen order."""
+    if not columns[5]:  # no samples
+        return
+    stack_id = _stack_resolver(doc, b, p)
+    stacks = [stack_id(key) for key in keys]
+    sf = array("i")
+    sf.frombytes(columns[3])
+    stack = array("i", [stacks[i] if i >= 0 else -1 for i in sf])
+    b.extend_table_bytes("samples", (*columns[:3], stack.tobytes(), *columns[4:]))
+
+
+def _read_samples(doc: dict[str, Any], b: TraceBuilder, p: Path) -> None:
+    samples = doc.get("samples")
+    if samples is None or samples == []:
+        return
+    if not isinstance(samples, list):
+        raise ChromeTraceError(f"{p}: samples must be a list, got {type(samples).__name__}")
+    stack_id = _stack_resolver(doc, b, p)
 
     for i, s in enumerate(samples):
         if not isinstance(s, dict):
