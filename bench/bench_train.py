@@ -4,7 +4,10 @@ For each option set (CPU; CPU + shapes; CPU + stack) both profilers record every
 their trace at the end.  Overhead = profiled time / unprofiled time - 1, in the same run, for the
 loop while recording and, separately, including the window end (stop + trace export).
 Targets (issue 9): stepscope's overhead <= torch's for each option; stepscope's .json <= 0.6x
-torch's bytes for the same events.
+torch's bytes for the same events.  Issue 19: the window end alone (stop + trace written) no
+slower than torch.profiler's stop + export_chrome_trace, for each option; and the two ways of
+taking torch's events (Kineto's file read back in C, or ``kineto_results.events()`` in memory)
+side by side, which decided the first.
 """
 
 from __future__ import annotations
@@ -83,6 +86,60 @@ def run_stepscope(train: Any, options: dict[str, Any], out: Path) -> tuple[float
     return timed_profile(prof, train, out)
 
 
+def events_routes(
+    report: Report, train: Any, label: str, options: dict[str, Any], d: Path, repeat: int
+) -> None:
+    """After torch's stop: Kineto's file saved and read back (every event, args, flows and
+    metadata) against ``events()`` in memory, with a few fields per event (a lower bound for
+    that route) and with the fields the file carries (ids, flows, ``metadata_json``, shapes or
+    stack as recorded; still no columns built and no metadata events)."""
+    import torch.autograd.profiler as autograd_profiler
+
+    from stepscope.trace.chrome_reader import read_chrome_trace
+
+    def stopped() -> Any:
+        prof = autograd_profiler.profile(use_kineto=True, acc_events=False, **options)
+        prof._prepare_trace()
+        prof._start_trace()
+        train(None)
+        prof.__exit__(None, None, None)
+        return prof.kineto_results
+
+    def by_file(results: Any) -> float:
+        start = time.perf_counter()
+        results.save(str(d / "kineto.json"))
+        read_chrome_trace(d / "kineto.json", drop_kineto_bookkeeping=True)
+        return time.perf_counter() - start
+
+    def in_memory(results: Any, every_field: bool) -> float:
+        start = time.perf_counter()
+        shapes, stack = options.get("record_shapes"), options.get("with_stack")
+        for e in results.events():
+            (e.name(), e.start_ns(), e.duration_ns(), e.start_thread_id(), e.correlation_id())
+            if every_field:
+                (e.device_type(), e.device_index(), e.activity_type(), e.external_id())
+                (e.sequence_nr(), e.fwd_thread_id(), e.flow_id(), e.flow_type())
+                (e.flow_start(), e.metadata_json())
+                if shapes:
+                    (e.shapes(), e.dtypes(), e.concrete_inputs())
+                if stack:
+                    e.stack()
+        return time.perf_counter() - start
+
+    files, few, every = [], [], []
+    for _ in range(repeat):
+        results = stopped()
+        files.append(by_file(results))
+        few.append(in_memory(results, every_field=False))
+        every.append(in_memory(results, every_field=True))
+    case = f"torch's events after stop, {label}"
+    file_route = report.add(case, "save + read back in C", "s", files)
+    lower = report.add(case, "events() + 5 fields/event", "s", few)
+    fields = report.add(case, "events() + the file's fields", "s", every)
+    report.ratio(f"{label}: file route / in-memory lower bound", file_route, lower)
+    report.ratio(f"{label}: file route / in-memory with the file's fields", file_route, fields)
+
+
 def event_count(path: Path) -> int:
     return len(json.loads(path.read_text())["traceEvents"])
 
@@ -144,6 +201,15 @@ def run(report: Report) -> None:
                 f"torch.profiler {t_all:.2f}x (ratio {s_all / t_all:.2f}; stepscope also merges "
                 "torch's events into its own trace at the window end)"
             )
+            t_stop = report.add(
+                f"{case}: window end (stop + export)", "torch.profiler", "s", [r[1] for r in t_runs]
+            )
+            s_stop = report.add(
+                f"{case}: window end (stop + export)", "stepscope", "s", [r[1] for r in s_runs]
+            )
+            end_ratio = report.ratio(f"{label}: window end, lower is better", s_stop, t_stop)
+            report.target(f"{label}: stepscope window end / torch's <= 1.0", end_ratio, 1.0)
+            events_routes(report, train, label, options, d, repeat)
             t_bytes = (d / "torch.json").stat().st_size
             s_bytes = (d / "stepscope.json").stat().st_size
             t_events, s_events = event_count(d / "torch.json"), event_count(d / "stepscope.json")

@@ -5,8 +5,11 @@ from __future__ import annotations
 from array import array
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from stepscope.trace import Trace, TraceBuilder
+from stepscope._ext import native
+from stepscope.trace import Trace, TraceBuilder, remap
 from stepscope.trace.layouts import python_ids_ref
 from stepscope.trace.model import LABEL_BASE
 
@@ -142,3 +145,42 @@ def test_bulk_rows_filled_in_place_with_python_ids_and_noted_tracks() -> None:
     merged.add_trace(trace)
     again = merged.build()
     assert [s.args for s in again.iter_spans()] == 2 * [s.args for s in trace.iter_spans()]
+
+
+@pytest.mark.native
+@pytest.mark.skipif(native() is None, reason="C extension not built")
+@settings(max_examples=300, deadline=None)
+@given(
+    ids=st.lists(st.integers(0, 9), max_size=20),
+    labels=st.lists(
+        st.integers(-(2**40), 2**40) | st.integers(0, 9).map(LABEL_BASE.__add__), max_size=20
+    ),
+    times=st.lists(st.integers(-(2**62), 2**62), max_size=20),
+    refs=st.lists(st.integers(-(2**20), 2**20), max_size=20),  # -2 - row: a python_ids row
+    offset=st.integers(-(2**62), 2**62),
+    ref_offset=st.integers(0, 2**20),
+)
+def test_c_column_remap_matches_the_python_twin(
+    ids: list[int],
+    labels: list[int],
+    times: list[int],
+    refs: list[int],
+    offset: int,
+    ref_offset: int,
+) -> None:
+    mod = native()
+    assert mod is not None
+    table = array("I", [7 * k + 3 for k in range(10)])
+    cases = [
+        (array("I", ids), remap.IDS, table, 0),
+        (array("q", labels), remap.LABELS, table, 0),
+        (array("q", times), remap.TIMES, None, offset),
+        (array("i", refs), remap.REFS, None, ref_offset),
+    ]
+    for values, mode, mapping, by in cases:
+        twin = remap.remapped_python(values, mode, mapping, by)
+        assert mod.remap_column(values, mode, mapping, by) == twin.tobytes()
+    with pytest.raises(IndexError):
+        mod.remap_column(array("I", [10]), remap.IDS, table, 0)
+    with pytest.raises(OverflowError):
+        mod.remap_column(array("q", [2**62]), remap.TIMES, None, 2**62)

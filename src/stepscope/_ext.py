@@ -54,6 +54,7 @@ REQUIRED = (
     "format_spans",
     "scan_trace",
     "spans_from_events",
+    "remap_column",
     "RecordFunction",
     "_tracer_start",
     "StackSampler",
@@ -75,6 +76,7 @@ if TYPE_CHECKING:
         format_spans = staticmethod(_native.format_spans)
         spans_from_events = staticmethod(_native.spans_from_events)
         scan_trace = staticmethod(_native.scan_trace)
+        remap_column = staticmethod(_native.remap_column)
         RecordFunction = _native.RecordFunction
         _annotations_start = staticmethod(_native._annotations_start)
         _annotations_stop = staticmethod(_native._annotations_stop)

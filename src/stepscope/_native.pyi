@@ -67,6 +67,12 @@ def spans_from_events(
 ) -> tuple[list[int], _SpanColumnBytes]:
     """Plain ``X`` events as span columns (interning in place); the indices of the others."""
 
+def remap_column(
+    column: ReadableBuffer, mode: int, table: ReadableBuffer | None, offset: int, /
+) -> bytes:
+    """A column re-based for another builder: mode 0 string ids and 1 pid/tid labels through
+    ``table``, 2 times and 3 args refs (-1 stays) plus ``offset``."""
+
 def scan_trace(
     data: ReadableBuffer,
     string_ids: dict[str, int],
@@ -75,11 +81,24 @@ def scan_trace(
     skip_cat: str,
     raw_args_type: Callable[[bytes, int], Any],
     loads: Callable[[str], Any],
+    flow_id: Callable[[str], int],
     drop: bool,
     /,
-) -> tuple[bytes, list[tuple[int, Any]], _SpanColumnBytes] | None:
-    """(document without its events, (index, event) of non-plain events, span columns), or
-    None when the text is not one the scanner reads (``json.loads`` decides then)."""
+) -> (
+    tuple[
+        bytes,
+        list[tuple[int, Any]],
+        tuple[tuple[bytes, ...], ...],
+        tuple[int, int],
+        tuple[tuple[bytes, ...], list[str]] | None,
+    ]
+    | None
+):
+    """(document without its events and samples, (index, event) of non-plain events, the
+    columns of the spans, instants, flows, meta and counters tables and of the spans closed from
+    B/E pairs, (unmatched E events, B events left open), (sample columns with each sample's index
+    into the distinct stack-frame keys, those keys) or None without a samples list), or None
+    when the text is not one the scanner reads (``json.loads`` decides then)."""
 
 # -- annotations.c -----------------------------------------------------------------------------
 

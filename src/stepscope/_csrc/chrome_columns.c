@@ -1,4 +1,5 @@
-/* Parsed Chrome-trace events to span columns in one pass (twin: chrome_reader.spans_from_events_python).
+/* Parsed Chrome-trace events to span columns in one pass (twin: chrome_reader.spans_from_events_python),
+ * and one trace's columns re-based for another's builder (remap_column, twin: trace/remap.py).
  *
  * Plain "X" events (string or absent name and cat, integer or string pid/tid, finite numeric ts/dur,
  * object or absent args) are interned and appended to column buffers; the indices of all other events are
@@ -238,12 +239,76 @@ done:
     return result;
 }
 
+/* One column of a trace re-based for another trace's builder (twin: trace/remap.py's
+ * remapped_python): mode 0 string ids through `table`, 1 pid/tid labels (string labels through
+ * `table`), 2 times plus `offset`, 3 args refs plus `offset` (-1 stays). */
+static PyObject *remap_column(PyObject *self, PyObject *call_args) {
+    Py_buffer src, map = {0};
+    int mode;
+    long long offset;
+    if (!PyArg_ParseTuple(call_args, "y*iz*L:remap_column", &src, &mode, &map, &offset)) {
+        return NULL;
+    }
+    PyObject *out = NULL;
+    size_t width = mode == 0 ? 4 : mode == 3 ? 4 : 8;
+    Py_ssize_t n = src.len / (Py_ssize_t)width, mapped = map.buf ? map.len / 4 : 0;
+    const uint32_t *table = map.buf;
+    if (mode < 0 || mode > 3 || src.len % (Py_ssize_t)width != 0 || ((mode == 0 || mode == 1) && !map.buf)) {
+        PyErr_SetString(PyExc_ValueError, "remap_column: bad mode, column or table");
+        goto done;
+    }
+    out = PyBytes_FromStringAndSize(NULL, src.len);
+    if (out == NULL) goto done;
+    char *dst = PyBytes_AS_STRING(out);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (mode == 0 || mode == 3) {
+            uint32_t v;
+            memcpy(&v, (const char *)src.buf + i * 4, 4);
+            if (mode == 3) {
+                int32_t ref = (int32_t)v;
+                if (ref >= 0 && (int64_t)ref + offset > INT32_MAX) goto overflow;
+                v = (uint32_t)(ref >= 0 ? (int32_t)(ref + offset) : ref); /* -1 or a python_ids ref */
+            } else if ((Py_ssize_t)v >= mapped) {
+                goto out_of_table;
+            } else {
+                v = table[v];
+            }
+            memcpy(dst + i * 4, &v, 4);
+        } else {
+            int64_t v;
+            memcpy(&v, (const char *)src.buf + i * 8, 8);
+            if (mode == 1 && v >= LABEL_BASE) {
+                if (v - LABEL_BASE >= mapped) goto out_of_table;
+                v = LABEL_BASE + table[v - LABEL_BASE];
+            } else if (mode == 2 && __builtin_add_overflow(v, (int64_t)offset, &v)) {
+                goto overflow;
+            }
+            memcpy(dst + i * 8, &v, 8);
+        }
+    }
+    goto done;
+out_of_table:
+    Py_CLEAR(out);
+    PyErr_SetString(PyExc_IndexError, "remap_column: a string id beyond the table");
+    goto done;
+overflow:
+    Py_CLEAR(out);
+    PyErr_SetString(PyExc_OverflowError, "remap_column: a value out of range once shifted");
+done:
+    PyBuffer_Release(&src);
+    if (map.buf) PyBuffer_Release(&map);
+    return out;
+}
+
 static PyMethodDef columns_methods[] = {
     {"spans_from_events", spans_from_events, METH_VARARGS,
      "spans_from_events(events, string_ids, strings, args_store, skip_cat) -> (rest, columns)."},
+    {"remap_column", remap_column, METH_VARARGS,
+     "remap_column(column, mode, table, offset) -> bytes: a column re-based for another builder."},
     {NULL, NULL, 0, NULL},
 };
 
 int ss_chrome_columns_init(PyObject *module) {
     return PyModule_AddFunctions(module, columns_methods);
 }
+

@@ -1,330 +1,43 @@
-/* A Chrome trace's "traceEvents" read without building Python objects for its X events.
+/* A Chrome trace's "traceEvents" read without building a Python object per event.
  *
- * scan_trace walks the document once.  Each plain "X" event (ASCII name/cat without escapes, integer
- * or string pid/tid, numeric ts/dur) goes straight into span columns, its args kept as compact JSON
- * text (whitespace dropped, optionally Kineto's bookkeeping keys too) wrapped in RawArgs, parsed
- * only if read.  Every other event is parsed with json.loads and returned with its index.  When the
- * document is not a well-formed object with a traceEvents list, it returns None and the caller
- * parses it the ordinary way (which also words the error).  The ordinary path is the twin: both
- * give the same trace. */
-#include "chrome_values.h"
+ * scan_trace walks the document once.  Each plain event of the phases X (complete), i/I/n
+ * (instant), s/t/f (flow), M (metadata), C (counter) and B/E (begin/end, paired per track) goes
+ * straight into its table's columns: names, categories and string pid/tids interned through a cache
+ * keyed by their JSON text, times converted to ns, args kept as compact JSON text (whitespace
+ * dropped; for X optionally Kineto's bookkeeping keys too) wrapped in RawArgs, parsed only if read
+ * (a counter's args are parsed for its values).  Every other event (unknown phases, and events the
+ * per-event reader would skip or reject) is parsed with json.loads and returned with its index, for
+ * the validating per-event reader.  When the document is not a well-formed object with a
+ * traceEvents list (or a list of events), it returns None and the caller parses it the ordinary way
+ * (which also words the error).  The ordinary path is the twin: both give the same trace. */
+#include "chrome_scan.h"
 
-#include <errno.h>
-#include <stdlib.h>
+#include <limits.h>
 
-#define MAX_INT_DIGITS 4300 /* CPython's default int_max_str_digits */
-#define MAX_MEMBERS 64 /* args members kept on the stack; more go to the heap */
-
-typedef struct {
-    const char *p;
-    const char *end;
-} Cursor;
-
-static inline void skip_ws(Cursor *c) {
-    while (c->p < c->end && (*c->p == ' ' || *c->p == '\n' || *c->p == '\r' || *c->p == '\t')) {
-        c->p++;
-    }
-}
-
-/* A JSON string at c->p (validated); sets *plain when it is ASCII without escapes.  0 / -1. */
-static int skip_string(Cursor *c, int *plain) {
-    if (c->p >= c->end || *c->p != '"') {
-        return -1;
-    }
-    c->p++;
-    *plain = 1;
-    while (c->p < c->end) {
-        unsigned char ch = (unsigned char)*c->p;
-        if (ch == '"') {
-            c->p++;
-            return 0;
-        }
-        if (ch < 0x20) {
-            return -1;
-        }
-        if (ch >= 0x80) {
-            *plain = 0;
-        } else if (ch == '\\') {
-            *plain = 0;
-            c->p++;
-            if (c->p >= c->end) {
-                return -1;
-            }
-            char e = *c->p;
-            if (e == 'u') {
-                for (int k = 1; k <= 4; k++) {
-                    if (c->p + k >= c->end || !strchr("0123456789abcdefABCDEF", c->p[k]) || !c->p[k]) {
-                        return -1;
-                    }
-                }
-                c->p += 4;
-            } else if (!strchr("\"\\/bfnrt", e) || !e) {
-                return -1;
-            }
-        }
-        c->p++;
-    }
-    return -1;
-}
-
-/* A JSON number (strict grammar); *is_int when it has no fraction or exponent.  0 / -1. */
-static int skip_number(Cursor *c, int *is_int) {
-    const char *p = c->p;
-    *is_int = 1;
-    if (p < c->end && *p == '-') p++;
-    if (p >= c->end) return -1;
-    if (*p == '0') {
-        p++;
-    } else if (*p >= '1' && *p <= '9') {
-        const char *digits = p;
-        while (p < c->end && *p >= '0' && *p <= '9') p++;
-        /* json.loads refuses integers longer than sys.get_int_max_str_digits() (4300 by
-         * default): leave such documents to it, so the error is the same either way */
-        if (p - digits > MAX_INT_DIGITS && (p >= c->end || (*p != '.' && *p != 'e' && *p != 'E')))
-            return -1;
-    } else {
-        return -1;
-    }
-    if (p < c->end && *p == '.') {
-        *is_int = 0;
-        p++;
-        if (p >= c->end || *p < '0' || *p > '9') return -1;
-        while (p < c->end && *p >= '0' && *p <= '9') p++;
-    }
-    if (p < c->end && (*p == 'e' || *p == 'E')) {
-        *is_int = 0;
-        p++;
-        if (p < c->end && (*p == '+' || *p == '-')) p++;
-        if (p >= c->end || *p < '0' || *p > '9') return -1;
-        while (p < c->end && *p >= '0' && *p <= '9') p++;
-    }
-    c->p = p;
-    return 0;
-}
-
-static int skip_literal(Cursor *c, const char *word) {
-    size_t n = strlen(word);
-    if ((size_t)(c->end - c->p) < n || memcmp(c->p, word, n) != 0) {
-        return -1;
-    }
-    c->p += n;
-    return 0;
-}
-
-/* Consumes `open`; 1 = items follow, 0 = it closed at once (consumed), -1 = not there. */
-static int enter(Cursor *c, char open, char close) {
-    if (c->p >= c->end || *c->p != open) return -1;
-    c->p++;
-    skip_ws(c);
-    if (c->p < c->end && *c->p == close) {
-        c->p++;
-        return 0;
-    }
-    return 1;
-}
-
-/* After an item: 1 = a comma (another item follows), 0 = `close` (consumed), -1 = bad JSON. */
-static int next_item(Cursor *c, char close) {
-    skip_ws(c);
-    if (c->p < c->end && (*c->p == ',' || *c->p == close)) {
-        return *c->p++ == ',';
-    }
-    return -1;
-}
-
-/* A member's key and its colon; *key, *len = the key's text, *plain = ASCII without escapes. */
-static int member_key(Cursor *c, const char **key, size_t *len, int *plain) {
-    skip_ws(c);
-    *key = c->p + 1;
-    if (skip_string(c, plain) < 0) return -1;
-    *len = (size_t)(c->p - 1 - *key);
-    skip_ws(c);
-    if (c->p >= c->end || *c->p != ':') return -1;
-    c->p++;
-    skip_ws(c);
-    return 0;
-}
-
-/* Any JSON value (strict; NaN/Infinity are not taken).  0 / -1. */
-static int skip_value(Cursor *c, int depth) {
-    int plain, is_int, more;
-    const char *key;
-    size_t len;
-    if (depth > 200) return -1;
-    skip_ws(c);
-    if (c->p >= c->end) return -1;
-    switch (*c->p) {
-    case '"':
-        return skip_string(c, &plain);
-    case '{':
-        for (more = enter(c, '{', '}'); more == 1; more = next_item(c, '}')) {
-            if (member_key(c, &key, &len, &plain) < 0 || skip_value(c, depth + 1) < 0) return -1;
-        }
-        return more;
-    case '[':
-        for (more = enter(c, '[', ']'); more == 1; more = next_item(c, ']')) {
-            if (skip_value(c, depth + 1) < 0) return -1;
-        }
-        return more;
-    case 't':
-        return skip_literal(c, "true");
-    case 'f':
-        return skip_literal(c, "false");
-    case 'n':
-        return skip_literal(c, "null");
-    default:
-        return skip_number(c, &is_int);
-    }
-}
-
-/* Copies the JSON text [from, to) without whitespace outside strings. */
-static int put_compact(SsBuffer *o, const char *from, const char *to) {
-    const char *run = from;
-    int in_string = 0;
-    for (const char *p = from; p < to; p++) {
-        char ch = *p;
-        if (in_string) {
-            if (ch == '\\') {
-                p++;
-            } else if (ch == '"') {
-                in_string = 0;
-            }
-        } else if (ch == '"') {
-            in_string = 1;
-        } else if (ch == ' ' || ch == '\n' || ch == '\r' || ch == '\t') {
-            if (ss_buffer_put(o, run, (size_t)(p - run)) < 0) return -1;
-            run = p + 1;
-        }
-    }
-    return ss_buffer_put(o, run, (size_t)(to - run));
-}
-
-typedef struct {
-    const char *key, *key_end; /* the key's text between its quotes */
-    const char *value, *value_end;
-} Member;
-
-static int key_is(const Member *m, const char *name) {
-    size_t n = strlen(name);
-    return (size_t)(m->key_end - m->key) == n && memcmp(m->key, name, n) == 0;
-}
-
-/* An array holding only empty strings (whitespace allowed). */
-static int all_empty_strings(const char *p, const char *end) {
-    for (; p < end; p++) {
-        if (*p == '"') {
-            if (p + 1 >= end || p[1] != '"') return 0;
-            p++;
-        } else if (!strchr("[], \n\r\t", *p)) {
-            return 0;
-        }
-    }
-    return 1;
-}
-
-/* Whether a top-level args member is Kineto bookkeeping (the twin: trace/kineto.py). */
-static int is_bookkeeping(const Member *m, const Member *all, Py_ssize_t count) {
-    if (key_is(m, "Ev Idx")) return 1;
-    if (key_is(m, "Record function id")) {
-        return m->value_end - m->value == 1 && m->value[0] == '0';
-    }
-    if (key_is(m, "Concrete Inputs") && *m->value == '[' && all_empty_strings(m->value, m->value_end)) {
-        for (Py_ssize_t i = 0; i < count; i++) {
-            if (key_is(&all[i], "Input Dims")) return 1;
-        }
-    }
-    return 0;
-}
-
-/* The args object at c->p as compact text; *members = how many are kept.  0 / -1 (bad JSON, or
- * no memory with MemoryError set). */
-static int read_args(Cursor *c, int drop, SsBuffer *o, Py_ssize_t *members) {
-    Member local[MAX_MEMBERS], *all = local;
-    Py_ssize_t count = 0, cap = MAX_MEMBERS;
-    int plain, r = -1;
-    const char *start = c->p;
-    int more;
-    for (more = enter(c, '{', '}'); more == 1; more = next_item(c, '}')) {
-        Member m;
-        size_t key_len;
-        if (member_key(c, &m.key, &key_len, &plain) < 0) goto out;
-        m.key_end = m.key + key_len;
-        m.value = c->p;
-        if (skip_value(c, 1) < 0) goto out;
-        m.value_end = c->p;
-        if (count == cap) {
-            Member *grown = PyMem_Malloc((size_t)cap * 2 * sizeof(Member));
-            if (grown == NULL) {
-                PyErr_NoMemory();
-                goto out;
-            }
-            memcpy(grown, all, (size_t)count * sizeof(Member));
-            if (all != local) PyMem_Free(all);
-            all = grown;
-            cap *= 2;
-        }
-        all[count++] = m;
-    }
-    if (more < 0) goto out;
-    o->len = 0;
-    if (!drop) {
-        *members = count;
-        r = put_compact(o, start, c->p);
-        goto out;
-    }
-    Py_ssize_t kept = 0;
-    if (ss_buffer_put(o, "{", 1) < 0) goto out;
-    for (Py_ssize_t i = 0; i < count; i++) {
-        if (is_bookkeeping(&all[i], all, count)) continue;
-        if ((kept && ss_buffer_put(o, ",", 1) < 0) || ss_buffer_put(o, "\"", 1) < 0 ||
-            ss_buffer_put(o, all[i].key, (size_t)(all[i].key_end - all[i].key)) < 0 ||
-            ss_buffer_put(o, "\":", 2) < 0 || put_compact(o, all[i].value, all[i].value_end) < 0)
-            goto out;
-        kept++;
-    }
-    *members = kept;
-    r = ss_buffer_put(o, "}", 1);
-out:
-    if (all != local) PyMem_Free(all);
-    return r;
-}
-
-typedef struct {
-    const char *start, *end; /* the value's JSON text; start NULL when the key is absent */
-} Token;
-
-typedef struct {
-    Token ph, name, cat, pid, tid, ts, dur;
-    int args; /* 0 absent or null, 1 object (text in the args buffer), -1 another type */
-    Py_ssize_t members;
-} Event;
-
-static int token_is(const Token *t, const char *text) {
-    size_t n = strlen(text);
-    return t->start != NULL && (size_t)(t->end - t->start) == n && memcmp(t->start, text, n) == 0;
-}
-
-/* One event; its members' text in *ev, its args' compact text in *args.  1 = an X event,
- * 0 = another value, -1 = bad JSON. */
-static int read_event(Cursor *c, int drop, SsBuffer *args, Event *ev) {
+/* One event's members; X events' args compacted as soon as the phase is known.  0 / -1 bad JSON. */
+static int read_event(Cursor *c, Scan *s, Event *ev) {
     int plain, more;
     memset(ev, 0, sizeof(*ev));
-    if (c->p >= c->end || *c->p != '{') {
-        return skip_value(c, 0) < 0 ? -1 : 0;
-    }
-    for (more = enter(c, '{', '}'); more == 1; more = next_item(c, '}')) {
+    for (more = cj_enter(c, '{', '}'); more == 1; more = cj_next_item(c, '}')) {
         const char *key;
         size_t key_len;
-        if (member_key(c, &key, &key_len, &plain) < 0) return -1;
+        if (cj_member_key(c, &key, &key_len, &plain) < 0) return -1;
         if (!plain) key_len = 0; /* escaped keys match nothing */
         Token value = {c->p, NULL};
-#define KEY(s) (key_len == sizeof(s) - 1 && memcmp(key, s, key_len) == 0)
+#define KEY(k) (key_len == sizeof(k) - 1 && memcmp(key, k, key_len) == 0)
         if (KEY("args") && c->p < c->end && *c->p == '{') {
-            if (read_args(c, drop, args, &ev->members) < 0) return -1;
             ev->args = 1;
+            ev->args_start = c->p;
+            ev->compacted = cj_token_is(&ev->ph, "\"X\"");
+            if (ev->compacted) {
+                if (cj_read_args(c, s->drop, &s->args, &ev->members) < 0) return -1;
+            } else if (cj_skip_value(c, 1) < 0) {
+                return -1;
+            }
+            ev->args_end = c->p;
             continue;
         }
-        if (skip_value(c, 1) < 0) return -1;
+        if (cj_skip_value(c, 1) < 0) return -1;
         value.end = c->p;
         if (KEY("ph")) ev->ph = value;
         else if (KEY("name")) ev->name = value;
@@ -333,261 +46,622 @@ static int read_event(Cursor *c, int drop, SsBuffer *args, Event *ev) {
         else if (KEY("tid")) ev->tid = value;
         else if (KEY("ts")) ev->ts = value;
         else if (KEY("dur")) ev->dur = value;
-        else if (KEY("args")) ev->args = token_is(&value, "null") ? 0 : -1;
+        else if (KEY("s")) ev->scope = value;
+        else if (KEY("id")) ev->id = value;
+        else if (KEY("bp")) ev->bp = value;
+        else if (KEY("args")) {
+            ev->args = cj_token_is(&value, "null") ? 0 : -1;
+            ev->args_start = NULL;
+        }
 #undef KEY
     }
-    return more < 0 ? -1 : token_is(&ev->ph, "\"X\"");
+    return more < 0 ? -1 : 0;
 }
 
-/* The str of a JSON string token (json.loads for escapes and non-ASCII); NULL with an error. */
-static PyObject *decode_string(const Token *t, PyObject *loads) {
-    int ascii = 1;
+/* Whether a string token is ASCII without escapes; its FNV-1a hash in *hash. */
+static int plain_text(const Token *t, uint64_t *hash) {
+    uint64_t h = 1469598103934665603ULL;
     for (const char *p = t->start + 1; p < t->end - 1; p++) {
-        if (*p == '\\' || (unsigned char)*p >= 0x80) {
-            ascii = 0;
-            break;
-        }
+        unsigned char ch = (unsigned char)*p;
+        if (ch == '\\' || ch >= 0x80) return 0;
+        h = (h ^ ch) * 1099511628211ULL;
     }
-    if (ascii) {
-        return PyUnicode_FromStringAndSize(t->start + 1, t->end - t->start - 2);
-    }
-    PyObject *text = PyUnicode_DecodeUTF8(t->start, t->end - t->start, NULL);
-    PyObject *value = text ? PyObject_CallOneArg(loads, text) : NULL;
-    Py_XDECREF(text);
-    return value;
+    *hash = h;
+    return 1;
 }
 
-/* A number token as json.loads reads it: an integer (*is_int) in *i, else a float in *d.
- * 0 when it is not a number, or an integer beyond 64 bits.  Tokens of any length are read
- * (a long float such as 0.000...1 is still a float to json.loads). */
-static int parse_number(const Token *t, int *is_int, long long *i, double *d) {
-    Cursor c = {t->start, t->end};
-    char small[64];
-    char *buf = small;
-    int ok = 1;
-    size_t n = (size_t)(t->end - t->start);
-    if (t->start == NULL || skip_number(&c, is_int) < 0 || c.p != t->end) return 0;
-    if (*is_int && n > 21) return 0; /* beyond 64 bits whatever the digits */
-    if (n >= sizeof(small)) {
-        buf = PyMem_Malloc(n + 1);
-        if (buf == NULL) {
-            PyErr_Clear();
-            return 0;
-        }
+static int cache_grow(Scan *s) {
+    size_t cap = s->slots ? (s->mask + 1) * 2 : 1024;
+    Slot *slots = PyMem_Calloc(cap, sizeof(Slot));
+    if (slots == NULL) {
+        PyErr_NoMemory();
+        return -1;
     }
-    memcpy(buf, t->start, n);
-    buf[n] = 0;
-    if (*is_int) {
-        errno = 0;
-        *i = strtoll(buf, NULL, 10);
-        ok = errno != ERANGE;
-    } else {
-        *d = PyOS_string_to_double(buf, NULL, NULL);
-        if (*d == -1.0 && PyErr_Occurred()) {
-            PyErr_Clear();
-            ok = 0;
-        }
+    for (size_t k = 0; s->slots && k <= s->mask; k++) {
+        if (s->slots[k].text == NULL) continue;
+        size_t j = (size_t)s->slots[k].hash & (cap - 1);
+        while (slots[j].text != NULL) j = (j + 1) & (cap - 1);
+        slots[j] = s->slots[k];
     }
-    if (buf != small) PyMem_Free(buf);
-    return ok;
+    PyMem_Free(s->slots);
+    s->slots = slots;
+    s->mask = cap - 1;
+    return 0;
+}
+
+/* The string id of a string token (0 when absent or null); -1 with an error. */
+int64_t scan_intern_token(Scan *s, const Token *t) {
+    uint64_t hash;
+    if (t->start == NULL || *t->start != '"') return 0;
+    if (!plain_text(t, &hash)) {
+        PyObject *text = cj_decode_string(t, s->loads);
+        int64_t id = text ? ss_intern(text, s->ids, s->strings) : -1;
+        Py_XDECREF(text);
+        return id;
+    }
+    Py_ssize_t len = t->end - t->start - 2;
+    if (s->slots == NULL && cache_grow(s) < 0) return -1;
+    size_t j = (size_t)hash & s->mask;
+    for (; s->slots[j].text != NULL; j = (j + 1) & s->mask) {
+        Slot *slot = &s->slots[j];
+        if (slot->hash == hash && slot->len == len && memcmp(slot->text, t->start + 1, (size_t)len) == 0)
+            return slot->id;
+    }
+    PyObject *text = PyUnicode_FromStringAndSize(t->start + 1, len);
+    int64_t id = text ? ss_intern(text, s->ids, s->strings) : -1;
+    Py_XDECREF(text);
+    if (id < 0) return -1;
+    s->slots[j] = (Slot){t->start + 1, len, hash, id};
+    if (++s->used * 2 > s->mask && cache_grow(s) < 0) return -1;
+    return id;
+}
+
+/* Whether a token is absent, null or a string (a name or category the reader takes). */
+static int optional_string(const Token *t) {
+    return t->start == NULL || *t->start == '"' || cj_token_is(t, "null");
+}
+
+/* Whether a string token's value equals `text` (a str); -1 with an error. */
+static int string_equals(Scan *s, const Token *t, PyObject *text) {
+    uint64_t hash;
+    if (plain_text(t, &hash)) {
+        if (text == s->skip_cat) {
+            return s->skip_len == t->end - t->start - 2 &&
+                   memcmp(s->skip_utf8, t->start + 1, (size_t)s->skip_len) == 0;
+        }
+        Py_ssize_t len;
+        const char *utf8 = PyUnicode_AsUTF8AndSize(text, &len);
+        if (utf8 == NULL) return -1;
+        return len == t->end - t->start - 2 && memcmp(utf8, t->start + 1, (size_t)len) == 0;
+    }
+    PyObject *value = cj_decode_string(t, s->loads);
+    if (value == NULL) return -1;
+    int same = PyUnicode_Compare(value, text);
+    Py_DECREF(value);
+    return same == -1 && PyErr_Occurred() ? -1 : same == 0;
+}
+
+/* A one-character string value (json's reading of the token), else 0; -1 with an error. */
+int scan_single_char(Scan *s, const Token *t) {
+    if (t->start == NULL || *t->start != '"') return 0;
+    if (t->end - t->start == 3 && t->start[1] != '\\') return (unsigned char)t->start[1];
+    PyObject *value = cj_decode_string(t, s->loads);
+    if (value == NULL) return -1;
+    int ch = PyUnicode_GET_LENGTH(value) == 1 && PyUnicode_READ_CHAR(value, 0) < 0x80
+                 ? (int)PyUnicode_READ_CHAR(value, 0)
+                 : 0;
+    Py_DECREF(value);
+    return ch;
 }
 
 /* Microseconds to ns as round(value * 1000) on json's int or float; 1 ok, 0 not plain. */
-static int parse_us(const Token *t, int64_t *out) {
+int scan_parse_us(const Token *t, int64_t *out) {
     int is_int;
     long long i;
     double d;
-    if (!parse_number(t, &is_int, &i, &d)) return 0;
+    if (!cj_parse_number(t, &is_int, &i, &d)) return 0;
     return is_int ? ss_us_int_to_ns(i, out) : ss_us_double_to_ns(d, out);
 }
 
-/* A numeric pid/tid: an integer in range or an integral float; 1 ok, 0 not plain. */
-static int parse_number_label(const Token *t, int64_t *out) {
+/* A pid/tid: 0 when absent, a number in range, or a string (to intern later: *is_label).
+ * 1 ok, 0 not plain. */
+int scan_check_label(const Token *t, int64_t *out, int *is_label) {
     int is_int;
     long long i;
     double d;
-    if (!parse_number(t, &is_int, &i, &d)) return 0;
+    *out = 0;
+    *is_label = 0;
+    if (t->start == NULL) return 1;
+    if (*t->start == '"') {
+        *is_label = 1;
+        return 1;
+    }
+    if (!cj_parse_number(t, &is_int, &i, &d)) return 0;
     return is_int ? ss_label_from_int(i, out) : ss_label_from_double(d, out);
 }
 
-/* A string-or-null member as a str (NULL for null or absent); 1 ok, 0 another type, -1 error. */
-static int optional_string(const Token *t, PyObject *loads, PyObject **out) {
-    *out = NULL;
-    if (t->start == NULL || token_is(t, "null")) return 1;
-    if (*t->start != '"') return 0;
-    *out = decode_string(t, loads);
-    return *out == NULL ? -1 : 1;
+int64_t scan_label_value(Scan *s, const Token *t, int64_t number, int is_label) {
+    if (!is_label) return number;
+    int64_t id = scan_intern_token(s, t);
+    return id < 0 ? -1 : LABEL_BASE + id;
 }
 
-/* A pid/tid member: its number, or the str to intern in *label; 1 ok, 0 not plain, -1 error. */
-static int read_label(const Token *t, PyObject *loads, int64_t *out, PyObject **label) {
-    *label = NULL;
+/* A flow id as the per-event reader reads it (an int64, an integral float, a string through
+ * flow_id); 1 ok, 0 not plain, -1 error. */
+static int read_flow_id(Scan *s, const Token *t, int64_t *out) {
     *out = 0;
     if (t->start == NULL) return 1;
     if (*t->start == '"') {
-        *label = decode_string(t, loads);
-        return *label == NULL ? -1 : 1;
+        PyObject *text = cj_decode_string(t, s->loads);
+        PyObject *number = text ? PyObject_CallOneArg(s->flow_id, text) : NULL;
+        Py_XDECREF(text);
+        if (number == NULL) return -1;
+        *out = PyLong_AsLongLong(number);
+        Py_DECREF(number);
+        return *out == -1 && PyErr_Occurred() ? -1 : 1;
     }
-    return parse_number_label(t, out);
+    return scan_int64(t, out);
 }
 
-/* Appends an X event the per-event reader would accept; 1 done, 0 left to that reader (it skips
- * or rejects the event), -1 error. */
-static int add_span(const Event *ev, const SsBuffer *args, PyObject *ids, PyObject *strings,
-                    PyObject *args_store, PyObject *raw_type, PyObject *skip_cat, PyObject *loads,
-                    SsBuffer cols[7]) {
-    PyObject *name = NULL, *cat = NULL, *pid_label = NULL, *tid_label = NULL;
-    int64_t pid, tid, start, dur = 0;
-    int r = optional_string(&ev->name, loads, &name);
-    if (r == 1) r = optional_string(&ev->cat, loads, &cat);
-    if (r == 1 && cat != NULL) {
-        int same = PyUnicode_Compare(cat, skip_cat);
-        r = same == -1 && PyErr_Occurred() ? -1 : same != 0;
+int scan_int64(const Token *t, int64_t *out) {
+    int is_int;
+    long long i;
+    double d;
+    if (!cj_parse_number(t, &is_int, &i, &d)) return 0;
+    if (is_int) {
+        *out = i;
+        return i != LLONG_MIN;
     }
-    if (r == 1) r = read_label(&ev->pid, loads, &pid, &pid_label);
-    if (r == 1) r = read_label(&ev->tid, loads, &tid, &tid_label);
-    if (r == 1) r = parse_us(&ev->ts, &start);
-    if (r == 1 && ev->dur.start != NULL) r = parse_us(&ev->dur, &dur);
-    if (r == 1 && ev->args < 0) r = 0;
-    int32_t ref = -1;
-    if (r == 1 && ev->args == 1) {
-        PyObject *raw = PyBytes_FromStringAndSize(args->data, (Py_ssize_t)args->len);
-        PyObject *count = raw ? PyLong_FromSsize_t(ev->members) : NULL;
-        PyObject *wrapped = count ? PyObject_CallFunctionObjArgs(raw_type, raw, count, NULL) : NULL;
-        Py_XDECREF(raw);
-        Py_XDECREF(count);
-        ref = (int32_t)PyList_GET_SIZE(args_store);
-        if (wrapped == NULL || PyList_Append(args_store, wrapped) < 0) r = -1;
-        Py_XDECREF(wrapped);
+    if (!(d == floor(d) && d > -9223372036854775808.0 && d < 9223372036854775808.0)) return 0;
+    *out = (int64_t)d;
+    return 1;
+}
+
+/* The slots of RawArgs (raw, _size, _parsed) as data descriptors, so that its objects are made
+ * without a call to its __init__ per event; 0, or -1 when it has none (then it is called). */
+static int raw_args_slots(Scan *s) {
+    static const char *names[3] = {"raw", "_size", "_parsed"};
+    if (!PyType_Check(s->raw_type)) return -1;
+    for (int k = 0; k < 3; k++) {
+        PyObject *descr = PyObject_GetAttrString(s->raw_type, names[k]);
+        if (descr == NULL || Py_TYPE(descr) != &PyMemberDescr_Type) {
+            PyErr_Clear();
+            Py_XDECREF(descr);
+            for (int j = 0; j < k; j++) Py_CLEAR(s->slots_descr[j]);
+            return -1;
+        }
+        s->slots_descr[k] = descr;
     }
-    /* interned only once the event is known good, so a rejected one leaves no trace */
-    if (r == 1 && ss_span_append(cols, ids, strings, name, cat, pid, pid_label, tid, tid_label,
-                                 start, dur, ref) < 0)
-        r = -1;
-    Py_XDECREF(name);
-    Py_XDECREF(cat);
-    Py_XDECREF(pid_label);
-    Py_XDECREF(tid_label);
+    return 0;
+}
+
+/* A RawArgs over the args buffer with `members` members (new reference; NULL with an error). */
+static PyObject *raw_args(Scan *s, Py_ssize_t members) {
+    PyObject *raw = PyBytes_FromStringAndSize(s->args.data, (Py_ssize_t)s->args.len);
+    PyObject *count = raw ? PyLong_FromSsize_t(members) : NULL;
+    PyObject *made = NULL;
+    if (count != NULL && s->slots_descr[2] == NULL) {
+        made = PyObject_CallFunctionObjArgs(s->raw_type, raw, count, NULL);
+    } else if (count != NULL) {
+        PyTypeObject *type = (PyTypeObject *)s->raw_type;
+        PyObject *values[3] = {raw, count, Py_None};
+        made = type->tp_alloc(type, 0);
+        for (int k = 0; made != NULL && k < 3; k++) {
+            if (Py_TYPE(s->slots_descr[k])->tp_descr_set(s->slots_descr[k], made, values[k]) < 0)
+                Py_CLEAR(made);
+        }
+    }
+    Py_XDECREF(raw);
+    Py_XDECREF(count);
+    return made;
+}
+
+/* The event's args in the args store (compacted now unless read_event did, with Kineto's
+ * bookkeeping dropped for X events when asked); *ref = its index, -1 for none; `empty` stores a
+ * dict for absent or empty args.  0 / -1. */
+static int store_args(Scan *s, Event *ev, int phase, int32_t *ref) {
+    int empty = phase == 'M', drop = phase == 'X' && s->drop;
+    *ref = -1;
+    if (ev->args == 1 && (!ev->compacted || (s->drop && !drop))) {
+        Cursor c = {ev->args_start, ev->args_end};
+        if (cj_read_args(&c, drop, &s->args, &ev->members) < 0) {
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "args text changed while read");
+            return -1;
+        }
+    }
+    PyObject *stored;
+    if (ev->args == 1 && (ev->members > 0 || !empty)) {
+        stored = raw_args(s, ev->members);
+    } else if (empty) {
+        stored = PyDict_New();
+    } else {
+        return 0;
+    }
+    *ref = (int32_t)PyList_GET_SIZE(s->args_store);
+    int r = stored == NULL || PyList_Append(s->args_store, stored) < 0 ? -1 : 0;
+    Py_XDECREF(stored);
     return r;
+}
+
+#define PUT(col, value)                                                                            \
+    do {                                                                                           \
+        __typeof__(value) v_ = (value);                                                            \
+        if (ss_buffer_put(&(col), &v_, sizeof(v_)) < 0) return -1;                                 \
+    } while (0)
+
+/* A counter event: one row per numeric member of its args (json.loads reads the args text, as the
+ * per-event reader's values); 1 done, 0 left to the per-event reader (no numeric value, or a bad
+ * field), -1 error. */
+static int add_counter(Scan *s, Event *ev, int64_t pid, int pid_label, int64_t tid, int tid_label,
+                       int64_t ts) {
+    if (ev->args != 1) return 0; /* no values (a skip), or args of another type (an error) */
+    PyObject *text = PyUnicode_DecodeUTF8(ev->args_start, ev->args_end - ev->args_start, NULL);
+    PyObject *values = text ? PyObject_CallOneArg(s->loads, text) : NULL;
+    Py_XDECREF(text);
+    if (values == NULL) return -1;
+    PyObject *key, *value;
+    Py_ssize_t pos = 0, rows = 0;
+    int64_t name = 0;
+    int r = PyDict_CheckExact(values) ? 1 : -1;
+    while (r == 1 && PyDict_Next(values, &pos, &key, &value)) {
+        double number;
+        if (PyFloat_CheckExact(value)) {
+            number = PyFloat_AS_DOUBLE(value);
+        } else if (PyLong_CheckExact(value)) {
+            number = PyLong_AsDouble(value);
+            if (number == -1.0 && PyErr_Occurred()) {
+                if (!PyErr_ExceptionMatches(PyExc_OverflowError)) r = -1;
+                PyErr_Clear(); /* float() of it fails: not a value */
+                continue;
+            }
+        } else {
+            continue;
+        }
+        if (rows == 0) { /* the event's fields, interned once it has a value */
+            name = scan_intern_token(s, &ev->name);
+            if (name < 0 || (pid = scan_label_value(s, &ev->pid, pid, pid_label)) == -1 ||
+                (tid = scan_label_value(s, &ev->tid, tid, tid_label)) == -1) {
+                if (PyErr_Occurred()) r = -1;
+                break;
+            }
+        }
+        int64_t series = ss_intern(key, s->ids, s->strings);
+        uint32_t name32 = (uint32_t)name, series32 = (uint32_t)series;
+        uint8_t first = rows++ == 0;
+        SsBuffer *c = s->counters;
+        if (series < 0 || ss_buffer_put(&c[0], &name32, 4) < 0 || ss_buffer_put(&c[1], &pid, 8) < 0 ||
+            ss_buffer_put(&c[2], &tid, 8) < 0 || ss_buffer_put(&c[3], &ts, 8) < 0 ||
+            ss_buffer_put(&c[4], &series32, 4) < 0 || ss_buffer_put(&c[5], &number, 8) < 0 ||
+            ss_buffer_put(&c[6], &first, 1) < 0)
+            r = -1;
+    }
+    Py_DECREF(values);
+    return r < 0 ? -1 : rows > 0;
+}
+
+/* The open B events of a track, added when new; NULL with an error. */
+static Track *track(Scan *s, int64_t pid, int64_t tid) {
+    for (Py_ssize_t k = s->ntracks - 1; k >= 0; k--) {
+        if (s->tracks[k].pid == pid && s->tracks[k].tid == tid) return &s->tracks[k];
+    }
+    if (s->ntracks == s->tracks_cap) {
+        Py_ssize_t cap = s->tracks_cap ? s->tracks_cap * 2 : 16;
+        Track *grown = PyMem_Realloc(s->tracks, (size_t)cap * sizeof(Track));
+        if (grown == NULL) {
+            PyErr_NoMemory();
+            return NULL;
+        }
+        s->tracks = grown;
+        s->tracks_cap = cap;
+    }
+    Track *t = &s->tracks[s->ntracks++];
+    *t = (Track){pid, tid, NULL, 0, 0};
+    return t;
+}
+
+/* A B event: pushed on its track until its E.  1 / -1. */
+static int begin(Scan *s, const Event *ev, int64_t pid, int64_t tid, int64_t ts) {
+    Track *t = track(s, pid, tid);
+    if (t == NULL) return -1;
+    if (t->len == t->cap) {
+        Py_ssize_t cap = t->cap ? t->cap * 2 : 8;
+        Begin *grown = PyMem_Realloc(t->open, (size_t)cap * sizeof(Begin));
+        if (grown == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        t->open = grown;
+        t->cap = cap;
+    }
+    t->open[t->len++] = (Begin){ev->name, ev->cat, ev->args_start, ev->args_end, ev->args, ts};
+    return 1;
+}
+
+/* An E event: closes the last open B of its track into a span (args read then, as the per-event
+ * reader does: a B whose args are not an object makes the document one for that reader, which
+ * words the error), or counts as unmatched.  1, -1 error, -2 not scannable. */
+static int end(Scan *s, int64_t pid, int64_t tid, int64_t ts) {
+    Track *t = track(s, pid, tid);
+    if (t == NULL) return -1;
+    if (t->len == 0) {
+        s->unmatched_ends++;
+        return 1;
+    }
+    Begin b = t->open[--t->len];
+    int64_t dur;
+    if (b.args < 0 || __builtin_sub_overflow(ts, b.ts, &dur)) return -2;
+    Event args = {.args_start = b.args_start, .args_end = b.args_end, .args = b.args};
+    int32_t ref;
+    if (store_args(s, &args, 'B', &ref) < 0) return -1;
+    int64_t name = scan_intern_token(s, &b.name), cat = scan_intern_token(s, &b.cat);
+    if (name < 0 || cat < 0) return -1;
+    uint32_t name32 = (uint32_t)name, cat32 = (uint32_t)cat;
+    SsBuffer *c = s->closed;
+    PUT(c[0], name32); PUT(c[1], cat32); PUT(c[2], pid); PUT(c[3], tid);
+    PUT(c[4], b.ts); PUT(c[5], dur); PUT(c[6], ref);
+    return 1;
+}
+
+/* Appends a plain event to its table: 1 done, 0 left to the per-event reader (another phase, or an
+ * event it skips or rejects), -1 error.  Nothing is interned until the event is known good. */
+static int add_event(Scan *s, Event *ev) {
+    int phase = scan_single_char(s, &ev->ph);
+    if (phase <= 0) return phase;
+    if (!strchr("XiInstfMCBE", phase)) return 0;
+    /* what the per-event reader checks: no category of M, C or E events, no name of E events */
+    if ((phase != 'E' && !optional_string(&ev->name)) ||
+        (!strchr("MCE", phase) && !optional_string(&ev->cat)))
+        return 0;
+    if (ev->cat.start != NULL && *ev->cat.start == '"') {
+        int same = string_equals(s, &ev->cat, s->skip_cat);
+        if (same != 0) return same < 0 ? -1 : 0; /* sampled spans: the per-event reader skips them */
+    }
+    int64_t pid, tid, ts = 0, dur = 0, flow = 0;
+    int pid_label, tid_label, r;
+    if (!scan_check_label(&ev->pid, &pid, &pid_label) || !scan_check_label(&ev->tid, &tid, &tid_label)) return 0;
+    if (phase != 'M' && !scan_parse_us(&ev->ts, &ts)) return 0;
+    if (phase == 'C') return add_counter(s, ev, pid, pid_label, tid, tid_label, ts);
+    if (phase == 'B' || phase == 'E') {
+        if ((pid = scan_label_value(s, &ev->pid, pid, pid_label)) == -1 && PyErr_Occurred()) return -1;
+        if ((tid = scan_label_value(s, &ev->tid, tid, tid_label)) == -1 && PyErr_Occurred()) return -1;
+        return phase == 'B' ? begin(s, ev, pid, tid, ts) : end(s, pid, tid, ts);
+    }
+    if (phase == 'X' && ev->dur.start != NULL && !scan_parse_us(&ev->dur, &dur)) return 0;
+    if (ev->args < 0 && phase != 's' && phase != 't' && phase != 'f') return 0;
+    if (strchr("stf", phase) && (r = read_flow_id(s, &ev->id, &flow)) != 1) return r;
+    int scope = 't', binding = 0;
+    if (phase == 'i' || phase == 'I' || phase == 'n') {
+        if ((scope = scan_single_char(s, &ev->scope)) < 0) return -1;
+        if (scope != 't' && scope != 'p' && scope != 'g') scope = 't';
+    }
+    if (strchr("stf", phase) && (binding = scan_single_char(s, &ev->bp)) < 0) return -1;
+    int32_t ref = -1;
+    if (!strchr("stf", phase) && store_args(s, ev, phase, &ref) < 0) return -1;
+    int64_t name = scan_intern_token(s, &ev->name);
+    int64_t cat = phase == 'M' ? 0 : scan_intern_token(s, &ev->cat);
+    if (name < 0 || cat < 0) return -1;
+    if ((pid = scan_label_value(s, &ev->pid, pid, pid_label)) == -1 && PyErr_Occurred()) return -1;
+    if ((tid = scan_label_value(s, &ev->tid, tid, tid_label)) == -1 && PyErr_Occurred()) return -1;
+    uint32_t name32 = (uint32_t)name, cat32 = (uint32_t)cat;
+    if (phase == 'X') {
+        SsBuffer *c = s->spans;
+        PUT(c[0], name32); PUT(c[1], cat32); PUT(c[2], pid); PUT(c[3], tid);
+        PUT(c[4], ts); PUT(c[5], dur); PUT(c[6], ref);
+    } else if (phase == 'M') {
+        SsBuffer *c = s->meta;
+        PUT(c[0], name32); PUT(c[1], pid); PUT(c[2], tid); PUT(c[3], ref);
+    } else if (strchr("stf", phase)) {
+        SsBuffer *c = s->flows;
+        PUT(c[0], name32); PUT(c[1], cat32); PUT(c[2], pid); PUT(c[3], tid);
+        PUT(c[4], ts); PUT(c[5], flow); PUT(c[6], (uint8_t)phase);
+        PUT(c[7], (uint8_t)(binding == 'e' ? 'e' : 0));
+    } else {
+        SsBuffer *c = s->instants;
+        PUT(c[0], name32); PUT(c[1], cat32); PUT(c[2], pid); PUT(c[3], tid);
+        PUT(c[4], ts); PUT(c[5], (uint8_t)scope); PUT(c[6], ref);
+    }
+    return 1;
+}
+#undef PUT
+
+/* The columns of one table as a tuple of bytes; NULL with an error. */
+static PyObject *table_bytes(const SsBuffer *cols, int n) {
+    PyObject *columns = PyTuple_New(n);
+    for (int k = 0; columns != NULL && k < n; k++) {
+        PyObject *data = PyBytes_FromStringAndSize(cols[k].data ? cols[k].data : "", (Py_ssize_t)cols[k].len);
+        if (data == NULL) {
+            Py_CLEAR(columns);
+            break;
+        }
+        PyTuple_SET_ITEM(columns, k, data);
+    }
+    return columns;
+}
+
+/* Whether the bytes are valid UTF-8 (ASCII checked eight bytes at a time); -1 with an error. */
+static int valid_utf8(const char *p, const char *end) {
+    while (end - p >= 8) {
+        uint64_t word;
+        memcpy(&word, p, 8);
+        if (word & 0x8080808080808080ULL) break;
+        p += 8;
+    }
+    for (; p < end; p++) {
+        if ((unsigned char)*p >= 0x80) {
+            PyObject *text = PyUnicode_DecodeUTF8(p, end - p, NULL);
+            if (text == NULL) {
+                if (PyErr_ExceptionMatches(PyExc_MemoryError)) return -1;
+                PyErr_Clear();
+                return 0;
+            }
+            Py_DECREF(text);
+            return 1;
+        }
+    }
+    return 1;
+}
+
+/* The events list at c->p: plain events into the tables, the others json.loads'ed into `rest` as
+ * (index, event).  0 done, 1 not scannable (the ordinary parse decides), -1 error. */
+static int scan_events(Cursor *c, Scan *s, PyObject *rest) {
+    Py_ssize_t index = 0;
+    int more;
+    for (more = cj_enter(c, '[', ']'); more == 1; more = cj_next_item(c, ']'), index++) {
+        cj_skip_ws(c);
+        const char *event_start = c->p;
+        int kind = 0;
+        if (c->p < c->end && *c->p == '{') {
+            Event ev;
+            if (read_event(c, s, &ev) < 0) return 1;
+            kind = add_event(s, &ev);
+            if (kind < 0) {
+                if (PyErr_ExceptionMatches(PyExc_MemoryError)) return -1;
+                PyErr_Clear(); /* a string json.loads refused: the ordinary parse words it */
+                return 1;
+            }
+        } else if (cj_skip_value(c, 0) < 0) {
+            return 1;
+        }
+        if (kind == 0) {
+            PyObject *text = PyUnicode_DecodeUTF8(event_start, c->p - event_start, NULL);
+            PyObject *event = text ? PyObject_CallOneArg(s->loads, text) : NULL;
+            Py_XDECREF(text);
+            if (event == NULL) {
+                if (PyErr_ExceptionMatches(PyExc_MemoryError)) return -1;
+                PyErr_Clear(); /* bad text: the ordinary parse words it */
+                return 1;
+            }
+            PyObject *pair = Py_BuildValue("(nN)", index, event);
+            int failed = pair == NULL || PyList_Append(rest, pair) < 0;
+            Py_XDECREF(pair);
+            if (failed) return -1;
+        }
+    }
+    return more < 0;
+}
+
+/* The document: a list of events, or an object with one traceEvents list and at most one samples
+ * list (list_start[k], list_end[k] bracket them).  0 done, 1 not scannable, -1 error. */
+static int scan_document(Cursor *c, Scan *s, PyObject *rest, const char *list_start[2],
+                         const char *list_end[2]) {
+    int plain, r, more;
+    cj_skip_ws(c);
+    if (c->p < c->end && *c->p == '[') {
+        *list_start = c->p;
+        if ((r = scan_events(c, s, rest)) != 0) return r;
+        *list_end = c->p;
+        cj_skip_ws(c);
+        return c->p != c->end;
+    }
+    for (more = cj_enter(c, '{', '}'); more == 1; more = cj_next_item(c, '}')) {
+        const char *key;
+        size_t key_len;
+        if (cj_member_key(c, &key, &key_len, &plain) < 0) return 1;
+        int events = key_len == 11 && memcmp(key, "traceEvents", 11) == 0;
+        int samples = key_len == 7 && memcmp(key, "samples", 7) == 0;
+        if (!(events || samples) || c->p >= c->end || *c->p != '[') {
+            if (cj_skip_value(c, 0) < 0) return 1;
+            continue;
+        }
+        const char **range = events ? list_start : list_start + 1;
+        if (range[0] != NULL) return 1; /* a repeated key: json.loads decides */
+        range[0] = c->p;
+        if ((r = events ? scan_events(c, s, rest) : scan_samples(c, s)) != 0) return r;
+        (events ? list_end : list_end + 1)[0] = c->p;
+    }
+    if (more != 0) return 1; /* not an object, or a bad one (an empty one has no list) */
+    cj_skip_ws(c);
+    return c->p != c->end || *list_start == NULL;
+}
+
+static void scan_free(Scan *s) {
+    for (int k = 0; k < 3; k++) Py_XDECREF(s->slots_descr[k]);
+    PyMem_Free(s->slots);
+    PyMem_Free(s->args.data);
+    SsBuffer *tables[6] = {s->spans, s->instants, s->flows, s->meta, s->counters, s->closed};
+    int widths[6] = {7, 7, 8, 4, 7, 7};
+    for (int t = 0; t < 6; t++) {
+        for (int k = 0; k < widths[t]; k++) PyMem_Free(tables[t][k].data);
+    }
+    for (Py_ssize_t k = 0; k < s->ntracks; k++) PyMem_Free(s->tracks[k].open);
+    PyMem_Free(s->tracks);
+    for (int k = 0; k < 6; k++) PyMem_Free(s->samples[k].data);
+    Py_XDECREF(s->sf_keys);
+    Py_XDECREF(s->sf_index);
+}
+
+/* How many B events are still open at the end of the document. */
+static Py_ssize_t unmatched_begins(const Scan *s) {
+    Py_ssize_t open = 0;
+    for (Py_ssize_t k = 0; k < s->ntracks; k++) open += s->tracks[k].len;
+    return open;
 }
 
 static PyObject *scan_trace(PyObject *self, PyObject *call_args) {
     Py_buffer view;
-    PyObject *ids, *strings, *args_store, *skip_cat, *raw_type, *loads;
-    int drop;
-    if (!PyArg_ParseTuple(call_args, "y*O!O!O!UOOp:scan_trace", &view, &PyDict_Type, &ids,
-                          &PyList_Type, &strings, &PyList_Type, &args_store, &skip_cat, &raw_type,
-                          &loads, &drop)) {
+    Scan s;
+    memset(&s, 0, sizeof(s));
+    if (!PyArg_ParseTuple(call_args, "y*O!O!O!UOOOp:scan_trace", &view, &PyDict_Type, &s.ids,
+                          &PyList_Type, &s.strings, &PyList_Type, &s.args_store, &s.skip_cat,
+                          &s.raw_type, &s.loads, &s.flow_id, &s.drop)) {
         return NULL;
     }
+    s.skip_utf8 = PyUnicode_AsUTF8AndSize(s.skip_cat, &s.skip_len);
+    if (s.skip_utf8 == NULL) {
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    raw_args_slots(&s); /* without them, RawArgs is called */
     Cursor c = {view.buf, (const char *)view.buf + view.len};
-    SsBuffer args = {NULL, 0, 0};
-    SsBuffer cols[7];
-    memset(cols, 0, sizeof(cols));
+    const char *list_start[2] = {NULL, NULL}, *list_end[2] = {NULL, NULL};
     PyObject *rest = PyList_New(0), *result = NULL;
-    const char *list_start = NULL, *list_end = NULL;
-    int plain;
-    if (rest == NULL) goto done;
+    int r = rest == NULL ? -1 : valid_utf8(c.p, c.end);
     /* args text is copied as it is, so the whole document must be valid UTF-8 first */
-    for (const char *q = c.p; q < c.end; q++) {
-        if ((unsigned char)*q >= 0x80) {
-            PyObject *text = PyUnicode_DecodeUTF8(q, c.end - q, NULL);
-            if (text == NULL) {
-                if (PyErr_ExceptionMatches(PyExc_MemoryError)) goto done;
-                PyErr_Clear();
-                goto not_scannable;
-            }
-            Py_DECREF(text);
-            break;
-        }
-    }
-    skip_ws(&c);
-    int more;
-    for (more = enter(&c, '{', '}'); more == 1; more = next_item(&c, '}')) {
-        const char *key;
-        size_t key_len;
-        if (member_key(&c, &key, &key_len, &plain) < 0) goto not_scannable;
-        if (!(key_len == 11 && memcmp(key, "traceEvents", 11) == 0 && c.p < c.end && *c.p == '[')) {
-            if (skip_value(&c, 0) < 0) goto not_scannable;
-            continue;
-        }
-        if (list_start != NULL) goto not_scannable; /* a repeated key: json.loads decides */
-        list_start = c.p;
-        Py_ssize_t index = 0;
-        int more_events;
-        for (more_events = enter(&c, '[', ']'); more_events == 1;
-             more_events = next_item(&c, ']'), index++) {
-            skip_ws(&c);
-            const char *event_start = c.p;
-            Event ev;
-            int kind = read_event(&c, drop, &args, &ev);
-            if (kind < 0) goto not_scannable;
-            if (kind == 1) {
-                kind = add_span(&ev, &args, ids, strings, args_store, raw_type, skip_cat, loads, cols);
-                if (kind < 0) {
-                    if (PyErr_ExceptionMatches(PyExc_MemoryError)) goto done;
-                    PyErr_Clear(); /* a string json.loads refused: the ordinary parse words it */
-                    goto not_scannable;
-                }
-            }
-            if (kind == 0) {
-                PyObject *text = PyUnicode_DecodeUTF8(event_start, c.p - event_start, NULL);
-                PyObject *event = text ? PyObject_CallOneArg(loads, text) : NULL;
-                Py_XDECREF(text);
-                if (event == NULL) {
-                    PyErr_Clear(); /* bad text: the ordinary parse words it */
-                    goto not_scannable;
-                }
-                PyObject *pair = Py_BuildValue("(nN)", index, event);
-                if (pair == NULL || PyList_Append(rest, pair) < 0) {
-                    Py_XDECREF(pair);
-                    goto done;
-                }
-                Py_DECREF(pair);
-            }
-        }
-        if (more_events < 0) goto not_scannable;
-        list_end = c.p;
-    }
-    if (more != 0) goto not_scannable; /* not an object, or a bad one (an empty one has no list) */
-    skip_ws(&c);
-    if (c.p != c.end || list_start == NULL) goto not_scannable;
-    {
-        const char *base = view.buf;
-        SsBuffer head = {NULL, 0, 0};
-        if (ss_buffer_put(&head, base, (size_t)(list_start - base)) < 0 || ss_buffer_put(&head, "[]", 2) < 0 ||
-            ss_buffer_put(&head, list_end, (size_t)(c.end - list_end)) < 0) {
-            PyMem_Free(head.data);
-            goto done;
-        }
-        PyObject *head_bytes = PyBytes_FromStringAndSize(head.data, (Py_ssize_t)head.len);
-        PyMem_Free(head.data);
-        PyObject *columns = head_bytes ? ss_span_columns(cols) : NULL;
-        if (columns != NULL) {
-            result = PyTuple_Pack(3, head_bytes, rest, columns);
-        }
-        Py_XDECREF(head_bytes);
-        Py_XDECREF(columns);
-    }
-    goto done;
-not_scannable:
-    if (!PyErr_Occurred()) {
+    if (r == 1) r = scan_document(&c, &s, rest, list_start, list_end);
+    else if (r == 0) r = 1;
+    if (r == 1) {
         result = Py_NewRef(Py_None);
+    } else if (r == 0) {
+        /* the head: the document with its lists emptied, in document order */
+        int first = list_start[1] != NULL && list_start[1] < list_start[0];
+        const char *from = view.buf;
+        SsBuffer head = {NULL, 0, 0};
+        r = 0;
+        for (int k = 0; k < 2 && r == 0; k++) {
+            int j = k ^ first;
+            if (list_start[j] == NULL) continue;
+            if (ss_buffer_put(&head, from, (size_t)(list_start[j] - from)) < 0 ||
+                ss_buffer_put(&head, "[]", 2) < 0)
+                r = -1;
+            from = list_end[j];
+        }
+        if (r == 0 && ss_buffer_put(&head, from, (size_t)(c.end - from)) == 0) {
+            PyObject *tables = Py_BuildValue(
+                "(NNNNNN)", table_bytes(s.spans, 7), table_bytes(s.instants, 7), table_bytes(s.flows, 8),
+                table_bytes(s.meta, 4), table_bytes(s.counters, 7), table_bytes(s.closed, 7));
+            PyObject *samples = s.sf_keys == NULL
+                                    ? Py_NewRef(Py_None)
+                                    : Py_BuildValue("(NO)", table_bytes(s.samples, 6), s.sf_keys);
+            if (tables != NULL && samples != NULL) {
+                result = Py_BuildValue("(y#OO(nn)O)", head.data, (Py_ssize_t)head.len, rest, tables,
+                                       s.unmatched_ends, unmatched_begins(&s), samples);
+            }
+            Py_XDECREF(tables);
+            Py_XDECREF(samples);
+        }
+        PyMem_Free(head.data);
     }
-done:
     PyBuffer_Release(&view);
-    PyMem_Free(args.data);
-    for (int k = 0; k < 7; k++) {
-        PyMem_Free(cols[k].data);
-    }
+    scan_free(&s);
     Py_XDECREF(rest);
     return result;
 }
 
 static PyMethodDef scan_methods[] = {
     {"scan_trace", scan_trace, METH_VARARGS,
-     "scan_trace(data, string_ids, strings, args_store, skip_cat, raw_args_type, loads, drop) -> "
-     "(head, rest, columns) or None."},
+     "scan_trace(data, string_ids, strings, args_store, skip_cat, raw_args_type, loads, flow_id, drop)"
+     " -> (head, rest, (spans, instants, flows, meta, counters, closed spans), (unmatched E, unmatched B),"
+     " (sample columns, stack-frame keys) or None) or None."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -1,10 +1,13 @@
 """Chrome trace files in the Kineto dialect: the reader (stepscope's files and torch.profiler's).
 
-With the C extension, the scanner (``_csrc/chrome_scanner.c``) walks the document once and
-turns plain ``X`` events into span columns, their args kept as JSON text; a document it
-cannot scan goes to ``json.loads`` and the bulk span reader (``_csrc/chrome_columns.c``, twin
-``spans_from_events_python``).  Every other event is read one by one.  Any failure is a
-``ChromeTraceError`` naming the file and the position.
+With the C extension, the scanner (``_csrc/chrome_scanner.c``, lexing in ``chrome_json.c``)
+walks the document once and turns plain events of every phase (``X``, ``B``/``E``, instants,
+counters, flows, ``M``) into table columns, their args kept as JSON text; what it leaves goes
+to the per-event reader below.  A document it cannot scan goes to ``json.loads`` and the bulk
+span reader (``_csrc/chrome_columns.c``, twin ``spans_from_events_python``) for its ``X``
+events; every other event is then read one by one.  The ``samples`` list beside the events is
+scanned in C as well (``_csrc/chrome_samples.c``); its ``sf`` keys are resolved against
+``stackFrames`` here.  Any failure is a ``ChromeTraceError`` naming the file and the position.
 """
 
 from __future__ import annotations
@@ -202,33 +205,45 @@ def _loads(p: Path, data: bytes) -> Any:
         raise ChromeTraceError(f"{p}: a JSON value cannot be read: {exc}") from None
 
 
-_EventsRead = tuple[Any, TraceBuilder, list[tuple[int, Any]], tuple[bytes, ...]]
+_Tables = list[tuple[str, tuple[bytes, ...]]]
+_Samples = tuple[tuple[bytes, ...], list[str]] | None
+_EventsRead = tuple[Any, TraceBuilder, list[tuple[int, Any]], _Tables, dict[str, int], _Samples]
+
+SCANNED_TABLES = ("spans", "instants", "flows", "meta", "counters", "spans")
+"""The tables the C scanner fills, in the order it returns their columns (the spans closed from
+``B``/``E`` pairs after the ``X`` spans)."""
 
 
 def _scan_events(p: Path, data: bytes, drop: bool) -> _EventsRead:
-    """(document, builder, events left for the per-event reader, span columns of the rest).
+    """(document, builder, events left for the per-event reader, (table, columns) of the events
+    read in bulk, the unmatched ``B``/``E`` events counted so far).
 
-    The C scanner reads ``X`` events without building their objects (args stay JSON text);
-    its twin is ``json.loads`` and ``spans_from_events``, used when it is absent or declines.
+    The C scanner reads plain events of every phase without building their objects (args stay
+    JSON text); its twin is ``json.loads``, ``spans_from_events`` for the ``X`` events and the
+    per-event reader for the rest, used when it is absent or declines.  Both give the same
+    tables in the same order (strings and args may be numbered differently).
     """
     mod = native()
     if mod is not None:
         b = TraceBuilder(base_time_ns=0)
         try:
             scanned = mod.scan_trace(
-                data, *b.bulk_tables(), SAMPLED_CATEGORY, RawArgs, json.loads, drop
+                data, *b.bulk_tables(), SAMPLED_CATEGORY, RawArgs, json.loads, string_flow_id, drop
             )
         except RecursionError:
             raise ChromeTraceError(f"{p}: JSON nested too deeply to read") from None
         except ValueError as exc:  # json.loads of one event, e.g. a 4300+-digit integer
             raise ChromeTraceError(f"{p}: a JSON value cannot be read: {exc}") from None
         if scanned is not None:
-            head, rest, columns = scanned
-            return _loads(p, head), b, rest, columns
+            head, rest, tables, (ends, begins), samples = scanned
+            unmatched = {"E(unmatched)": ends, "B(unmatched)": begins}
+            skipped = {k: n for k, n in unmatched.items() if n}
+            pairs = list(zip(SCANNED_TABLES, tables, strict=True))
+            return _loads(p, head), b, rest, pairs, skipped, samples
     doc = _loads(p, data)
     events = doc.get("traceEvents") if isinstance(doc, dict) else doc
     if not isinstance(events, list):
-        return doc, TraceBuilder(base_time_ns=0), [], ()
+        return doc, TraceBuilder(base_time_ns=0), [], [], {}, None
     if drop:
         for ev in events:
             if type(ev) is dict and ev.get("ph") == "X" and type(ev.get("args")) is dict:
@@ -238,11 +253,11 @@ def _scan_events(p: Path, data: bytes, drop: bool) -> _EventsRead:
         mod.spans_from_events if mod is not None else spans_from_events_python
     )
     indices, span_columns = reader(events, *b.bulk_tables(), SAMPLED_CATEGORY)
-    return doc, b, [(i, events[i]) for i in indices], span_columns
+    return doc, b, [(i, events[i]) for i in indices], [("spans", span_columns)], {}, None
 
 
 def _read_document(p: Path, data: bytes, drop: bool) -> Trace:
-    doc, b, rest, columns = _scan_events(p, data, drop)
+    doc, b, rest, tables, skipped, samples = _scan_events(p, data, drop)
     if isinstance(doc, list):
         doc = {"traceEvents": doc}
     if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
@@ -263,7 +278,9 @@ def _read_document(p: Path, data: bytes, drop: bool) -> Trace:
     for key, value in doc.items():
         if key not in RESERVED_KEYS:
             b.metadata[key] = value
-    skipped = _read_events(rest, columns, b, p)
+    _read_events(rest, tables, skipped, b, p)
+    if samples is not None:
+        _add_scanned_samples(doc, b, p, *samples)
     _read_samples(doc, b, p)
     if skipped:
         b.metadata["stepscope_skipped_events"] = skipped
@@ -351,22 +368,22 @@ def spans_from_events_python(
 
 
 def _read_events(
-    rest: list[tuple[int, Any]], columns: tuple[bytes, ...], b: TraceBuilder, p: Path
-) -> dict[str, int]:
-    """Add the bulk-read ``X`` spans, then read the rest one by one in file order.
+    rest: list[tuple[int, Any]], tables: _Tables, skipped: dict[str, int], b: TraceBuilder, p: Path
+) -> None:
+    """Add the bulk-read tables, then read the rest one by one in file order, counting what is
+    skipped into ``skipped``.
 
-    Spans closed from ``B``/``E`` pairs come after the ``X`` spans; an ``X`` event the bulk
-    readers leave is one the per-event reader skips or rejects with a clear error.
+    Spans closed from ``B``/``E`` pairs come after the ``X`` spans; an event of a bulk-read
+    phase that the bulk readers leave is one the per-event reader skips or rejects with a clear
+    error, so each table keeps the file's order.
     """
-    skipped: dict[str, int] = {}
     open_begins: _OpenBegins = {}  # B events waiting for their E, per (pid, tid)
-    if columns:
-        b.extend_span_bytes(columns)
+    for table, columns in tables:
+        b.extend_table_bytes(table, columns)
     _read_event_list(rest, b, p, skipped, open_begins)
     unmatched = sum(len(s) for s in open_begins.values())
     if unmatched:
-        skipped["B(unmatched)"] = unmatched
-    return skipped
+        skipped["B(unmatched)"] = skipped.get("B(unmatched)", 0) + unmatched
 
 
 _OpenBegins = dict[tuple[int | str, int | str], list[tuple[str, str, int, Any]]]
@@ -468,16 +485,21 @@ def _flow_id(value: Any, index: int, path: Path) -> int:
     if type(value) is int and -_MAX_FLOW_ID <= value <= _MAX_FLOW_ID:
         return value
     if type(value) is str:
-        with contextlib.suppress(ValueError):
-            number = int(value, 0)
-            if -_MAX_FLOW_ID <= number <= _MAX_FLOW_ID:
-                return number
-        digest = hashlib.blake2b(utf8(value), digest_size=8).digest()
-        return int.from_bytes(digest, "little") >> 2  # stable across processes, never negative
+        return string_flow_id(value)
     raise ChromeTraceError(
         f"{path}: traceEvents[{index}]: id must be an integer (|value| < 2**63) or a string, "
         f"got {value!r:.80}"
     )
+
+
+def string_flow_id(value: str) -> int:
+    """A string flow id as an int: its number (``int(value, 0)``) when in range, else a hash."""
+    with contextlib.suppress(ValueError):
+        number = int(value, 0)
+        if -_MAX_FLOW_ID <= number <= _MAX_FLOW_ID:
+            return number
+    digest = hashlib.blake2b(utf8(value), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 2  # stable across processes, never negative
 
 
 def _counter_value(value: Any) -> float | None:
@@ -490,13 +512,9 @@ def _counter_value(value: Any) -> float | None:
     return None
 
 
-def _read_samples(doc: dict[str, Any], b: TraceBuilder, p: Path) -> None:
+def _stack_resolver(doc: dict[str, Any], b: TraceBuilder, p: Path) -> Callable[[str], int]:
+    """The stack id of a sample's ``sf`` key, from the document's ``stackFrames`` (cached)."""
     frames = doc.get("stackFrames")
-    samples = doc.get("samples")
-    if samples is None or samples == []:
-        return
-    if not isinstance(samples, list):
-        raise ChromeTraceError(f"{p}: samples must be a list, got {type(samples).__name__}")
     if frames is None:
         frames = {}
     if not isinstance(frames, dict):
@@ -531,6 +549,31 @@ def _read_samples(doc: dict[str, Any], b: TraceBuilder, p: Path) -> None:
         sid = b.stack(ids)
         resolved[sf] = sid
         return sid
+
+    return stack_id
+
+
+def _add_scanned_samples(
+    doc: dict[str, Any], b: TraceBuilder, p: Path, columns: tuple[bytes, ...], keys: list[str]
+) -> None:
+    """Samples the C scanner read: their ``sf`` keys resolved to stacks in first-seen order."""
+    if not columns[5]:  # no samples
+        return
+    stack_id = _stack_resolver(doc, b, p)
+    stacks = [stack_id(key) for key in keys]
+    sf = array("i")
+    sf.frombytes(columns[3])
+    stack = array("i", [stacks[i] if i >= 0 else -1 for i in sf])
+    b.extend_table_bytes("samples", (*columns[:3], stack.tobytes(), *columns[4:]))
+
+
+def _read_samples(doc: dict[str, Any], b: TraceBuilder, p: Path) -> None:
+    samples = doc.get("samples")
+    if samples is None or samples == []:
+        return
+    if not isinstance(samples, list):
+        raise ChromeTraceError(f"{p}: samples must be a list, got {type(samples).__name__}")
+    stack_id = _stack_resolver(doc, b, p)
 
     for i, s in enumerate(samples):
         if not isinstance(s, dict):

@@ -29,6 +29,7 @@ from stepscope.trace.layouts import (
 )
 from stepscope.trace.layouts import LABEL_BASE as LABEL_BASE  # re-exported (readers, writers)
 from stepscope.trace.layouts import SPAN_COLUMNS as SPAN_COLUMNS
+from stepscope.trace.remap import IDS, LABELS, REFS, TIMES, remapped
 
 
 class Span(NamedTuple):
@@ -310,6 +311,26 @@ class Trace:
         )
 
 
+_REMAP_MODES = {
+    "name": IDS,
+    "cat": IDS,
+    "series": IDS,
+    "pid": LABELS,
+    "tid": LABELS,
+    "start_ns": TIMES,
+    "ts_ns": TIMES,
+    "args": REFS,
+}
+
+
+def _extend(column: array[Any], values: Any) -> None:
+    """Append to a column: a column's memoryview as bytes at once, anything else by items."""
+    if type(values) is memoryview:
+        column.frombytes(values.cast("B"))
+    else:
+        column.extend(values)
+
+
 class TraceBuilder:
     """Appends events cheaply into columns; ``build()`` returns the read-only ``Trace``."""
 
@@ -422,18 +443,22 @@ class TraceBuilder:
         """The live string ids, strings and args store, for bulk readers that append in place."""
         return self._string_ids, self._strings, self._args
 
-    def extend_span_bytes(self, columns: Sequence[bytes]) -> None:
-        """Append spans from the machine-order bytes of the seven span columns (interned ids)."""
-        cols = self._cols["spans"]
+    def extend_table_bytes(self, table: str, columns: Sequence[bytes]) -> None:
+        """Append rows to a table from the machine-order bytes of its columns (interned ids)."""
+        cols = self._cols[table]
         staged = []
-        for (name, code), data in zip(SPAN_COLUMNS, columns, strict=True):
+        for (name, code), data in zip(TABLE_LAYOUTS[table], columns, strict=True):
             column = array(code)
             column.frombytes(data)
             staged.append((cols[name], column))
         if len({len(column) for _, column in staged}) > 1:
-            raise ValueError("extend_span_bytes: all columns must have the same length")
+            raise ValueError(f"extend_table_bytes: the {table} columns differ in length")
         for dst, column in staged:
             dst.extend(column)
+
+    def extend_span_bytes(self, columns: Sequence[bytes]) -> None:
+        """Append spans from the machine-order bytes of the seven span columns (interned ids)."""
+        self.extend_table_bytes("spans", columns)
 
     def add_args(self, args: Mapping[str, Any]) -> int:
         """Store an args mapping and return its ref (for ``extend_spans``)."""
@@ -622,40 +647,33 @@ class TraceBuilder:
         """
         shift = trace.base_time_ns - self.base_time_ns + time_offset_ns
         remap = array("I", (self.intern(s) for s in trace.strings))
-        remap_label = self._label_remapper(trace, remap)
-        remap_pid = pid_map.__getitem__ if pid_map is not None else remap_label
         args_offset = len(self._args)
         self._args.extend(trace.args)
         ids_offset = len(self._cols["python_ids"]["id"])
+        python_ids = len(trace.tables["python_ids"]["id"])
 
+        offsets = {TIMES: shift, REFS: args_offset}
         for table, layout in TABLE_LAYOUTS.items():
             if table in ("frames", "stacks", "samples"):
                 continue
             src, dst = trace.tables[table], self._cols[table]
             skip = skip_spans if table == "spans" else skip_meta if table == "meta" else ()
             keep = [i for i in range(len(src)) if i not in skip] if skip else None
-            for col, _ in layout:
+            for col, code in layout:
                 values: Any = src[col]
                 if keep is not None:
-                    values = [values[i] for i in keep]
-                if col in ("name", "cat", "series"):
-                    dst[col].extend(map(remap.__getitem__, values))
-                elif col == "pid" and pid_map is not None:
-                    dst[col].extend(map(remap_pid, values))
-                elif col in ("pid", "tid"):
-                    labelled = len(values) and max(values) >= LABEL_BASE
-                    dst[col].extend(map(remap_label, values) if labelled else values)
+                    values = array(code, [values[i] for i in keep])
+                if col == "pid" and pid_map is not None:
+                    values = array(code, map(pid_map.__getitem__, values))
                 elif col == "flow_id" and flow_id_offset:
-                    dst[col].extend(v + flow_id_offset for v in values)
-                elif col in ("start_ns", "ts_ns"):
-                    dst[col].extend(map(shift.__add__, values) if shift else values)
-                elif col == "args":
-                    dst[col].extend(
-                        v + args_offset if v >= 0 else v if v == -1 else v - ids_offset
-                        for v in values
-                    )
+                    values = remapped(values, TIMES, None, flow_id_offset)
                 else:
-                    dst[col].extend(values)
+                    mode = _REMAP_MODES.get(col)
+                    if mode is not None and (mode in (IDS, LABELS) or offsets[mode]):
+                        values = remapped(values, mode, remap, offsets.get(mode, 0))
+                    if col == "args" and ids_offset and python_ids:
+                        values = array(code, (v - ids_offset if v < -1 else v for v in values))
+                _extend(dst[col], values)
         frame_map = array("i")
         frames = trace.tables["frames"]
         for name, file, line in zip(frames["name"], frames["file"], frames["line"], strict=True):
@@ -675,27 +693,21 @@ class TraceBuilder:
             stack_map.append(sid)
         s = trace.samples
         c = self._cols["samples"]
-        c["pid"].extend(remap_pid(v) for v in s["pid"])
-        c["tid"].extend(remap_label(v) for v in s["tid"])
-        c["ts_ns"].extend(v + shift for v in s["ts_ns"])
+        if pid_map is not None:
+            c["pid"].extend(map(pid_map.__getitem__, s["pid"]))
+        else:
+            c["pid"].extend(remapped(s["pid"], LABELS, remap, 0))
+        c["tid"].extend(remapped(s["tid"], LABELS, remap, 0))
+        _extend(c["ts_ns"], remapped(s["ts_ns"], TIMES, None, shift) if shift else s["ts_ns"])
         c["stack"].extend(stack_map[v] if v >= 0 else -1 for v in s["stack"])
-        c["weight"].extend(s["weight"])
-        c["idle"].extend(s["idle"])
+        _extend(c["weight"], s["weight"])
+        _extend(c["idle"], s["idle"])
         for meta_key, meta_value in trace.metadata.items():
             self.metadata.setdefault(meta_key, meta_value)
         if not self.device_properties:
             self.device_properties = list(trace.device_properties)
         if self.distributed_info is None:
             self.distributed_info = trace.distributed_info
-
-    @staticmethod
-    def _label_remapper(trace: Trace, remap: array[int]) -> Any:
-        def remap_label(value: int) -> int:
-            if value >= LABEL_BASE:
-                return LABEL_BASE + remap[value - LABEL_BASE]
-            return value
-
-        return remap_label
 
     def named_tracks(self) -> tuple[set[int], set[tuple[int, int]]]:
         """Pids with a ``process_name`` and (pid, tid) pairs with a ``thread_name`` so far."""
