@@ -157,7 +157,7 @@ def torch_timeline(kineto_results: Any, optimizers: Sequence[Any], device: str) 
             raw.append((t, action.value, -size, category(key, version)))
     notes = []
     if unknown_bytes:
-        notes.append(f"{unknown_bytes} bytes of tensors could not be categorized (unknown)")
+        notes.append(f"{unknown_bytes:,} bytes of tensors could not be categorized (unknown)")
     return Timeline(device, list(TORCH_CATEGORIES), times, sizes, raw, unknown_bytes, notes)
 
 
