@@ -99,6 +99,17 @@ def test_report_plain_loop(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     assert "Top operators" in out and "fn_large" in out and "data_loading" in out
 
 
+def test_a_piped_report_is_120_columns_wide(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    record_loop(tmp_path / "traces", steps=2)
+    monkeypatch.delenv("COLUMNS", raising=False)
+    capsys.readouterr()
+    assert main(["report", str(tmp_path / "traces")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert max(len(line) for line in lines) == 120  # not rich's 80 for a non-terminal
+
+
 def test_report_torch_cpu_loop(tmp_path: Path) -> None:
     torch = pytest.importorskip("torch")
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))

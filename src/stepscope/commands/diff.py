@@ -38,9 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``stepscope diff``."""
-    from rich.console import Console
-
-    from stepscope.report.terminal import render_diff
+    from stepscope.report.terminal import render_diff, report_console
 
     if args.top < 1:
         raise ValueError(f"--top must be 1 or more, got {args.top}")
@@ -54,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"stepscope diff: skipped {failure}", file=sys.stderr)
         summaries.append(analyze(traces, step_range, ALL_ROWS).combined)
     result = diff_summaries(summaries[0], summaries[1])
-    render_diff(result, Console(file=sys.stdout, soft_wrap=False), args.top)
+    render_diff(result, report_console(), args.top)
     if args.json:
         write_text(args.json, result.to_json() + "\n", "JSON diff")
     if args.fail_if_slower is not None and result.step.pct > args.fail_if_slower:

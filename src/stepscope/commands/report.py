@@ -141,8 +141,6 @@ def write_html_report(report: Report, path: str, traces: Sequence[tuple[str, Tra
 
 def run(args: argparse.Namespace) -> int:
     """Run ``stepscope report``."""
-    from rich.console import Console
-
     if args.top < 1:
         raise ValueError(f"--top must be 1 or more, got {args.top}")
     step_range = parse_step_range(args.steps) if args.steps else None
@@ -150,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
     for failure in failures:
         print(f"stepscope report: skipped {failure}", file=sys.stderr)
     report = analyze(traces, step_range, args.top)
-    render_report_to(report, Console(file=sys.stdout, soft_wrap=False))
+    render_report_to(report)
     if args.json:
         write_text(args.json, report.to_json() + "\n", "JSON report")
         print(f"stepscope report: JSON -> {args.json}", file=sys.stderr)
@@ -169,8 +167,8 @@ def run(args: argparse.Namespace) -> int:
     return 1 if failures else 0
 
 
-def render_report_to(report: Report, console: object) -> None:
-    """Render on a rich console (import kept local: rich loads only for this command)."""
-    from stepscope.report.terminal import render_report
+def render_report_to(report: Report) -> None:
+    """Render on stdout (import kept local: rich loads only for this command)."""
+    from stepscope.report.terminal import render_report, report_console
 
-    render_report(report, console)  # type: ignore[arg-type]
+    render_report(report, report_console())

@@ -152,7 +152,7 @@ _PAGE_SCRIPT = """
   });
   for (let k = D.categories.length - 1; k >= 0; k--) {
     const color = D.colors[k % D.colors.length];
-    series.push({ label: D.categories[k], stroke: color, fill: color, width: 1 }); // opaque: as the legend
+    series.push({ label: D.categories[k], stroke: color, fill: color, width: 1 }); // as legend
     data.push(cum[k]);
   }
   const target = document.getElementById("chart");

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import re
+import sys
 
 from rich.console import Console, Group, RenderableType
 from rich.panel import Panel
@@ -307,3 +309,13 @@ def _counter_value(c: CounterInfo) -> str:
 
 
 _BYTE_SERIES = frozenset({"bytes", "Total Allocated", "Total Reserved"})
+
+
+PIPED_WIDTH = 120
+"""Columns when stdout is a pipe or file and COLUMNS is unset (rich would take 80 and cut cells)."""
+
+
+def report_console() -> Console:
+    """The console a command prints its report to: the terminal's width, or 120 when piped."""
+    piped = not sys.stdout.isatty() and "COLUMNS" not in os.environ
+    return Console(file=sys.stdout, soft_wrap=False, width=PIPED_WIDTH if piped else None)
