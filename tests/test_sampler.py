@@ -560,3 +560,29 @@ def test_a_code_object_freed_before_the_drain_is_kept_with_its_samples() -> None
     frames = {f for f, c in enumerate(data.frame_code) if c == index}
     leaves = [data.stack_frame[s] for s in data.sample_stack]
     assert sum(1 for leaf in leaves if leaf in frames) >= 20
+
+
+def _busy_in_stepscopes_own_code(seconds: float) -> None:
+    from stepscope.analysis.memory import thin_points  # pure Python, all in stepscope's files
+
+    points = [(t, t % 97) for t in range(20_000)]
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        thin_points(points, 500)
+
+
+def test_time_in_stepscopes_own_code_is_a_row_of_its_own() -> None:
+    from stepscope.trace.names import OWN_WORK_FRAME
+
+    with stepscope.profile(
+        activities=["CPU", "SAMPLING"], torch_ops=False, sampling_rate_hz=500
+    ) as prof:
+        _busy_in_stepscopes_own_code(0.4)
+    rows = {row.key: row for row in prof.key_averages()}
+    own = rows[OWN_WORK_FRAME]
+    caller = next(
+        row for key, row in rows.items() if key.startswith("_busy_in_stepscopes_own_code (")
+    )
+    # the profiler's own frames stay hidden, but their time is not the caller's self time
+    assert own.self_cpu_time_total > 0.6 * caller.cpu_time_total
+    assert caller.self_cpu_time_total < 0.3 * caller.cpu_time_total

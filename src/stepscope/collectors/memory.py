@@ -57,6 +57,8 @@ above any library's."""
 PEAK_TABLE_ROWS = 25
 SNAPSHOT_SHARE = 0.03
 """Snapshots of each kind may take at most this share of the window's time."""
+OVER_BUDGET_CAP = 3
+"""Past the budget, a step's settled high is still snapshotted while within this many budgets."""
 STEP_END, NEW_HIGH = 0, 1
 SITE_CHANGES = 10
 """Sites kept per step: those whose held bytes changed most since the last snapshot."""
@@ -384,8 +386,12 @@ class MemoryCollector(Collector):
                     tracemalloc.reset_peak()  # the snapshot's own objects are not the program's
 
     def _new_high_wanted(self, w: _Window, now: int, settled: bool) -> bool:
-        """Within the budget, every new high; beyond it, one settled high per step."""
-        return self._affordable(w, now, NEW_HIGH) or (settled and w.high_step != w.step)
+        """Within the budget, every new high; beyond it, one settled high per step while
+        within three times the budget (a big heap's snapshots are dear)."""
+        if self._affordable(w, now, NEW_HIGH):
+            return True
+        cap = OVER_BUDGET_CAP * SNAPSHOT_SHARE * (now - w.window_start_ns)
+        return settled and w.high_step != w.step and w.snapshot_ns[NEW_HIGH] <= cap
 
     def stop(self, ctx: WindowContext) -> None:
         """End the last step, stop the watcher, and tracemalloc if stepscope started it."""

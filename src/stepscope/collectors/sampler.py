@@ -36,7 +36,7 @@ from stepscope.collectors.base import Collector, WindowContext
 from stepscope.collectors.sampler_twin import PyStackSampler
 from stepscope.renamed import renamed_option
 from stepscope.trace.model import TraceBuilder
-from stepscope.trace.names import hidden_threads, is_hidden
+from stepscope.trace.names import OWN_WORK_FRAME, STEPSCOPE_ROOT, hidden_threads, is_hidden
 
 __all__ = [
     "DEFAULT_MAX_DEPTH",
@@ -177,10 +177,13 @@ def add_samples(
     ``keep_own_frames`` (the function profiler cuts its stacks at its own frame)."""
     labels = [code_label(code) for code in data.codes]
     hidden = [not keep_own_frames and is_hidden(file) for _, file in labels]  # once per code
+    own = [h and f.startswith(STEPSCOPE_ROOT) for h, (_, f) in zip(hidden, labels, strict=True)]
     frames = [
         -1 if hidden[code] else builder.frame(labels[code][0], labels[code][1], line)
         for code, line in zip(data.frame_code, data.frame_line, strict=True)
     ]
+    own_leaf = [own[code] for code in data.frame_code]
+    own_work = -1
     parents, frame_of = data.stack_parent, data.stack_frame
     stacks: dict[int, int] = {-1: -1}
     own_threads = hidden_threads() if not keep_own_frames else frozenset()
@@ -199,6 +202,12 @@ def add_samples(
                 frame = frames[frame_of[node]]
                 if frame >= 0:
                     path.append(frame)
+                elif not path and own_leaf[frame_of[node]]:
+                    # stepscope's own work (a step hook, a snapshot): one frame that says so,
+                    # not self time of the user's frame that called it
+                    if own_work < 0:
+                        own_work = builder.frame(OWN_WORK_FRAME, "", 0)
+                    path.append(own_work)
                 node = parents[node]
             path.reverse()
             sid = stacks[stack] = builder.stack(path)

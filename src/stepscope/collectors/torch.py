@@ -287,7 +287,10 @@ class TorchCollector(Collector):
             import_watch.cancel("torch", self._torch_imported)
 
     def _note_torch_never_came(self, ctx: WindowContext) -> None:
-        asked = [flag for flag, value in self.options.items() if value]
+        # profile_memory also measures the Python heap and the RSS without torch (and turns on
+        # record_shapes for torch's categorizer): only the user's torch-only options are named
+        implied = {"profile_memory", "record_shapes"} if self.options["profile_memory"] else set()
+        asked = [flag for flag, value in self.options.items() if value and flag not in implied]
         if self.use_device is not None:
             asked.append(f"activity {self.use_device.upper()}")
         if asked:

@@ -8,6 +8,7 @@ import runpy
 import sys
 
 __all__ = [
+    "OWN_WORK_FRAME",
     "STEPSCOPE_ROOT",
     "frame_label",
     "hidden_threads",
@@ -19,6 +20,8 @@ __all__ = [
 ]
 
 STEPSCOPE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+OWN_WORK_FRAME = "[stepscope own work]"
+"""The leaf frame of a stack sample taken inside stepscope's own (hidden) code."""
 """stepscope's own package directory: its code is never recorded (it is not the user's)."""
 
 _hidden_files = {runpy.__file__, "<frozen runpy>"}
