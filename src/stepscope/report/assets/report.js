@@ -605,14 +605,18 @@
       const ys = times.map(() => null);
       for (const [t, b] of timeline[name]) ys[index.get(t)] = b / 1048576;
       data.push(ys);
-      series.push({ label: name + " (MiB)", stroke: colors[k % colors.length], width: 1.5, spanGaps: true });
+      // the RSS is the whole process: on an axis of its own, so it does not flatten the others
+      const scale = name === "rss" ? "rss" : "y";
+      series.push({ label: name + " (MiB)", stroke: colors[k % colors.length], width: 1.5, spanGaps: true, scale: scale });
     });
+    const axes = [{ label: "time (ms)" }, { label: "MiB", size: 60, scale: "y" }];
+    if (names.includes("rss")) axes.push({ label: "RSS (MiB)", size: 60, scale: "rss", side: 1, grid: { show: false } });
     const opts = {
       width: chartWidth(target),
       height: 280,
-      scales: { x: { time: false } },
+      scales: { x: { time: false }, y: {}, rss: {} },
       series: series,
-      axes: [{ label: "time (ms)" }, { label: "MiB", size: 60 }],
+      axes: axes,
     };
     state.plots.push(new uPlot(opts, data, target));
   }
