@@ -39,7 +39,7 @@ from stepscope.analysis.result import (
     StreamBreakdown,
 )
 from stepscope.trace.model import Trace
-from stepscope.trace.raw_args import arg_values
+from stepscope.trace.raw_args import arg_reader
 
 __all__ = [
     "COMMUNICATION",
@@ -173,7 +173,7 @@ def device_events(trace: Trace) -> DeviceEvents:
     labels: dict[int, str] = {}
     out = DeviceEvents([], [], [], [], [], [], [], [], [], {}, {}, [], [])
     cpu_correlation, cpu_count = out.cpu_correlation, out.cpu_correlation_count
-    keys = ("stream", "correlation", "device")
+    read_args = arg_reader(("stream", "correlation", "device"))
     span_correlation = out.span_correlation
     span_correlation.extend(array("q", [-1]) * len(spans))
     for i in range(len(spans)):
@@ -185,7 +185,7 @@ def device_events(trace: Trace) -> DeviceEvents:
             stream = correlation = -1
             device = None
         else:
-            raw_stream, raw_correlation, device = arg_values(all_args[ref], keys)
+            raw_stream, raw_correlation, device = read_args(all_args[ref])
             stream = -1 if raw_stream is None else _as_stream(raw_stream)
             correlation = -1 if raw_correlation is None else _as_int(raw_correlation)
             span_correlation[i] = correlation
@@ -266,7 +266,7 @@ def _kept_correlations(trace: Trace, events: DeviceEvents, keep: Callable[[int],
         return found
     # a correlation id carried by several CPU spans: kept when any of them is
     all_args = trace.args
-    keys = ("correlation",)
+    read_correlation = arg_reader(("correlation",))
     known = events.span_correlation
     if len(known) != len(spans):
         known = array("q", [-2]) * len(spans)
@@ -276,7 +276,7 @@ def _kept_correlations(trace: Trace, events: DeviceEvents, keep: Callable[[int],
             continue
         correlation = known[i]
         if correlation == -2:
-            (value,) = arg_values(all_args[ref], keys)
+            (value,) = read_correlation(all_args[ref])
             correlation = -1 if value is None else _as_int(value)
         if correlation >= 0 and correlation not in found and keep(i):
             found.add(correlation)

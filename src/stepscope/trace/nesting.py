@@ -5,6 +5,7 @@ from __future__ import annotations
 import heapq
 import re
 from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from stepscope.trace.model import Trace
@@ -59,8 +60,9 @@ def nest_spans(trace: Trace) -> Nesting:
     """
     spans = trace.spans
     n = len(spans)
-    pid, tid = spans["pid"], spans["tid"]
-    start, dur = spans["start_ns"], spans["dur_ns"]
+    # plain lists: indexing them hands back existing ints instead of making new ones
+    pid, tid = spans["pid"].tolist(), spans["tid"].tolist()
+    start, dur = spans["start_ns"].tolist(), spans["dur_ns"].tolist()
     parent = array("i", [-1]) * n
     self_ns = array("q", dur)
     # by (pid, tid, start, -dur, i): stable sorts from the last key to the first
@@ -69,46 +71,50 @@ def nest_spans(trace: Trace) -> Nesting:
     order.sort(key=tid.__getitem__)
     order.sort(key=pid.__getitem__)
     stack: list[int] = []
-    track: tuple[int, int] | None = None
+    stack_ends: list[int] = []  # the end of every span on the stack
+    track_pid: int | None = None
+    track_tid: int | None = None
     track_begin = 0
     crossing = False  # some span on this track outlives its parent
     for position, i in enumerate(order):
-        key = (pid[i], tid[i])
-        if key != track:
+        if pid[i] != track_pid or tid[i] != track_tid:
             if crossing:
                 _sweep_self_times(order[track_begin:position], start, dur, self_ns)
             stack.clear()
-            track, track_begin, crossing = key, position, False
+            stack_ends.clear()
+            track_pid, track_tid, track_begin, crossing = pid[i], tid[i], position, False
         s = start[i]
-        while stack and start[stack[-1]] + dur[stack[-1]] <= s:
+        end = s + dur[i]
+        while stack_ends and stack_ends[-1] <= s:
             stack.pop()
+            stack_ends.pop()
         if stack:
             p = stack[-1]
             parent[i] = p
-            p_end = start[p] + dur[p]
-            end = s + dur[i]
+            p_end = stack_ends[-1]
             if end > p_end:
                 crossing = True
-                end = p_end
-            self_ns[p] -= end - s
+                self_ns[p] -= p_end - s
+            else:
+                self_ns[p] -= end - s
         stack.append(i)
+        stack_ends.append(end)
     if crossing:
         _sweep_self_times(order[track_begin:], start, dur, self_ns)
     children = array("i", [0]) * n
     for p in parent:
         if p >= 0:
             children[p] += 1
-    names = spans["name"]
+    names = spans["name"].tolist()
     folded = array("b", [0]) * n
-    for i in range(n):
-        p = parent[i]
+    for i, p in enumerate(parent):
         if p >= 0 and children[p] == 1 and names[p] == names[i]:
             folded[i] = 1
     return Nesting(parent, self_ns, folded)
 
 
 def _sweep_self_times(
-    track: list[int], start: memoryview, dur: memoryview, self_ns: array[int]
+    track: list[int], start: Sequence[int], dur: Sequence[int], self_ns: array[int]
 ) -> None:
     """Self times of one track's spans (sorted by start) when some overlap without nesting.
 
