@@ -65,11 +65,16 @@ def nest_spans(trace: Trace) -> Nesting:
     start, dur = spans["start_ns"].tolist(), spans["dur_ns"].tolist()
     parent = array("i", [-1]) * n
     self_ns = array("q", dur)
-    # by (pid, tid, start, -dur, i): stable sorts from the last key to the first
-    order = sorted(range(n), key=dur.__getitem__, reverse=True)
-    order.sort(key=start.__getitem__)
-    order.sort(key=tid.__getitem__)
-    order.sort(key=pid.__getitem__)
+    # by (pid, tid, start, -dur, i), in one stable sort on an integer that orders like that
+    # tuple: the track's rank, then the int64 start, then 2**63 - 1 - dur (in [0, 2**64))
+    rank = {track: r for r, track in enumerate(sorted(set(zip(pid, tid, strict=True))))}
+    top = (1 << 63) - 1
+    keys = [
+        (rank[(p, t)] << 128) + (s << 64) + (top - d)
+        for p, t, s, d in zip(pid, tid, start, dur, strict=True)
+    ]
+    order = sorted(range(n), key=keys.__getitem__)
+    del keys
     stack: list[int] = []
     stack_ends: list[int] = []  # the end of every span on the stack
     track_pid: int | None = None
@@ -125,29 +130,31 @@ def _sweep_self_times(
         self_ns[i] = 0
     open_spans: list[int] = []  # in start order; the last one is the innermost
     ends: list[tuple[int, int]] = []  # heap of (end, span)
+    heappop, heappush = heapq.heappop, heapq.heappush
     now = 0
-
-    def close_until(limit: int | None) -> int:
-        t = now
-        while ends and (limit is None or ends[0][0] <= limit):
-            end, j = heapq.heappop(ends)
-            self_ns[open_spans[-1]] += end - t
-            t = end
+    for i in track:
+        s = start[i]
+        while ends and ends[0][0] <= s:  # close the spans ending by s
+            end, j = heappop(ends)
+            self_ns[open_spans[-1]] += end - now
+            now = end
             if open_spans[-1] == j:
                 open_spans.pop()
             else:
                 open_spans.remove(j)
-        return t
-
-    for i in track:
-        s = start[i]
-        now = close_until(s)
         if open_spans:
             self_ns[open_spans[-1]] += s - now
         now = s
         open_spans.append(i)
-        heapq.heappush(ends, (s + dur[i], i))
-    close_until(None)
+        heappush(ends, (s + dur[i], i))
+    while ends:
+        end, j = heappop(ends)
+        self_ns[open_spans[-1]] += end - now
+        now = end
+        if open_spans[-1] == j:
+            open_spans.pop()
+        else:
+            open_spans.remove(j)
 
 
 def innermost_spans_at(
