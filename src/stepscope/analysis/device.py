@@ -176,20 +176,30 @@ def device_events(trace: Trace) -> DeviceEvents:
     read_args = arg_reader(("stream", "correlation", "device"))
     span_correlation = out.span_correlation
     span_correlation.extend(array("q", [-1]) * len(spans))
-    for i in range(len(spans)):
-        if cats[i] in trace_cat:
+    columns = zip(cats.tolist(), argrefs.tolist(), names.tolist(), strict=True)
+    for i, (cat, ref, name_id) in enumerate(columns):
+        if cat in trace_cat:
             span_correlation[i] = -2
             continue
-        ref = argrefs[i]
         if ref < 0:
             stream = correlation = -1
             device = None
         else:
             raw_stream, raw_correlation, device = read_args(all_args[ref])
-            stream = -1 if raw_stream is None else _as_stream(raw_stream)
-            correlation = -1 if raw_correlation is None else _as_int(raw_correlation)
+            # plain ints (not bools) as they are; anything else as _as_stream / _as_int say
+            if raw_stream is None:
+                stream = -1
+            elif type(raw_stream) is int:
+                stream = raw_stream
+            else:
+                stream = _as_stream(raw_stream)
+            if raw_correlation is None:
+                correlation = -1
+            elif type(raw_correlation) is int:
+                correlation = raw_correlation
+            else:
+                correlation = _as_int(raw_correlation)
             span_correlation[i] = correlation
-        name_id = names[i]
         is_gpu = (stream >= 0 and correlation >= 0) or name_id in sync_names
         if stream != -1:
             name = strings[name_id]
@@ -237,8 +247,13 @@ def hta_selection(trace: Trace, events: DeviceEvents, include_last_step: bool) -
     last_start = max(start for start, _ in step_times)
     last_end = max(end for _, end in step_times)
 
+    ceil = math.ceil
+
     def kept(span: int) -> bool:
-        start = hta_times(starts[span], 0)[0]
+        start_ns = starts[span]
+        us = start_ns / 1000
+        # hta_times(start_ns, 0)[0], its first case inlined
+        start = ceil(us) * 1000 if round(us * 1000) == start_ns else hta_times(start_ns, 0)[0]
         return start <= last_end if include_last_step else start < last_start
 
     cpu_stream = set(events.cpu_stream_events)
@@ -270,11 +285,9 @@ def _kept_correlations(trace: Trace, events: DeviceEvents, keep: Callable[[int],
     known = events.span_correlation
     if len(known) != len(spans):
         known = array("q", [-2]) * len(spans)
-    for i in range(len(spans)):
-        ref = argrefs[i]
+    for i, (ref, correlation) in enumerate(zip(argrefs.tolist(), known.tolist(), strict=True)):
         if ref < 0 or i in gpu:
             continue
-        correlation = known[i]
         if correlation == -2:
             (value,) = read_correlation(all_args[ref])
             correlation = -1 if value is None else _as_int(value)

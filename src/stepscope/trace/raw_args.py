@@ -49,20 +49,17 @@ def arg_reader(keys: tuple[str, ...]) -> Callable[[Mapping[str, Any] | None], tu
         return found
     quoted, pattern = _compiled(keys)
     findall = pattern.findall
+    any_key = re.compile(b"|".join(re.escape(q) for q in quoted)).search
     nones: tuple[Any, ...] = (None,) * len(keys)
     slot = {k.encode(): n for n, k in enumerate(keys)}
 
     def read(args: Mapping[str, Any] | None) -> tuple[Any, ...]:
-        if not args:
-            return nones
+        # the cheap tests on the text come first; an empty mapping gives nones on every path
         if type(args) is RawJsonObject:
             raw = args.raw
             # an escaped key could spell one of ours; a nested object could hold the same keys
             if b"\\" not in raw:
-                for q in quoted:
-                    if q in raw:
-                        break
-                else:
+                if any_key(raw) is None or not args:
                     return nones
                 if raw.count(b"{") == 1:
                     values = list(nones)
@@ -73,6 +70,8 @@ def arg_reader(keys: tuple[str, ...]) -> Callable[[Mapping[str, Any] | None], tu
                         values[slot[name]] = int(digits)
                     else:
                         return tuple(values)
+        if not args:
+            return nones
         return tuple(args.get(k) for k in keys)
 
     _READERS[keys] = read
