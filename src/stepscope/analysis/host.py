@@ -85,13 +85,9 @@ def span_categories(trace: Trace, nesting: Nesting, host: Sequence[bool]) -> lis
     spans = trace.spans
     names, cats = spans["name"], spans["cat"]
     strings = trace.strings
-    by_name: dict[int, str | None] = {}
-    own: list[str | None] = []
-    for i in range(len(spans)):
-        n = names[i]
-        if n not in by_name:
-            by_name[n] = classify_name(strings[n])
-        own.append(by_name[n])
+    name_ids = names.tolist()
+    by_name = {n: classify_name(strings[n]) for n in sorted(set(name_ids))}
+    own = list(map(by_name.__getitem__, name_ids))
     parent = nesting.parent
     result: list[str] = [""] * len(spans)
     for i in range(len(spans)):
@@ -141,8 +137,18 @@ def host_breakdowns(
     python_taken = python_taken or {}
     backward_by_pid: dict[int, list[tuple[int, int]]] = {}
     tracks: dict[tuple[int, int], list[int]] = {}
-    for i in compress(range(len(spans)), host):
-        tracks.setdefault((pids[i], tids[i]), []).append(i)
+    pid_list, tid_list = pids.tolist(), tids.tolist()
+    host_spans = list(compress(range(len(spans)), host))
+    step_tracks = {(step.pid, step.tid) for step in steps}
+    if len(step_tracks) == 1:  # only the steps' tracks are read below
+        ((only_pid, only_tid),) = step_tracks
+        tracks[(only_pid, only_tid)] = [
+            i for i in host_spans if pid_list[i] == only_pid and tid_list[i] == only_tid
+        ]
+    else:
+        for i in host_spans:
+            tracks.setdefault((pid_list[i], tid_list[i]), []).append(i)
+    for i in host_spans:
         if categories[i] == "backward":
             backward_by_pid.setdefault(pids[i], []).append((starts[i], starts[i] + durs[i]))
     # each pid's backward time as sorted disjoint intervals: a step takes the slice that

@@ -43,11 +43,15 @@ def operators(
     names, cats, durs = spans["name"], spans["cat"], spans["dur_ns"]
     strings = trace.strings
     rows: dict[str, list[Any]] = {}
+    grouped: dict[int, str] = {}  # name id -> group_name of it
     for i in members:
         cat = strings[cats[i]]
         if cat in _NOT_OPERATORS:
             continue
-        name = group_name(strings[names[i]])
+        name_id = names[i]
+        name = grouped.get(name_id)
+        if name is None:
+            name = grouped[name_id] = group_name(strings[name_id])
         if name == "ProfilerStep*":
             continue
         row = rows.get(name)
