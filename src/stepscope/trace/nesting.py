@@ -66,11 +66,11 @@ def nest_spans(trace: Trace) -> Nesting:
     parent = array("i", [-1]) * n
     self_ns = array("q", dur)
     # by (pid, tid, start, -dur, i), in one stable sort on an integer that orders like that
-    # tuple: the track's rank, then the int64 start, then 2**63 - 1 - dur (in [0, 2**64))
-    rank = {track: r for r, track in enumerate(sorted(set(zip(pid, tid, strict=True))))}
+    # tuple: each column is an int64, so pid, tid, start and 2**63 - 1 - dur (in [0, 2**64))
+    # each take 64 bits (tid and start signed: a lower field stays within its 64-bit band)
     top = (1 << 63) - 1
     keys = [
-        (rank[(p, t)] << 128) + (s << 64) + (top - d)
+        (((p << 64) + t) << 128) + (s << 64) + (top - d)
         for p, t, s, d in zip(pid, tid, start, dur, strict=True)
     ]
     order = sorted(range(n), key=keys.__getitem__)
