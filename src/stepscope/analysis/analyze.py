@@ -84,7 +84,10 @@ class _Windows:
         if len(self.los) == 1:
             lo, hi = self.los[0], self.his[0]
             return [i for i in items if lo <= times[i] < hi]
-        return [i for i in items if times[i] in self]
+        los, his = self.los, self.his
+        return [
+            i for i in items if (k := bisect_right(los, times[i]) - 1) >= 0 and times[i] < his[k]
+        ]
 
 
 def _facts(trace: Trace, source: str, step_range: tuple[int, int] | None) -> _Facts:

@@ -79,15 +79,16 @@ def nest_spans(trace: Trace) -> Nesting:
     stack_ends: list[int] = []  # the end of every span on the stack
     track_pid: int | None = None
     track_tid: int | None = None
-    track_begin = 0
-    crossing = False  # some span on this track outlives its parent
+    # A stretch of a track begins where a span starts with nothing open on the track (every
+    # earlier span has ended): stretches never share time, so the sweep that crossing spans
+    # need is run on the stretches that hold them, each on its own.
+    stretch_begin = 0
+    crossing = False  # some span in this stretch outlives its parent
     for position, i in enumerate(order):
         if pid[i] != track_pid or tid[i] != track_tid:
-            if crossing:
-                _sweep_self_times(order[track_begin:position], start, dur, self_ns)
             stack.clear()
             stack_ends.clear()
-            track_pid, track_tid, track_begin, crossing = pid[i], tid[i], position, False
+            track_pid, track_tid = pid[i], tid[i]
         s = start[i]
         end = s + dur[i]
         while stack_ends and stack_ends[-1] <= s:
@@ -102,10 +103,14 @@ def nest_spans(trace: Trace) -> Nesting:
                 self_ns[p] -= p_end - s
             else:
                 self_ns[p] -= end - s
+        else:
+            if crossing:
+                _sweep_self_times(order[stretch_begin:position], start, dur, self_ns)
+            stretch_begin, crossing = position, False
         stack.append(i)
         stack_ends.append(end)
     if crossing:
-        _sweep_self_times(order[track_begin:], start, dur, self_ns)
+        _sweep_self_times(order[stretch_begin:], start, dur, self_ns)
     children = array("i", [0]) * n
     for p in parent:
         if p >= 0:
