@@ -317,12 +317,13 @@ def _type_name(state: int, bits: Sequence[tuple[str, int]]) -> str:
 
 
 def _kernel_type_times(
-    intervals_by_type: dict[str, list[tuple[int, int]]], with_memory: bool
+    merged_by_type: dict[str, list[tuple[int, int]]], with_memory: bool
 ) -> list[KernelTypeTime]:
+    """``merged_by_type``: each type's ``merge_intervals``."""
     bits = [(name, bit) for name, bit in _TYPE_BITS if with_memory or name != MEMORY]
     edges: list[tuple[int, int]] = []
     for name, bit in bits:
-        for start, end in merge_intervals(intervals_by_type.get(name, ())):
+        for start, end in merged_by_type.get(name, ()):
             edges.append((start, bit))
             edges.append((end, -bit))
     edges.sort()
@@ -353,7 +354,8 @@ def breakdown(
     merged = merge_intervals(intervals)
     span = merged[-1][1] - merged[0][0] if merged else 0
     busy = sum(end - start for start, end in merged)
-    compute = _union_ns(by_type.get(COMPUTATION, ()))
+    merged_by_type = {kind: merge_intervals(ivs) for kind, ivs in by_type.items()}
+    compute = sum(end - start for start, end in merged_by_type.get(COMPUTATION, ()))
     idle = span - busy
     non_compute = span - compute - idle
 
@@ -369,10 +371,11 @@ def breakdown(
         m = merge_intervals(ivs)
         s_span = m[-1][1] - m[0][0] if m else 0
         s_busy = sum(e - s for s, e in m)
+        of_kind: dict[str, list[tuple[int, int]]] = {}
+        for p in members:
+            of_kind.setdefault(events.kind[p], []).append((events.start[p], events.end[p]))
         kinds = {
-            kind: _union_ns(
-                (events.start[p], events.end[p]) for p in members if events.kind[p] == kind
-            )
+            kind: _union_ns(of_kind.get(kind, ()))
             for kind in (COMPUTATION, COMMUNICATION, MEMORY, OTHER)
         }
         stream_rows.append(
@@ -400,8 +403,8 @@ def breakdown(
         idle_pct=pct(idle),
         compute_pct=pct(compute),
         non_compute_pct=pct(non_compute),
-        kernel_types=_kernel_type_times(by_type, with_memory=True),
-        kernel_types_no_memory=_kernel_type_times(by_type, with_memory=False),
+        kernel_types=_kernel_type_times(merged_by_type, with_memory=True),
+        kernel_types_no_memory=_kernel_type_times(merged_by_type, with_memory=False),
         streams=stream_rows,
     )
 
@@ -472,12 +475,13 @@ def step_device_categories(
     taken: list[tuple[int, int]] = []
     result: list[Category] = []
     total = hi - lo
+    before = 0  # the time ``taken`` covers (it is merged: its lengths add up)
     for kind in order:
-        covered = _union_ns(taken + clipped.get(kind, []))
-        before = _union_ns(taken)
         taken = merge_intervals(taken + clipped.get(kind, []))
+        covered = sum(end - start for start, end in taken)
         ns = covered - before
+        before = covered
         result.append(Category(kind.lower(), ns, 100.0 * ns / total if total else 0.0))
-    idle = total - _union_ns(taken)
+    idle = total - before
     result.append(Category("idle", idle, 100.0 * idle / total if total else 0.0))
     return result
