@@ -132,7 +132,7 @@ def host_breakdowns(
     """One breakdown per step; categories sum to the step time."""
     spans = trace.spans
     pids, tids = spans["pid"], spans["tid"]
-    starts, durs = spans["start_ns"], spans["dur_ns"]
+    starts, durs = spans["start_ns"].tolist(), spans["dur_ns"].tolist()
     categories = span_categories(trace, nesting, host)
     python_taken = python_taken or {}
     backward_by_pid: dict[int, list[tuple[int, int]]] = {}
@@ -148,13 +148,14 @@ def host_breakdowns(
     else:
         for i in host_spans:
             tracks.setdefault((pid_list[i], tid_list[i]), []).append(i)
-    for i in host_spans:
-        if categories[i] == "backward":
-            backward_by_pid.setdefault(pids[i], []).append((starts[i], starts[i] + durs[i]))
+    for i in [i for i in host_spans if categories[i] == "backward"]:
+        begin = starts[i]
+        backward_by_pid.setdefault(pid_list[i], []).append((begin, begin + durs[i]))
     # each pid's backward time as sorted disjoint intervals: a step takes the slice that
     # overlaps it (intervals merely touching it add nothing to the overlap with its gaps)
     backward = {pid: _Intervals(merge_intervals(ivs)) for pid, ivs in backward_by_pid.items()}
     by_start: dict[tuple[int, int], tuple[list[int], list[int]]] = {}
+    parent = nesting.parent
     result = []
     for step in steps:
         totals = dict.fromkeys(HOST_CATEGORIES, 0)
@@ -191,7 +192,7 @@ def host_breakdowns(
             taken = min(python_taken.get(i, 0), share) if refinable else 0
             totals[category] += share - taken
             totals["python"] += taken
-            if nesting.parent[i] == step.span or step.span < 0:
+            if parent[i] == step.span or step.span < 0:
                 covered.append((starts[i], end))
         own_python = python_taken.get(step.span, 0) if step.span >= 0 else 0
         totals["python"] += own_python
