@@ -89,9 +89,11 @@ def span_categories(trace: Trace, nesting: Nesting, host: Sequence[bool]) -> lis
     by_name = {n: classify_name(strings[n]) for n in sorted(set(name_ids))}
     own = list(map(by_name.__getitem__, name_ids))
     parent = nesting.parent
+    cat_ids = cats.tolist()
+    step_named = {n for n in by_name if strings[n].startswith("ProfilerStep#")}
     result: list[str] = [""] * len(spans)
-    for i in range(len(spans)):
-        if not host[i] or result[i]:
+    for i in compress(range(len(spans)), host):
+        if result[i]:
             continue
         chain = [i]
         p = parent[i]
@@ -102,11 +104,12 @@ def span_categories(trace: Trace, nesting: Nesting, host: Sequence[bool]) -> lis
         inherited = result[p] if p >= 0 else ""
         for j in reversed(chain):
             named = own[j]
-            cat = strings[cats[j]]
-            if named is not None and not strings[names[j]].startswith("ProfilerStep#"):
+            cat = strings[cat_ids[j]]
+            is_step = name_ids[j] in step_named
+            if named is not None and not is_step:
                 value = named
             elif inherited in ("", _OP_PENDING, "python"):
-                if cat == _ANNOTATION and not strings[names[j]].startswith("ProfilerStep#"):
+                if cat == _ANNOTATION and not is_step:
                     value = "other_annotated"
                 elif cat == _PYTHON:
                     value = "python"
