@@ -285,7 +285,10 @@ def _kept_correlations(trace: Trace, events: DeviceEvents, keep: Callable[[int],
     known = events.span_correlation
     if len(known) != len(spans):
         known = array("q", [-2]) * len(spans)
-    for i, (ref, correlation) in enumerate(zip(argrefs.tolist(), known.tolist(), strict=True)):
+    refs, correlations = argrefs.tolist(), known.tolist()
+    # a span whose correlation is known to be -1 (none, or not an integer) adds nothing
+    for i in [i for i, c in enumerate(correlations) if c != -1]:
+        ref, correlation = refs[i], correlations[i]
         if ref < 0 or i in gpu:
             continue
         if correlation == -2:
