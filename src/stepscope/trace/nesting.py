@@ -5,6 +5,7 @@ from __future__ import annotations
 import heapq
 import re
 from array import array
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -111,10 +112,7 @@ def nest_spans(trace: Trace) -> Nesting:
         stack_ends.append(end)
     if crossing:
         _sweep_self_times(order[stretch_begin:], start, dur, self_ns)
-    children = array("i", [0]) * n
-    for p in parent:
-        if p >= 0:
-            children[p] += 1
+    children = Counter(parent)  # span -> its number of children (and -1 -> the roots)
     names = spans["name"].tolist()
     folded = array("b", [0]) * n
     for i, p in enumerate(parent):
