@@ -12,7 +12,7 @@ from __future__ import annotations
 from array import array
 from bisect import bisect_right
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import compress
 
@@ -79,6 +79,16 @@ class _Windows:
         k = bisect_right(self.los, t) - 1
         return k >= 0 and t < self.his[k]
 
+    def select(self, items: Iterable[int], times: Sequence[int]) -> list[int]:
+        """The items whose time lies in a window (one compare per item for a single window)."""
+        if len(self.los) == 1:
+            lo, hi = self.los[0], self.his[0]
+            return [i for i in items if lo <= times[i] < hi]
+        los, his = self.los, self.his
+        return [
+            i for i in items if (k := bisect_right(los, times[i]) - 1) >= 0 and times[i] < his[k]
+        ]
+
 
 def _facts(trace: Trace, source: str, step_range: tuple[int, int] | None) -> _Facts:
     is_host = steps.host_span_mask(trace)
@@ -117,7 +127,7 @@ def _facts(trace: Trace, source: str, step_range: tuple[int, int] | None) -> _Fa
         self_ns[i] -= taken
     windows = _Windows([(s.start_ns, s.end_ns) for s in chosen])
     if has_steps:
-        members = [i for i in compress(range(len(spans)), is_host) if starts[i] in windows]
+        members = windows.select(compress(range(len(spans)), is_host), starts)
     else:
         members = list(compress(range(len(spans)), is_host))
     step_total = sum(s.dur_ns for s in chosen)

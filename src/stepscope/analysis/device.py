@@ -39,7 +39,7 @@ from stepscope.analysis.result import (
     StreamBreakdown,
 )
 from stepscope.trace.model import Trace
-from stepscope.trace.raw_args import arg_values
+from stepscope.trace.raw_args import arg_reader
 
 __all__ = [
     "COMMUNICATION",
@@ -173,23 +173,33 @@ def device_events(trace: Trace) -> DeviceEvents:
     labels: dict[int, str] = {}
     out = DeviceEvents([], [], [], [], [], [], [], [], [], {}, {}, [], [])
     cpu_correlation, cpu_count = out.cpu_correlation, out.cpu_correlation_count
-    keys = ("stream", "correlation", "device")
+    read_args = arg_reader(("stream", "correlation", "device"))
     span_correlation = out.span_correlation
     span_correlation.extend(array("q", [-1]) * len(spans))
-    for i in range(len(spans)):
-        if cats[i] in trace_cat:
+    columns = zip(cats.tolist(), argrefs.tolist(), names.tolist(), strict=True)
+    for i, (cat, ref, name_id) in enumerate(columns):
+        if cat in trace_cat:
             span_correlation[i] = -2
             continue
-        ref = argrefs[i]
         if ref < 0:
             stream = correlation = -1
             device = None
         else:
-            raw_stream, raw_correlation, device = arg_values(all_args[ref], keys)
-            stream = -1 if raw_stream is None else _as_stream(raw_stream)
-            correlation = -1 if raw_correlation is None else _as_int(raw_correlation)
+            raw_stream, raw_correlation, device = read_args(all_args[ref])
+            # plain ints (not bools) as they are; anything else as _as_stream / _as_int say
+            if raw_stream is None:
+                stream = -1
+            elif type(raw_stream) is int:
+                stream = raw_stream
+            else:
+                stream = _as_stream(raw_stream)
+            if raw_correlation is None:
+                correlation = -1
+            elif type(raw_correlation) is int:
+                correlation = raw_correlation
+            else:
+                correlation = _as_int(raw_correlation)
             span_correlation[i] = correlation
-        name_id = names[i]
         is_gpu = (stream >= 0 and correlation >= 0) or name_id in sync_names
         if stream != -1:
             name = strings[name_id]
@@ -237,8 +247,13 @@ def hta_selection(trace: Trace, events: DeviceEvents, include_last_step: bool) -
     last_start = max(start for start, _ in step_times)
     last_end = max(end for _, end in step_times)
 
+    ceil = math.ceil
+
     def kept(span: int) -> bool:
-        start = hta_times(starts[span], 0)[0]
+        start_ns = starts[span]
+        us = start_ns / 1000
+        # hta_times(start_ns, 0)[0], its first case inlined
+        start = ceil(us) * 1000 if round(us * 1000) == start_ns else hta_times(start_ns, 0)[0]
         return start <= last_end if include_last_step else start < last_start
 
     cpu_stream = set(events.cpu_stream_events)
@@ -266,17 +281,18 @@ def _kept_correlations(trace: Trace, events: DeviceEvents, keep: Callable[[int],
         return found
     # a correlation id carried by several CPU spans: kept when any of them is
     all_args = trace.args
-    keys = ("correlation",)
+    read_correlation = arg_reader(("correlation",))
     known = events.span_correlation
     if len(known) != len(spans):
         known = array("q", [-2]) * len(spans)
-    for i in range(len(spans)):
-        ref = argrefs[i]
+    refs, correlations = argrefs.tolist(), known.tolist()
+    # a span whose correlation is known to be -1 (none, or not an integer) adds nothing
+    for i in [i for i, c in enumerate(correlations) if c != -1]:
+        ref, correlation = refs[i], correlations[i]
         if ref < 0 or i in gpu:
             continue
-        correlation = known[i]
         if correlation == -2:
-            (value,) = arg_values(all_args[ref], keys)
+            (value,) = read_correlation(all_args[ref])
             correlation = -1 if value is None else _as_int(value)
         if correlation >= 0 and correlation not in found and keep(i):
             found.add(correlation)
@@ -304,12 +320,13 @@ def _type_name(state: int, bits: Sequence[tuple[str, int]]) -> str:
 
 
 def _kernel_type_times(
-    intervals_by_type: dict[str, list[tuple[int, int]]], with_memory: bool
+    merged_by_type: dict[str, list[tuple[int, int]]], with_memory: bool
 ) -> list[KernelTypeTime]:
+    """``merged_by_type``: each type's ``merge_intervals``."""
     bits = [(name, bit) for name, bit in _TYPE_BITS if with_memory or name != MEMORY]
     edges: list[tuple[int, int]] = []
     for name, bit in bits:
-        for start, end in merge_intervals(intervals_by_type.get(name, ())):
+        for start, end in merged_by_type.get(name, ()):
             edges.append((start, bit))
             edges.append((end, -bit))
     edges.sort()
@@ -340,7 +357,8 @@ def breakdown(
     merged = merge_intervals(intervals)
     span = merged[-1][1] - merged[0][0] if merged else 0
     busy = sum(end - start for start, end in merged)
-    compute = _union_ns(by_type.get(COMPUTATION, ()))
+    merged_by_type = {kind: merge_intervals(ivs) for kind, ivs in by_type.items()}
+    compute = sum(end - start for start, end in merged_by_type.get(COMPUTATION, ()))
     idle = span - busy
     non_compute = span - compute - idle
 
@@ -356,10 +374,11 @@ def breakdown(
         m = merge_intervals(ivs)
         s_span = m[-1][1] - m[0][0] if m else 0
         s_busy = sum(e - s for s, e in m)
+        of_kind: dict[str, list[tuple[int, int]]] = {}
+        for p in members:
+            of_kind.setdefault(events.kind[p], []).append((events.start[p], events.end[p]))
         kinds = {
-            kind: _union_ns(
-                (events.start[p], events.end[p]) for p in members if events.kind[p] == kind
-            )
+            kind: _union_ns(of_kind.get(kind, ()))
             for kind in (COMPUTATION, COMMUNICATION, MEMORY, OTHER)
         }
         stream_rows.append(
@@ -387,8 +406,8 @@ def breakdown(
         idle_pct=pct(idle),
         compute_pct=pct(compute),
         non_compute_pct=pct(non_compute),
-        kernel_types=_kernel_type_times(by_type, with_memory=True),
-        kernel_types_no_memory=_kernel_type_times(by_type, with_memory=False),
+        kernel_types=_kernel_type_times(merged_by_type, with_memory=True),
+        kernel_types_no_memory=_kernel_type_times(merged_by_type, with_memory=False),
         streams=stream_rows,
     )
 
@@ -459,12 +478,13 @@ def step_device_categories(
     taken: list[tuple[int, int]] = []
     result: list[Category] = []
     total = hi - lo
+    before = 0  # the time ``taken`` covers (it is merged: its lengths add up)
     for kind in order:
-        covered = _union_ns(taken + clipped.get(kind, []))
-        before = _union_ns(taken)
         taken = merge_intervals(taken + clipped.get(kind, []))
+        covered = sum(end - start for start, end in taken)
         ns = covered - before
+        before = covered
         result.append(Category(kind.lower(), ns, 100.0 * ns / total if total else 0.0))
-    idle = total - _union_ns(taken)
+    idle = total - before
     result.append(Category("idle", idle, 100.0 * idle / total if total else 0.0))
     return result

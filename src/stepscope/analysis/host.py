@@ -85,17 +85,15 @@ def span_categories(trace: Trace, nesting: Nesting, host: Sequence[bool]) -> lis
     spans = trace.spans
     names, cats = spans["name"], spans["cat"]
     strings = trace.strings
-    by_name: dict[int, str | None] = {}
-    own: list[str | None] = []
-    for i in range(len(spans)):
-        n = names[i]
-        if n not in by_name:
-            by_name[n] = classify_name(strings[n])
-        own.append(by_name[n])
+    name_ids = names.tolist()
+    by_name = {n: classify_name(strings[n]) for n in sorted(set(name_ids))}
+    own = list(map(by_name.__getitem__, name_ids))
     parent = nesting.parent
+    cat_ids = cats.tolist()
+    step_named = {n for n in by_name if strings[n].startswith("ProfilerStep#")}
     result: list[str] = [""] * len(spans)
-    for i in range(len(spans)):
-        if not host[i] or result[i]:
+    for i in compress(range(len(spans)), host):
+        if result[i]:
             continue
         chain = [i]
         p = parent[i]
@@ -106,11 +104,12 @@ def span_categories(trace: Trace, nesting: Nesting, host: Sequence[bool]) -> lis
         inherited = result[p] if p >= 0 else ""
         for j in reversed(chain):
             named = own[j]
-            cat = strings[cats[j]]
-            if named is not None and not strings[names[j]].startswith("ProfilerStep#"):
+            cat = strings[cat_ids[j]]
+            is_step = name_ids[j] in step_named
+            if named is not None and not is_step:
                 value = named
             elif inherited in ("", _OP_PENDING, "python"):
-                if cat == _ANNOTATION and not strings[names[j]].startswith("ProfilerStep#"):
+                if cat == _ANNOTATION and not is_step:
                     value = "other_annotated"
                 elif cat == _PYTHON:
                     value = "python"
@@ -136,19 +135,30 @@ def host_breakdowns(
     """One breakdown per step; categories sum to the step time."""
     spans = trace.spans
     pids, tids = spans["pid"], spans["tid"]
-    starts, durs = spans["start_ns"], spans["dur_ns"]
+    starts, durs = spans["start_ns"].tolist(), spans["dur_ns"].tolist()
     categories = span_categories(trace, nesting, host)
     python_taken = python_taken or {}
     backward_by_pid: dict[int, list[tuple[int, int]]] = {}
     tracks: dict[tuple[int, int], list[int]] = {}
-    for i in compress(range(len(spans)), host):
-        tracks.setdefault((pids[i], tids[i]), []).append(i)
-        if categories[i] == "backward":
-            backward_by_pid.setdefault(pids[i], []).append((starts[i], starts[i] + durs[i]))
+    pid_list, tid_list = pids.tolist(), tids.tolist()
+    host_spans = list(compress(range(len(spans)), host))
+    step_tracks = {(step.pid, step.tid) for step in steps}
+    if len(step_tracks) == 1:  # only the steps' tracks are read below
+        ((only_pid, only_tid),) = step_tracks
+        tracks[(only_pid, only_tid)] = [
+            i for i in host_spans if pid_list[i] == only_pid and tid_list[i] == only_tid
+        ]
+    else:
+        for i in host_spans:
+            tracks.setdefault((pid_list[i], tid_list[i]), []).append(i)
+    for i in [i for i in host_spans if categories[i] == "backward"]:
+        begin = starts[i]
+        backward_by_pid.setdefault(pid_list[i], []).append((begin, begin + durs[i]))
     # each pid's backward time as sorted disjoint intervals: a step takes the slice that
     # overlaps it (intervals merely touching it add nothing to the overlap with its gaps)
     backward = {pid: _Intervals(merge_intervals(ivs)) for pid, ivs in backward_by_pid.items()}
     by_start: dict[tuple[int, int], tuple[list[int], list[int]]] = {}
+    parent = nesting.parent
     result = []
     for step in steps:
         totals = dict.fromkeys(HOST_CATEGORIES, 0)
@@ -185,7 +195,7 @@ def host_breakdowns(
             taken = min(python_taken.get(i, 0), share) if refinable else 0
             totals[category] += share - taken
             totals["python"] += taken
-            if nesting.parent[i] == step.span or step.span < 0:
+            if parent[i] == step.span or step.span < 0:
                 covered.append((starts[i], end))
         own_python = python_taken.get(step.span, 0) if step.span >= 0 else 0
         totals["python"] += own_python

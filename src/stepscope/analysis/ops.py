@@ -40,20 +40,26 @@ def operators(
 ) -> list[OperatorRow]:
     """Host spans in ``members`` grouped by name, by self time (steps themselves left out)."""
     spans = trace.spans
-    names, cats, durs = spans["name"], spans["cat"], spans["dur_ns"]
+    names, cats, durs = spans["name"].tolist(), spans["cat"].tolist(), spans["dur_ns"].tolist()
     strings = trace.strings
+    left_out = {c for c in set(cats) if strings[c] in _NOT_OPERATORS}
     rows: dict[str, list[Any]] = {}
+    grouped: dict[int, str] = {}  # name id -> group_name of it
+    all_folded = nesting.folded
     for i in members:
-        cat = strings[cats[i]]
-        if cat in _NOT_OPERATORS:
+        cat_id = cats[i]
+        if cat_id in left_out:
             continue
-        name = group_name(strings[names[i]])
+        name_id = names[i]
+        name = grouped.get(name_id)
+        if name is None:
+            name = grouped[name_id] = group_name(strings[name_id])
         if name == "ProfilerStep*":
             continue
         row = rows.get(name)
         if row is None:
-            row = rows[name] = [cat, 0, 0, 0]
-        folded = nesting.folded[i]
+            row = rows[name] = [strings[cat_id], 0, 0, 0]
+        folded = all_folded[i]
         row[1] += 0 if folded else 1
         row[2] += self_ns[i]
         row[3] += 0 if folded else durs[i]

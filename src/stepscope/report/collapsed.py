@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from array import array
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 
 from stepscope.atomic import atomic_output
@@ -97,18 +98,48 @@ def span_stacks_ns(
     """
     nesting = nest_spans(trace) if nesting is None else nesting
     spans = trace.spans
-    names, cats = spans["name"], spans["cat"]
+    names, cats = spans["name"].tolist(), spans["cat"].tolist()
     strings = trace.strings
+    parent, folded, self_ns = nesting.parent, nesting.folded, nesting.self_ns
+    # Every span's stack (the unfolded spans from the root down to it) is a node of a trie of
+    # stacks: node 0 is the empty stack, a node's children are keyed by name id.  Each distinct
+    # stack's text is built once, from its parent's.
+    node_of = array("i", [-1]) * len(spans)  # -1: not known yet
+    child_of: dict[tuple[int, int], int] = {}
+    texts, empty = [""], [True]
+    frame_of: dict[int, str] = {}
+
+    def node(i: int) -> int:
+        path = []
+        j = i
+        while j >= 0 and node_of[j] < 0:
+            path.append(j)
+            j = parent[j]
+        at = node_of[j] if j >= 0 else 0
+        for j in reversed(path):
+            if not folded[j]:
+                name_id = names[j]
+                found = child_of.get((at, name_id))
+                if found is None:
+                    frame = frame_of.get(name_id)
+                    if frame is None:
+                        frame = frame_of[name_id] = frame_label(group_name(strings[name_id]))
+                    found = child_of[(at, name_id)] = len(texts)
+                    texts.append(frame if empty[at] else f"{texts[at]};{frame}")
+                    empty.append(False)
+                at = found
+            node_of[j] = at
+        return at
+
     totals_ns: dict[str, int] = {}
     for i in range(len(spans)):
         cat = strings[cats[i]]
         if cat == "Trace" or (cat in DEVICE_CATEGORIES) != on_device:
             continue
-        weight = nesting.self_ns[i]
+        weight = self_ns[i]
         if weight <= 0 or (keep is not None and not keep(i)):
             continue
-        chain = [j for j in (i, *nesting.ancestors(i)) if not nesting.folded[j]]
-        key = ";".join(frame_label(group_name(strings[names[j]])) for j in reversed(chain))
+        key = texts[node(i)]
         totals_ns[key] = totals_ns.get(key, 0) + weight
     return totals_ns
 

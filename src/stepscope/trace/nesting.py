@@ -5,6 +5,8 @@ from __future__ import annotations
 import heapq
 import re
 from array import array
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from stepscope.trace.model import Trace
@@ -59,56 +61,68 @@ def nest_spans(trace: Trace) -> Nesting:
     """
     spans = trace.spans
     n = len(spans)
-    pid, tid = spans["pid"], spans["tid"]
-    start, dur = spans["start_ns"], spans["dur_ns"]
+    # plain lists: indexing them hands back existing ints instead of making new ones
+    pid, tid = spans["pid"].tolist(), spans["tid"].tolist()
+    start, dur = spans["start_ns"].tolist(), spans["dur_ns"].tolist()
     parent = array("i", [-1]) * n
     self_ns = array("q", dur)
-    # by (pid, tid, start, -dur, i): stable sorts from the last key to the first
-    order = sorted(range(n), key=dur.__getitem__, reverse=True)
-    order.sort(key=start.__getitem__)
-    order.sort(key=tid.__getitem__)
-    order.sort(key=pid.__getitem__)
+    # by (pid, tid, start, -dur, i), in one stable sort on an integer that orders like that
+    # tuple: each column is an int64, so pid, tid, start and 2**63 - 1 - dur (in [0, 2**64))
+    # each take 64 bits (tid and start signed: a lower field stays within its 64-bit band)
+    top = (1 << 63) - 1
+    keys = [
+        (((p << 64) + t) << 128) + (s << 64) + (top - d)
+        for p, t, s, d in zip(pid, tid, start, dur, strict=True)
+    ]
+    order = sorted(range(n), key=keys.__getitem__)
+    del keys
     stack: list[int] = []
-    track: tuple[int, int] | None = None
-    track_begin = 0
-    crossing = False  # some span on this track outlives its parent
+    stack_ends: list[int] = []  # the end of every span on the stack
+    track_pid: int | None = None
+    track_tid: int | None = None
+    # A stretch of a track begins where a span starts with nothing open on the track (every
+    # earlier span has ended): stretches never share time, so the sweep that crossing spans
+    # need is run on the stretches that hold them, each on its own.
+    stretch_begin = 0
+    crossing = False  # some span in this stretch outlives its parent
     for position, i in enumerate(order):
-        key = (pid[i], tid[i])
-        if key != track:
-            if crossing:
-                _sweep_self_times(order[track_begin:position], start, dur, self_ns)
+        if pid[i] != track_pid or tid[i] != track_tid:
             stack.clear()
-            track, track_begin, crossing = key, position, False
+            stack_ends.clear()
+            track_pid, track_tid = pid[i], tid[i]
         s = start[i]
-        while stack and start[stack[-1]] + dur[stack[-1]] <= s:
+        end = s + dur[i]
+        while stack_ends and stack_ends[-1] <= s:
             stack.pop()
+            stack_ends.pop()
         if stack:
             p = stack[-1]
             parent[i] = p
-            p_end = start[p] + dur[p]
-            end = s + dur[i]
+            p_end = stack_ends[-1]
             if end > p_end:
                 crossing = True
-                end = p_end
-            self_ns[p] -= end - s
+                self_ns[p] -= p_end - s
+            else:
+                self_ns[p] -= end - s
+        else:
+            if crossing:
+                _sweep_self_times(order[stretch_begin:position], start, dur, self_ns)
+            stretch_begin, crossing = position, False
         stack.append(i)
+        stack_ends.append(end)
     if crossing:
-        _sweep_self_times(order[track_begin:], start, dur, self_ns)
-    children = array("i", [0]) * n
-    for p in parent:
-        if p >= 0:
-            children[p] += 1
-    names = spans["name"]
+        _sweep_self_times(order[stretch_begin:], start, dur, self_ns)
+    children = Counter(parent)  # span -> its number of children (and -1 -> the roots)
+    names = spans["name"].tolist()
     folded = array("b", [0]) * n
-    for i in range(n):
-        p = parent[i]
+    for i, p in enumerate(parent):
         if p >= 0 and children[p] == 1 and names[p] == names[i]:
             folded[i] = 1
     return Nesting(parent, self_ns, folded)
 
 
 def _sweep_self_times(
-    track: list[int], start: memoryview, dur: memoryview, self_ns: array[int]
+    track: list[int], start: Sequence[int], dur: Sequence[int], self_ns: array[int]
 ) -> None:
     """Self times of one track's spans (sorted by start) when some overlap without nesting.
 
@@ -119,29 +133,31 @@ def _sweep_self_times(
         self_ns[i] = 0
     open_spans: list[int] = []  # in start order; the last one is the innermost
     ends: list[tuple[int, int]] = []  # heap of (end, span)
+    heappop, heappush = heapq.heappop, heapq.heappush
     now = 0
-
-    def close_until(limit: int | None) -> int:
-        t = now
-        while ends and (limit is None or ends[0][0] <= limit):
-            end, j = heapq.heappop(ends)
-            self_ns[open_spans[-1]] += end - t
-            t = end
+    for i in track:
+        s = start[i]
+        while ends and ends[0][0] <= s:  # close the spans ending by s
+            end, j = heappop(ends)
+            self_ns[open_spans[-1]] += end - now
+            now = end
             if open_spans[-1] == j:
                 open_spans.pop()
             else:
                 open_spans.remove(j)
-        return t
-
-    for i in track:
-        s = start[i]
-        now = close_until(s)
         if open_spans:
             self_ns[open_spans[-1]] += s - now
         now = s
         open_spans.append(i)
-        heapq.heappush(ends, (s + dur[i], i))
-    close_until(None)
+        heappush(ends, (s + dur[i], i))
+    while ends:
+        end, j = heappop(ends)
+        self_ns[open_spans[-1]] += end - now
+        now = end
+        if open_spans[-1] == j:
+            open_spans.pop()
+        else:
+            open_spans.remove(j)
 
 
 def innermost_spans_at(

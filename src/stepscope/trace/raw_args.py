@@ -10,12 +10,12 @@ of top-level keys are found in the text itself, and anything less plain goes to 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from stepscope.jsonenc import RawJsonObject
 
-__all__ = ["RawArgs", "arg_values"]
+__all__ = ["RawArgs", "arg_reader", "arg_values"]
 
 RawArgs = RawJsonObject
 """A read-only mapping over a JSON object's text (one event's args)."""
@@ -42,33 +42,46 @@ def _compiled(keys: tuple[str, ...]) -> _Compiled:
     return found
 
 
-def _raw_values(raw: bytes, keys: tuple[str, ...]) -> tuple[Any, ...] | None:
-    """The keys' values when the text decides them cheaply, else None (parse it)."""
+def arg_reader(keys: tuple[str, ...]) -> Callable[[Mapping[str, Any] | None], tuple[Any, ...]]:
+    """``arg_values`` with ``keys`` bound: the function to call once per event in a loop."""
+    found = _READERS.get(keys)
+    if found is not None:
+        return found
     quoted, pattern = _compiled(keys)
-    if b"\\" in raw:  # an escaped key could spell one of ours
-        return None
-    for q in quoted:
-        if q in raw:
-            break
-    else:
-        return (None,) * len(keys)
-    if raw.count(b"{") != 1:  # a nested object could hold the same keys
-        return None
-    values: dict[str, Any] = dict.fromkeys(keys)
-    for name, digits in pattern.findall(raw):  # the last of duplicate keys wins, as json.loads
-        if not digits:  # not a plain integer
-            return None
-        values[name.decode()] = int(digits)
-    return tuple(values[k] for k in keys)
+    findall = pattern.findall
+    any_key = re.compile(b"|".join(re.escape(q) for q in quoted)).search
+    nones: tuple[Any, ...] = (None,) * len(keys)
+    slot = {k.encode(): n for n, k in enumerate(keys)}
+
+    def read(args: Mapping[str, Any] | None) -> tuple[Any, ...]:
+        # the cheap tests on the text come first; an empty mapping gives nones on every path
+        if type(args) is RawJsonObject:
+            raw = args.raw
+            # an escaped key could spell one of ours; a nested object could hold the same keys
+            if b"\\" not in raw:
+                if any_key(raw) is None or not args:
+                    return nones
+                if raw.count(b"{") == 1:
+                    values = list(nones)
+                    # the last of duplicate keys wins, as json.loads
+                    for name, digits in findall(raw):
+                        if not digits:  # not a plain integer: parse it
+                            break
+                        values[slot[name]] = int(digits)
+                    else:
+                        return tuple(values)
+        if not args:
+            return nones
+        return tuple(args.get(k) for k in keys)
+
+    _READERS[keys] = read
+    return read
+
+
+_READERS: dict[tuple[str, ...], Callable[[Mapping[str, Any] | None], tuple[Any, ...]]] = {}
 
 
 def arg_values(args: Mapping[str, Any] | None, keys: tuple[str, ...]) -> tuple[Any, ...]:
     """``tuple(args.get(k) for k in keys)`` (all None for no or empty args), without parsing
     ``RawArgs`` whose text shows the keys missing or plain integers."""
-    if not args:
-        return (None,) * len(keys)
-    if type(args) is RawJsonObject:
-        found = _raw_values(args.raw, keys)
-        if found is not None:
-            return found
-    return tuple(args.get(k) for k in keys)
+    return arg_reader(keys)(args)
