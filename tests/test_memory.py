@@ -5,6 +5,7 @@ torch."""
 from __future__ import annotations
 
 import itertools
+import subprocess
 import sys
 import time
 import tracemalloc
@@ -293,6 +294,20 @@ def test_run_memory_flag_records_memory(tmp_path: Path, capsys: pytest.CaptureFi
     [row] = meta["steps"]
     blocks = 1000 * sys.getsizeof(bytearray(1000))
     assert blocks <= row["python_peak"] <= 1.2 * blocks  # and the program's own code objects
+
+
+def test_record_shapes_asked_with_memory_is_still_said_to_need_torch(tmp_path: Path) -> None:
+    prog = tmp_path / "prog.py"
+    prog.write_text("blocks = [bytearray(1000) for _ in range(100)]\n")
+    out = tmp_path / "out"
+    args = ["run", "--memory", "--record-shapes", "--step-on", "none", "-o", str(out), str(prog)]
+    # its own process: this one has imported torch already
+    done = subprocess.run(
+        [sys.executable, "-m", "stepscope", *args], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    err = done.stderr
+    assert "record_shapes recorded nothing" in err and "profile_memory recorded" not in err
 
 
 def test_a_failing_snapshot_never_breaks_the_program(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -112,8 +112,11 @@ class TorchCollector(Collector):
         bridge_annotations: bool | None = None,
         activity_filters: dict[str, list[str]] | None = None,
         post_processing_timeout_s: float | None = None,
+        implied: Iterable[str] = (),
     ) -> None:
+        """``implied``: options stepscope turned on for its own needs, not the user's."""
         self._autograd_profiler: Any = None
+        self._implied = frozenset(implied)
         acts = set(activities)
         devices = [DEVICE_NAMES[a] for a in acts if a in DEVICE_NAMES]
         if len(devices) > 1:
@@ -287,10 +290,10 @@ class TorchCollector(Collector):
             import_watch.cancel("torch", self._torch_imported)
 
     def _note_torch_never_came(self, ctx: WindowContext) -> None:
-        # profile_memory also measures the Python heap and the RSS without torch (and turns on
-        # record_shapes for torch's categorizer): only the user's torch-only options are named
-        implied = {"profile_memory", "record_shapes"} if self.options["profile_memory"] else set()
-        asked = [flag for flag, value in self.options.items() if value and flag not in implied]
+        # profile_memory also measures the Python heap and the RSS without torch: only what
+        # records nothing without torch, and the user asked for, is named
+        skip = self._implied | {"profile_memory"}
+        asked = [flag for flag, value in self.options.items() if value and flag not in skip]
         if self.use_device is not None:
             asked.append(f"activity {self.use_device.upper()}")
         if asked:

@@ -201,6 +201,9 @@ class profile:
                     experimental_config=self.experimental_config,
                     activity_filters=self.activity_filters,
                     post_processing_timeout_s=self.post_processing_timeout_s,
+                    implied=("record_shapes",)
+                    if self.profile_memory and not self.record_shapes
+                    else (),
                 )
             )
         else:
