@@ -96,17 +96,17 @@ def child(kind: str, path: str, scratch: str) -> None:
         from stepscope.analysis.analyze import analyze
         from stepscope.commands.report import (
             load_traces,
-            render_report_to,
             write_html_report,
             write_text,
         )
+        from stepscope.report.terminal import render_report
 
         traces, _ = load_traces(Path(path), sys.stderr)
         phases["read"] = time.perf_counter() - start
         result = analyze(traces)
         phases["analyse"] = time.perf_counter() - start - phases["read"]
         with open(os.devnull, "w") as sink:
-            render_report_to(result, Console(file=sink))
+            render_report(result, Console(file=sink))
         write_text(os.path.join(scratch, "report.json"), result.to_json() + "\n", "JSON")
         if kind == "stepscope-html":
             write_html_report(result, os.path.join(scratch, "report.html"), traces)
