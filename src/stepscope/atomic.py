@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
-__all__ = ["atomic_output", "ensure_parent"]
+__all__ = ["atomic_output", "ensure_parent", "make_directory"]
 
 
 def ensure_parent(path: str | os.PathLike[str], what: str = "file") -> Path:
@@ -20,6 +20,20 @@ def ensure_parent(path: str | os.PathLike[str], what: str = "file") -> Path:
             f"cannot write {what} {str(target)!r}: directory {str(target.parent)!r} does not exist"
         )
     return target
+
+
+def make_directory(path: str | os.PathLike[str], who: str, what: str = "directory") -> Path:
+    """Create ``path`` (and its parents) unless it exists; an error that names ``who`` else."""
+    directory = Path(path)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OSError(
+            f"{who}: cannot create the {what} {str(directory)!r}: {exc.strerror}"
+        ) from exc
+    if not directory.is_dir():
+        raise NotADirectoryError(f"{who}: {str(directory)!r} exists and is not a directory")
+    return directory
 
 
 def _process_umask() -> int:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from stepscope import clock
+from stepscope.atomic import make_directory
 from stepscope.distributed import rank_and_world_size
 from stepscope.failures import failure_log
 
@@ -29,23 +30,12 @@ def default_worker_name() -> str:
     return f"{name}_rank{rank}" if rank is not None else name
 
 
-def _make_dir(dir_name: Path) -> None:
-    try:
-        dir_name.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise OSError(
-            f"trace_handler: cannot create the trace directory {str(dir_name)!r}: {exc.strerror}"
-        ) from exc
-    if not dir_name.is_dir():
-        raise NotADirectoryError(f"trace_handler: {str(dir_name)!r} exists and is not a directory")
-
-
 def trace_handler(
     dir_name: str | os.PathLike[str], worker_name: str | None = None, use_gzip: bool = False
 ) -> Callable[[Any], str | None]:
     """``on_trace_ready`` writing ``{worker}.{unix_ns}.pt.trace.json[.gz]`` into ``dir_name``."""
     directory = Path(dir_name)
-    _make_dir(directory)
+    make_directory(directory, "trace_handler", "trace directory")
     if worker_name is not None and (not worker_name or "/" in worker_name):
         raise ValueError(f"worker_name must be a non-empty file name part, got {worker_name!r}")
 
@@ -55,7 +45,7 @@ def trace_handler(
         name = f"{worker}.{stamp}.pt.trace.json" + (".gz" if use_gzip else "")
         path = directory / name
         try:
-            _make_dir(directory)
+            make_directory(directory, "trace_handler", "trace directory")
             prof.export_chrome_trace(path)
         except OSError as exc:
             # A full disk or a vanished directory must not end a long training run; the

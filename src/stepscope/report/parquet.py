@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from stepscope.analysis.result import Report
-from stepscope.atomic import atomic_output
+from stepscope.atomic import atomic_output, make_directory
 from stepscope.extras import require
 from stepscope.trace.merge import rank_of
 from stepscope.trace.model import Trace
@@ -109,15 +109,7 @@ def write_parquet(
     """Write the tables of ``report`` as ``<directory>/<table>.parquet``; returns the paths."""
     pa = require("pyarrow", "stepscope report --parquet", "parquet")
     pq = require("pyarrow.parquet", "stepscope report --parquet", "parquet")
-    out = Path(directory)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise OSError(
-            f"--parquet: cannot create the directory {str(out)!r}: {exc.strerror}"
-        ) from exc
-    if not out.is_dir():
-        raise NotADirectoryError(f"--parquet: {str(out)!r} exists and is not a directory")
+    out = make_directory(directory, "--parquet")
     written = []
     for name, rows in _rows(report, traces, run).items():
         who = [("run", "string")]
