@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness import Report
+from harness import Report, run_json_child
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -88,19 +88,10 @@ def run_job(out: Path, ranks: int) -> float:
 
 def run_child(kind: str, path: Path, scratch: Path) -> tuple[float, float, float]:
     """(in-process seconds, whole-process seconds, peak MiB) of one fresh process."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    start = time.perf_counter()
-    done = subprocess.run(
-        [sys.executable, "-c", CHILD, kind, str(path), str(scratch)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
+    wall, found = run_json_child(
+        [sys.executable, "-c", CHILD, kind, str(path), str(scratch)], timeout=600
     )
-    wall = time.perf_counter() - start
-    if done.returncode != 0:
-        raise RuntimeError(f"{kind} failed: {done.stderr[-2000:]}")
-    inner, rss_self, rss_children = json.loads(done.stdout.strip().splitlines()[-1])
+    inner, rss_self, rss_children = found
     return inner, wall, max(rss_self, rss_children) / 1024
 
 

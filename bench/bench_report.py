@@ -23,14 +23,13 @@ import gzip
 import json
 import os
 import resource
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from harness import Report
+from harness import Report, run_json_child
 
 HERE = Path(__file__).resolve().parent
 SHARED = HERE.parent.parent / "shared" / "traces"
@@ -143,18 +142,11 @@ def own_peak_kb() -> int:
 
 def run_child(kind: str, path: Path, scratch: Path) -> tuple[float, float, float, dict[str, float]]:
     """(process wall seconds, in-process seconds, peak RSS MiB, phase seconds) of one run."""
-    start = time.perf_counter()
-    done = subprocess.run(
+    wall, found = run_json_child(
         [sys.executable, __file__, "--child", kind, str(path), str(scratch)],
-        capture_output=True,
-        text=True,
         timeout=1800,
-        cwd=HERE,
+        cwd=str(HERE),
     )
-    wall = time.perf_counter() - start
-    if done.returncode != 0:
-        raise RuntimeError(f"{kind} child failed: {done.stderr[-2000:]}")
-    found = json.loads(done.stdout.strip().splitlines()[-1])
     return wall, found["seconds"], found["maxrss_kb"] / 1024, found["phases"]
 
 

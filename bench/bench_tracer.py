@@ -23,7 +23,6 @@ e.g. a Python 3.12 venv for the ``sys.monitoring`` path (each needs the extensio
 from __future__ import annotations
 
 import cProfile
-import json
 import os
 import subprocess
 import sys
@@ -34,7 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from harness import Report
+from harness import Report, run_json_child
 from stepscope._ext import native
 from stepscope.collectors.base import WindowContext
 from stepscope.collectors.python import PythonTracerCollector
@@ -262,19 +261,11 @@ CHILD = Path(__file__).with_name("tracer_child.py")
 
 def _child(python: str, subject: str, workload: str, out: Path) -> dict[str, float]:
     """One run of ``tracer_child.py`` in a fresh process of ``python``."""
-    env = dict(os.environ)
-    src = str(Path(__file__).resolve().parent.parent / "src")
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
-    done = subprocess.run(
-        [python, str(CHILD), subject, workload, str(out)],
-        capture_output=True,
-        text=True,
-        env=env,
-        check=True,
-        cwd=str(CHILD.parent),
+    _, found = run_json_child(
+        [python, str(CHILD), subject, workload, str(out)], cwd=str(CHILD.parent)
     )
     out.unlink(missing_ok=True)
-    result: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
+    result: dict[str, float] = found
     return result
 
 

@@ -8,10 +8,34 @@ runner (``bench/run.py``) prints every result as it arrives and writes ``bench/R
 from __future__ import annotations
 
 import gc
+import json
+import os
 import statistics
+import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+SRC = str(Path(__file__).resolve().parent.parent / "src")
+
+
+def run_json_child(
+    argv: Sequence[str], *, timeout: float | None = None, cwd: str | None = None
+) -> tuple[float, Any]:
+    """Run a benchmark child (this checkout's ``src`` first on its path): (wall seconds, the
+    JSON object on its last line of output); its stderr's tail in the error when it fails."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (SRC, env.get("PYTHONPATH")) if p)
+    start = time.perf_counter()
+    done = subprocess.run(
+        list(argv), capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd
+    )
+    wall = time.perf_counter() - start
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv[1:3])} failed: {done.stderr[-2000:]}")
+    return wall, json.loads(done.stdout.strip().splitlines()[-1])
 
 
 @dataclass
