@@ -121,6 +121,10 @@ def nest_spans(trace: Trace) -> Nesting:
     return Nesting(parent, self_ns, folded)
 
 
+_PAST_EVERY_END = 1 << 65
+"""Later than any span's end (start + duration of two int64 columns)."""
+
+
 def _sweep_self_times(
     track: list[int], start: Sequence[int], dur: Sequence[int], self_ns: array[int]
 ) -> None:
@@ -135,8 +139,8 @@ def _sweep_self_times(
     ends: list[tuple[int, int]] = []  # heap of (end, span)
     heappop, heappush = heapq.heappop, heapq.heappush
     now = 0
-    for i in track:
-        s = start[i]
+    for i in (*track, -1):  # -1: past the last start, every span still open closes
+        s = start[i] if i >= 0 else _PAST_EVERY_END
         while ends and ends[0][0] <= s:  # close the spans ending by s
             end, j = heappop(ends)
             self_ns[open_spans[-1]] += end - now
@@ -145,19 +149,13 @@ def _sweep_self_times(
                 open_spans.pop()
             else:
                 open_spans.remove(j)
+        if i < 0:
+            break
         if open_spans:
             self_ns[open_spans[-1]] += s - now
         now = s
         open_spans.append(i)
         heappush(ends, (s + dur[i], i))
-    while ends:
-        end, j = heappop(ends)
-        self_ns[open_spans[-1]] += end - now
-        now = end
-        if open_spans[-1] == j:
-            open_spans.pop()
-        else:
-            open_spans.remove(j)
 
 
 def innermost_spans_at(
