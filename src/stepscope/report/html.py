@@ -31,9 +31,12 @@ from stepscope.trace.model import Trace
 __all__ = [
     "VENDOR_SCRIPTS",
     "VENDOR_STYLES",
+    "asset",
     "flame_tree",
     "html_document",
+    "offline_page",
     "report_flames",
+    "script_json",
     "trace_flames",
     "write_html",
 ]
@@ -69,7 +72,8 @@ _CSP = (
 )
 
 
-def _asset(name: str) -> str:
+def asset(name: str) -> str:
+    """The text of one of the page assets (``assets/`` in the package)."""
     return (resources.files("stepscope.report") / "assets" / name).read_text(encoding="utf-8")
 
 
@@ -83,6 +87,47 @@ def _inline_style(css: str, name: str) -> str:
     if "</style" in css.lower():
         raise ValueError(f"asset {name} cannot be inlined: it contains '</style'")
     return f"<style>/* {name} */\n{css}\n</style>"
+
+
+def script_json(data: Any) -> str:
+    """``data`` as JSON that no text can end early: ``<`` only ever appears inside strings."""
+    return json_bytes(data).decode("utf-8").replace("<", "\\u003c")
+
+
+def offline_page(
+    title: str,
+    body: Sequence[str],
+    data_id: str,
+    data_json: str,
+    *,
+    styles: Sequence[tuple[str, str]] = (),
+    scripts: Sequence[tuple[str, str]] = (),
+) -> str:
+    """One self-contained page: ``title`` and ``body`` (HTML, escaped by the caller), the data
+    as the JSON script ``data_id``, the (text, name) styles and scripts inlined, under a CSP
+    that lets nothing load from anywhere."""
+    return "\n".join(
+        [
+            "<!DOCTYPE html>",
+            '<html lang="en">',
+            "<head>",
+            '<meta charset="utf-8">',
+            f'<meta http-equiv="Content-Security-Policy" content="{_CSP}">',
+            '<meta name="viewport" content="width=device-width, initial-scale=1">',
+            f"<title>{title}</title>",
+            *(_inline_style(css, name) for css, name in styles),
+            "</head>",
+            "<body>",
+            *body,
+            f'<script type="application/json" id="{data_id}">',
+            data_json,
+            "</script>",
+            *(_inline_script(code, name) for code, name in scripts),
+            "</body>",
+            "</html>",
+            "",
+        ]
+    )
 
 
 def flame_tree(
@@ -210,39 +255,24 @@ def _data_json(report: Report, traces: Sequence[tuple[str, Trace]]) -> str:
         "created": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "traces_given": bool(traces),
     }
-    # valid JSON that no text can end early: '<' only ever appears inside JSON strings
-    return json_bytes(data).decode("utf-8").replace("<", "\\u003c")
+    return script_json(data)
 
 
 def html_document(report: Report, traces: Sequence[tuple[str, Trace]] = ()) -> str:
     """The page's HTML text; ``traces`` (label, trace), in the report's file order, give the
     flame graphs (without them the page has none)."""
     title = html.escape(clean_text(f"stepscope report: {report.combined.source}"))
-    styles = [_inline_style(_asset(n), n) for n in (*VENDOR_STYLES, "report.css")]
-    scripts = [_inline_script(_asset(n), n) for n in (*VENDOR_SCRIPTS, "report.js")]
-    return "\n".join(
+    return offline_page(
+        title,
         [
-            "<!DOCTYPE html>",
-            '<html lang="en">',
-            "<head>",
-            '<meta charset="utf-8">',
-            f'<meta http-equiv="Content-Security-Policy" content="{_CSP}">',
-            '<meta name="viewport" content="width=device-width, initial-scale=1">',
-            f"<title>{title}</title>",
-            *styles,
-            "</head>",
-            "<body>",
             f'<header id="top"><h1>{title}</h1><nav id="views"></nav></header>',
             "<noscript>This report needs JavaScript (it runs offline, from this file).</noscript>",
             '<main id="app"></main>',
-            '<script type="application/json" id="stepscope-data">',
-            _data_json(report, traces),
-            "</script>",
-            *scripts,
-            "</body>",
-            "</html>",
-            "",
-        ]
+        ],
+        "stepscope-data",
+        _data_json(report, traces),
+        styles=[(asset(n), n) for n in (*VENDOR_STYLES, "report.css")],
+        scripts=[(asset(n), n) for n in (*VENDOR_SCRIPTS, "report.js")],
     )
 
 

@@ -12,8 +12,7 @@ from rich.text import Text
 
 from stepscope.analysis.memory import memory_summary
 from stepscope.analysis.memory_types import MemorySummary
-from stepscope.jsonenc import json_bytes
-from stepscope.report.html import _CSP, _asset, _inline_script, _inline_style
+from stepscope.report.html import asset, offline_page, script_json
 from stepscope.text import clean_text
 
 if TYPE_CHECKING:
@@ -182,32 +181,25 @@ def timeline_page(timeline: Timeline) -> str:
         "sizes": timeline.sizes,
         "colors": list(COLORS),
     }
-    payload = json_bytes(data).decode("utf-8").replace("<", "\\u003c")
     notes = "".join(f"<p>{html.escape(clean_text(n))}</p>" for n in timeline.notes)
     peak = max((sum(row) for row in timeline.sizes), default=0)
-    return "\n".join(
+    uplot = "vendor/uplot/uPlot"
+    return offline_page(
+        title,
         [
-            "<!DOCTYPE html>",
-            '<html lang="en">',
-            "<head>",
-            '<meta charset="utf-8">',
-            f'<meta http-equiv="Content-Security-Policy" content="{_CSP}">',
-            f"<title>{title}</title>",
-            _inline_style(_asset("vendor/uplot/uPlot.min.css"), "uPlot.min.css"),
-            "<style>body{font-family:sans-serif;margin:1.5em}</style>",
-            "</head>",
-            "<body>",
             f"<h1>{title}</h1>",
             f"<p>Peak: {html.escape(human_bytes(peak))}</p>",
             notes,
             '<div id="chart"></div>',
-            '<script type="application/json" id="timeline-data">',
-            payload,
-            "</script>",
-            _inline_script(_asset("vendor/uplot/uPlot.iife.min.js"), "uPlot.iife.min.js"),
-            _inline_script(_PAGE_SCRIPT, "memory timeline"),
-            "</body>",
-            "</html>",
-            "",
-        ]
+        ],
+        "timeline-data",
+        script_json(data),
+        styles=[
+            (asset(f"{uplot}.min.css"), "uPlot.min.css"),
+            ("body{font-family:sans-serif;margin:1.5em}", "memory timeline"),
+        ],
+        scripts=[
+            (asset(f"{uplot}.iife.min.js"), "uPlot.iife.min.js"),
+            (_PAGE_SCRIPT, "memory timeline"),
+        ],
     )
