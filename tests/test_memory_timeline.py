@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import json
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,13 +48,19 @@ def per_category(sizes: list[list[int]]) -> tuple[list[int], list[int]]:
     return [max(row[i] for row in sizes) for i in range(1, width)], sizes[-1][1:]
 
 
+def profiled(step: Callable[[], None], steps: int) -> stepscope.profile:
+    """``steps`` training steps under ``profile_memory=True``."""
+    with stepscope.profile(profile_memory=True) as prof:
+        for _ in range(steps):
+            step()
+            prof.step()
+    return prof
+
+
 def test_torch_categories_agree_with_torchs_own_export(tmp_path: Path) -> None:
     torch = pytest.importorskip("torch")
     step, model, opt = training_loop(3)
-    with stepscope.profile(profile_memory=True) as prof:
-        for _ in range(3):
-            step()
-            prof.step()
+    prof = profiled(step, 3)
     ours = memory_timeline(prof, "cpu")
     with torch.profiler.profile(profile_memory=True, record_shapes=True, with_stack=True) as theirs:
         for _ in range(3):
@@ -88,10 +95,7 @@ def test_torch_categories_agree_with_torchs_own_export(tmp_path: Path) -> None:
 
 def test_every_format_loads_back_in_torchs_shapes(tmp_path: Path) -> None:
     step, _, _ = training_loop(2)
-    with stepscope.profile(profile_memory=True) as prof:
-        for _ in range(2):
-            step()
-            prof.step()
+    prof = profiled(step, 2)
     timeline = memory_timeline(prof, "cpu")
     prof.export_memory_timeline(tmp_path / "t.json", "cpu")
     prof.export_memory_timeline(str(tmp_path / "t.json.gz"), "cpu")

@@ -56,9 +56,13 @@ class Node:
 
 
 def record(
-    implementation: str, fn: Callable[[], object], **options: Any
+    implementation: str,
+    fn: Callable[[], object],
+    *,
+    builder: TraceBuilder | None = None,
+    **options: Any,
 ) -> tuple[Trace, WindowContext, PythonTracerCollector]:
-    """Drive one window of the collector around ``fn``."""
+    """Drive one window of the collector around ``fn`` (into ``builder``, or a new one)."""
     collector = PythonTracerCollector(implementation=implementation, strict=True, **options)
     ctx = WindowContext(window=0)
     collector.prepare(ctx)
@@ -67,7 +71,7 @@ def record(
         fn()
     finally:
         collector.stop(ctx)
-    builder = TraceBuilder()
+    builder = builder if builder is not None else TraceBuilder()
     collector.collect(builder, ctx)
     collector.close()
     return builder.build(), ctx, collector

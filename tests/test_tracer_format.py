@@ -20,10 +20,9 @@ import pytest
 
 import tests.tracer_workloads as w
 from stepscope._ext import native
-from stepscope.collectors.base import WindowContext
-from stepscope.collectors.python import PythonTracerCollector
 from stepscope.trace.chrome import read_chrome_trace, write_chrome_trace
 from stepscope.trace.model import Trace, TraceBuilder
+from tests.test_tracer import record as record_window
 
 # C-part tests (`-m native`): also run under Python 3.12 and 3.13 by `make test-monitoring`.
 pytestmark = pytest.mark.native
@@ -43,19 +42,9 @@ def workload() -> None:
 
 
 def record(implementation: str) -> Trace:
-    collector = PythonTracerCollector(implementation=implementation, strict=True)
-    ctx = WindowContext(window=0)
-    collector.prepare(ctx)
-    collector.start(ctx)
-    try:
-        workload()
-    finally:
-        collector.stop(ctx)
     builder = TraceBuilder()
     builder.distributed_info = {"rank": 0}
-    collector.collect(builder, ctx)
-    collector.close()
-    return builder.build()
+    return record_window(implementation, workload, builder=builder)[0]
 
 
 def with_args_per_span(trace: Trace) -> Trace:
