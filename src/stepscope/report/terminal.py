@@ -19,6 +19,7 @@ from stepscope.analysis.result import (
     TraceSummary,
 )
 from stepscope.report.memory import human_bytes, memory_renderables
+from stepscope.trace.merge import rank_in_name
 
 __all__ = ["render_diff", "render_report", "render_summary"]
 
@@ -100,9 +101,9 @@ def _head(s: TraceSummary) -> Table:
 
 def _source_label(source: str) -> str:
     """A short name for the file a step came from: its rank when the name has one."""
-    rank = re.search(r"_rank(\d+)", source)
-    if rank:
-        return f"rank {rank.group(1)}"
+    rank = rank_in_name(source)
+    if rank is not None:
+        return f"rank {rank}"
     return source if len(source) <= 32 else "…" + source[-31:]
 
 
