@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: demo test lint bench native clean test-twins test-monitoring test-services
+.PHONY: demo test test-fast lint bench native clean test-twins test-monitoring test-services
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -41,16 +41,24 @@ demo: $(VENV)/.stamp-base native
 test-services:
 	@bash scripts/install-test-services.sh
 
+# Every stage runs whatever the others did; one summary of all of them closes the run.
+# The first stage measures line coverage of the package and holds the floor below.
+COVERAGE_FLOOR ?= 80
 test: $(VENV)/.stamp-test native test-services
-	$(PY) -m pytest -q
-	$(MAKE) --no-print-directory test-twins
-	$(MAKE) --no-print-directory test-monitoring
+	@bash scripts/test-stages.sh \
+	  "the whole suite with the C extension (with coverage)" \
+	    "$(PY) -m coverage run -m pytest -q && $(PY) -m coverage report --fail-under=$(COVERAGE_FLOOR)" \
+	  "the whole suite on the pure-Python twins" "$(MAKE) --no-print-directory test-twins" \
+	  "C-part tests under Python 3.12 and 3.13" "$(MAKE) --no-print-directory test-monitoring"
+
+# The inner loop: no subprocess-heavy, trainer or browser tests (marked `slow`), the extension built.
+test-fast: $(VENV)/.stamp-test native
+	$(PY) -m pytest -q -m "not slow"
 
 # The whole suite again on the pure-Python twins, as a machine without a compiler runs it
 # (tests of what only the extension has skip, saying so).
 test-twins: $(VENV)/.stamp-test
-	@echo "== the whole suite on the pure-Python twins (STEPSCOPE_PURE_PYTHON=1)"
-	STEPSCOPE_PURE_PYTHON=1 $(PY) -m pytest -q
+	STEPSCOPE_IMPLEMENTATION=python $(PY) -m pytest -q
 
 # The C parts' tests (marked `native`: the tracer's sys.monitoring path, the sampler's frame
 # walk, record_function, the clock, the Chrome scanner) under Python 3.12 and 3.13, where
@@ -74,7 +82,7 @@ test-monitoring:
 	  echo "== C-part tests (-m native) under python$$v"; \
 	  $$venv/bin/python -m pytest -q -p no:cacheprovider -m native || exit 1; \
 	  echo "== C-part tests (-m native) on the pure-Python twins under python$$v"; \
-	  STEPSCOPE_PURE_PYTHON=1 $$venv/bin/python -m pytest -q -p no:cacheprovider -m native \
+	  STEPSCOPE_IMPLEMENTATION=python $$venv/bin/python -m pytest -q -p no:cacheprovider -m native \
 	    || exit 1; \
 	done
 

@@ -35,11 +35,27 @@ if [ ! -e "$policy" ]; then
 fi
 export DEBIAN_FRONTEND=noninteractive
 status=0
-apt-get update -q >/dev/null || status=$?
+# Another apt or dpkg (an unattended upgrade, a second `make test`) may hold the locks: wait for
+# them, bounded (apt's own lock timeout, then a few retries of the whole command).
+apt_locked_retry() {
+  local tries=0 out rc
+  while :; do
+    out=$(apt-get -o DPkg::Lock::Timeout=120 "$@" 2>&1)
+    rc=$?
+    if [ $rc -eq 0 ] || ! grep -qi "lock" <<<"$out" || [ $tries -ge 5 ]; then
+      [ $rc -eq 0 ] || printf '%s\n' "$out" | tail -n 3 >&2
+      return $rc
+    fi
+    tries=$((tries + 1))
+    echo "install-test-services: apt is locked by another process; waiting (try $tries of 5)" >&2
+    sleep 20
+  done
+}
+apt_locked_retry update -q || status=$?
 for group in "${metrics[*]}" "${browser[*]}"; do
   [ -n "$group" ] || continue
   # shellcheck disable=SC2086  # one word per package
-  if [ $status -ne 0 ] || ! apt-get install -y -q --no-install-recommends $group >/dev/null; then
+  if [ $status -ne 0 ] || ! apt_locked_retry install -y -q --no-install-recommends $group; then
     echo "install-test-services: could not install $group (apt-get update status $status);" \
       "the tests that need it will skip" >&2
   fi

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import socket
 from collections.abc import Iterator
 from dataclasses import fields
@@ -24,6 +25,62 @@ from stepscope.metrics import NullMetricHandler, Pipeline, api
 from stepscope.metrics import default as default_pipeline
 from stepscope.steps import set_step
 from tests.metrics_fixtures import udp_receiver
+
+# Test files that import an optional package at module level: where it is not installed they are
+# left out of collection (and named in the header) instead of failing the whole run.
+NEEDS_AT_IMPORT = {
+    "test_metrics_failures.py": "prometheus_client",
+    "test_metrics_servers.py": "prometheus_client",
+    "test_reliability_prometheus.py": "prometheus_client",
+    "test_reliability_property.py": "opentelemetry",
+}
+collect_ignore = [
+    name for name, package in NEEDS_AT_IMPORT.items() if importlib.util.find_spec(package) is None
+]
+
+
+def pytest_report_header() -> list[str]:
+    """Names the test files left out because an optional package is missing."""
+    return [
+        f"left out: {name} (needs {NEEDS_AT_IMPORT[name]}, not installed)"
+        for name in collect_ignore
+    ]
+
+
+# The inner loop (`make test-fast`, `-m "not slow"`) leaves out what starts processes, servers,
+# trainers or a browser, or reads the big device traces: whole files here, single tests below,
+# and any test marked `@pytest.mark.slow` itself.
+SLOW_FILES = {
+    "test_analysis_device.py",
+    "test_chrome_scan.py",
+    "test_install_without_extension.py",
+    "test_memory_timeline.py",
+    "test_metrics_servers.py",
+    "test_metrics_steps.py",
+    "test_native_stub.py",
+    "test_ranks.py",
+    "test_reliability_property.py",
+    "test_report_html.py",
+    "test_run_cli.py",
+    "test_run_cli_answers.py",
+    "test_sampler_agreement.py",
+}
+SLOW_TESTS = {
+    "tests/test_chrome.py::test_c_event_reader_matches_the_python_twin",
+    "tests/test_chrome.py::test_torch_trace_loads_with_the_same_event_count",
+    "tests/test_raw_args.py::test_arg_reader_matches_json_loads",
+    "tests/test_reliability_files.py::test_sigkill_mid_export_leaves_whole_lines_after_reopen",
+    "tests/test_reliability_profile.py::test_a_child_forked_mid_window_starts_clean",
+    "tests/test_reliability_reader.py::test_a_gzip_bomb_stops_at_the_limit",
+    "tests/test_report_cli.py::test_report_shared_gpu_traces",
+}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Marks the tests of :data:`SLOW_FILES` and :data:`SLOW_TESTS` ``slow``."""
+    for item in items:
+        if item.path.name in SLOW_FILES or item.nodeid.split("[")[0] in SLOW_TESTS:
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(params=["native", "python"])

@@ -60,7 +60,7 @@ def test_clock_info_names_the_source() -> None:
 @pytest.mark.parametrize(
     ("env", "expected"),
     [
-        ({"STEPSCOPE_PURE_PYTHON": "1"}, "python_monotonic"),
+        ({"STEPSCOPE_IMPLEMENTATION": "python"}, "python_monotonic"),
         ({"STEPSCOPE_CLOCK": "monotonic"}, "clock_monotonic"),
     ],
 )

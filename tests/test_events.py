@@ -925,7 +925,7 @@ def test_events_land_in_the_trace_with_the_pure_python_twin(tmp_path: Path) -> N
         "(s,) = [s for s in prof.events() if s.name == 'twin.call']\n"
         "print(s.args['answer'], s.args['stepscope.status'])\n"
     )
-    env = {**os.environ, "STEPSCOPE_PURE_PYTHON": "1"}
+    env = {**os.environ, "STEPSCOPE_IMPLEMENTATION": "python"}
     out = subprocess.run(
         [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120
     )

@@ -128,7 +128,7 @@ def _clean_env() -> dict[str, str]:
     return {
         k: v
         for k, v in os.environ.items()
-        if k not in ("PYTHONPATH", "PYTHONHOME", "STEPSCOPE_PURE_PYTHON")
+        if k not in ("PYTHONPATH", "PYTHONHOME", "STEPSCOPE_IMPLEMENTATION")
         and not k.startswith("PIP_")
     }
 
@@ -209,8 +209,11 @@ def test_clock_info_says_which_implementation_runs_and_why() -> None:
 
     extension = clock.clock_info()["extension"]
     assert isinstance(extension, dict)
-    if os.environ.get("STEPSCOPE_PURE_PYTHON") == "1":
-        assert extension == {"native": False, "reason": "disabled by STEPSCOPE_PURE_PYTHON=1"}
+    if os.environ.get("STEPSCOPE_IMPLEMENTATION") == "python":
+        assert extension == {
+            "native": False,
+            "reason": "disabled by STEPSCOPE_IMPLEMENTATION=python",
+        }
     elif _ext.native() is None:
         assert extension == {"native": False, "reason": _ext.load_error}
     else:

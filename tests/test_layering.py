@@ -1,46 +1,53 @@
-"""How the package is layered: no import cycle between its parts; shared services below formats;
-no module so long that a reader cannot hold it.
+"""How the package is layered: every module in a part of ``docs/layers.json``, no import that a
+"never" rule forbids, no import cycle between folders, no module so long that a reader cannot
+hold it.
 
-Read from the source (every ``import`` statement, those inside functions included, but not
-those under ``if TYPE_CHECKING:``), so the check sees what a lazy import hides at run time.
-A part is a subpackage (``stepscope.trace``) or a top-level module (``stepscope.clock``).
+Read from the source: every ``import`` statement counts, those inside functions and those under
+``if TYPE_CHECKING:`` included (a renderer typed on an object depends on it), so the check sees
+what a lazy import hides at run time.
 """
 
 from __future__ import annotations
 
 import ast
 import importlib.util
+import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 _SPEC = importlib.util.find_spec("stepscope")  # found, not imported: the source is what counts
-assert _SPEC is not None and _SPEC.origin is not None
+if _SPEC is None or _SPEC.origin is None:
+    raise RuntimeError("stepscope is not importable: install it with `make test`")
 PACKAGE_DIR = Path(_SPEC.origin).parent
+SOURCE_ROOT = PACKAGE_DIR.parent.parent  # the folder that holds src/
+REPO = Path(__file__).resolve().parents[1]
+LAYERS_FILE = REPO / "docs" / "layers.json"
+DESIGN_LAYERS_FILE = REPO.parent / "shared" / "design" / "layers.json"
 
 
-def _is_type_checking(node: ast.If) -> bool:
-    test = node.test
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
-    )
+def load_layers(path: Path = LAYERS_FILE) -> dict[str, Any]:
+    """The parts, arrows and never-rules of a layers file."""
+    layers: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    return layers
 
 
-def _imports(tree: ast.AST) -> Iterator[str]:
-    """Absolute names imported anywhere in ``tree`` outside ``if TYPE_CHECKING:`` blocks."""
-    stack: list[ast.AST] = [tree]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, ast.If) and _is_type_checking(node):
-            stack.extend(node.orelse)
-            continue
+def _imports(tree: ast.AST, module: str) -> Iterator[str]:
+    """Absolute names imported anywhere in ``tree`` (``TYPE_CHECKING`` blocks included).
+
+    ``from pkg import name`` yields ``pkg.name``; whether that is a module or an attribute of
+    ``pkg`` is decided by :func:`_target_module`.
+    """
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             yield from (alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
-            assert node.level == 0, "relative imports are not used in stepscope"
+            if node.level:
+                raise AssertionError(f"{module}: relative imports are not used in stepscope")
             if node.module is not None:
-                yield node.module
                 yield from (f"{node.module}.{alias.name}" for alias in node.names)
-        stack.extend(ast.iter_child_nodes(node))
 
 
 def _module_name(path: Path) -> str:
@@ -48,35 +55,85 @@ def _module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _part(module: str) -> str | None:
-    """The part of stepscope a module belongs to (None outside stepscope or for the root)."""
-    parts = module.split(".")
-    if parts[0] != "stepscope" or len(parts) == 1:
-        return None
-    name = parts[1]
-    if (PACKAGE_DIR / name).is_dir() or (PACKAGE_DIR / f"{name}.py").is_file():
-        return name
-    return None  # an attribute of the root package (``from stepscope import profile``)
+def _module_path(module: str) -> Path | None:
+    """The source file of a stepscope module, or None when ``module`` names no module."""
+    base = PACKAGE_DIR.parent.joinpath(*module.split("."))
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _target_module(name: str) -> str:
+    """The module an imported name comes from: itself if it is a module, else its parent."""
+    while _module_path(name) is None and "." in name:
+        name = name.rsplit(".", 1)[0]
+    return name
 
 
 def module_imports() -> dict[str, set[str]]:
-    """Every stepscope module and the stepscope modules (or names) it imports."""
+    """Every stepscope module and the stepscope modules it imports."""
     found: dict[str, set[str]] = {}
     for path in sorted(PACKAGE_DIR.rglob("*.py")):
+        module = _module_name(path)
         tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
-        found[_module_name(path)] = {n for n in _imports(tree) if n.startswith("stepscope.")}
+        found[module] = {
+            _target_module(n) for n in _imports(tree, module) if n.split(".")[0] == "stepscope"
+        }
     return found
 
 
-def part_graph() -> dict[str, set[str]]:
-    """Which part imports which other part."""
+def part_of(path: Path, layers: dict[str, Any]) -> str | None:
+    """The part whose ``is`` entry (a file, or a folder ending in /) holds ``path``; the longest
+    entry wins."""
+    relative = path.relative_to(SOURCE_ROOT).as_posix()
+    best: tuple[int, str] | None = None
+    for part, spec in layers["parts"].items():
+        for entry in spec["is"]:
+            hit = relative.startswith(entry) if entry.endswith("/") else relative == entry
+            if hit and (best is None or len(entry) > best[0]):
+                best = (len(entry), part)
+    return None if best is None else best[1]
+
+
+def module_parts(layers: dict[str, Any]) -> dict[str, str | None]:
+    """Every stepscope module and its part."""
+    found: dict[str, str | None] = {}
+    for path in sorted(PACKAGE_DIR.rglob("*.py")):
+        found[_module_name(path)] = part_of(path, layers)
+    return found
+
+
+def forbidden_imports(layers: dict[str, Any]) -> dict[str, list[str]]:
+    """Each module that imports what a never-rule forbids, with the imports and the rule."""
+    parts = module_parts(layers)
+    never = {(a, b): why for a, b, why in layers["never"]}
+    found: dict[str, list[str]] = {}
+    for module, imported in module_imports().items():
+        source = parts[module]
+        for target in sorted(imported):
+            rule = never.get((source or "", parts.get(target) or ""))
+            if rule is not None:
+                found.setdefault(module, []).append(
+                    f"{target} ({source} -> {parts[target]}: {rule})"
+                )
+    return found
+
+
+def folder_graph() -> dict[str, set[str]]:
+    """Which folder or top-level module of stepscope imports which other one."""
+
+    def folder(module: str) -> str | None:
+        parts = module.split(".")
+        return parts[1] if len(parts) > 1 else None  # None: the root package, the public face
+
     graph: dict[str, set[str]] = {}
     for module, imported in module_imports().items():
-        source = _part(module)
+        source = folder(module)
         if source is None:
-            continue  # the root package is the public face: it imports every part
+            continue
         targets = graph.setdefault(source, set())
-        targets.update(t for n in imported if (t := _part(n)) is not None and t != source)
+        targets.update(t for n in imported if (t := folder(n)) is not None and t != source)
     return graph
 
 
@@ -120,35 +177,64 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
     assert cycles({"a": {"b"}, "b": set()}) == []
 
 
-def test_the_graph_sees_every_part() -> None:
-    graph = part_graph()
+def test_imports_under_type_checking_are_seen() -> None:
+    tree = ast.parse(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n"
+        "    from stepscope.profiler.summary import KeyAverages\n"
+        "def f():\n"
+        "    import stepscope.clock\n"
+    )
+    assert set(_imports(tree, "m")) >= {"stepscope.profiler.summary.KeyAverages", "stepscope.clock"}
+    assert _target_module("stepscope.profiler.summary.KeyAverages") == "stepscope.profiler.summary"
+    assert _target_module("stepscope.clock") == "stepscope.clock"
+    assert _target_module("stepscope.__version__") == "stepscope"
+
+
+def test_every_module_belongs_to_a_part() -> None:
+    layers = load_layers()
+    orphans = sorted(m for m, part in module_parts(layers).items() if part is None)
+    assert orphans == [], f"name the part of these modules in docs/layers.json: {orphans}"
+
+
+def test_no_import_breaks_a_never_rule() -> None:
+    found = forbidden_imports(load_layers())
+    assert found == {}, f"imports that docs/layers.json forbids: {json.dumps(found, indent=1)}"
+
+
+def test_a_forbidden_import_is_found() -> None:
+    layers = load_layers()
+    # a copy of the rules in which the face may not import the trace: the face does
+    layers["never"] = [*layers["never"], ["Face", "Trace", "test rule"]]
+    assert any("test rule" in hit for hits in forbidden_imports(layers).values() for hit in hits)
+
+
+@pytest.mark.skipif(not DESIGN_LAYERS_FILE.is_file(), reason="the team's design folder is absent")
+def test_the_repository_keeps_every_rule_of_the_design() -> None:
+    design, ours = load_layers(DESIGN_LAYERS_FILE), load_layers()
+    assert {tuple(r[:2]) for r in design["never"]} <= {tuple(r[:2]) for r in ours["never"]}
+    for part, spec in design["parts"].items():
+        assert set(spec["is"]) <= set(ours["parts"][part]["is"]), part
+
+
+def test_the_graph_sees_every_folder() -> None:
+    graph = folder_graph()
     assert {"trace", "profiler", "collectors", "metrics", "events", "jsonenc", "clock"} <= set(
         graph
     )
     assert "trace" in graph["profiler"] and "collectors" in graph["profiler"]
 
 
-def test_no_import_cycle_between_parts() -> None:
-    graph = part_graph()
+def test_no_import_cycle_between_folders() -> None:
+    graph = folder_graph()
     found = cycles(graph)
     detail = {" <-> ".join(c): {p: sorted(graph[p] & set(c)) for p in c} for c in found}
-    assert found == [], f"import cycles between parts of stepscope: {detail}"
-
-
-def test_metrics_and_events_import_nothing_from_trace() -> None:
-    offenders = {
-        module: sorted(
-            n for n in imported if n == "stepscope.trace" or n.startswith("stepscope.trace.")
-        )
-        for module, imported in module_imports().items()
-        if module.startswith(("stepscope.metrics", "stepscope.events"))
-    }
-    assert {m: names for m, names in offenders.items() if names} == {}
+    assert found == [], f"import cycles between folders of stepscope: {detail}"
 
 
 def test_the_json_encoder_sits_below_every_format() -> None:
     imported = module_imports()["stepscope.jsonenc"]
-    assert {_part(n) for n in imported} <= {"text"}
+    assert {m.split(".")[1] for m in imported} <= {"text"}
 
 
 MAX_MODULE_LINES = 800

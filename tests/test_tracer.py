@@ -391,7 +391,7 @@ def test_c_and_pure_python_give_the_same_tree(trace_c: bool) -> None:
 @pytest.mark.skipif(not HAS_NATIVE, reason="C extension not built")
 def test_cprofile_and_coverage_keep_working(tmp_path: Path) -> None:
     coverage = pytest.importorskip("coverage")
-    cov = coverage.Coverage(data_file=None, include=[w.__file__])
+    cov = coverage.Coverage(data_file=None, config_file=False, include=[w.__file__])
     prof = cProfile.Profile()
     cov.start()
     prof.enable()

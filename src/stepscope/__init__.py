@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
+from stepscope._version import __version__
 from stepscope.collectors.annotations import record_function, traced
 from stepscope.profiler import (
     ExecutionTraceObserver,

@@ -3,9 +3,9 @@
 Every choice between the C extension and the twins takes one of :data:`IMPLEMENTATIONS`:
 ``"auto"`` (the extension when it is built, else the twins), ``"native"`` (the extension, or an
 error saying why it cannot be used) or ``"python"`` (the twins).  The process-wide choice is the
-environment variable ``STEPSCOPE_IMPLEMENTATION`` (default ``auto``; the old spelling
-``STEPSCOPE_PURE_PYTHON=1`` means ``python``); a part that takes ``implementation=`` (the
-function tracer, the stack sampler) resolves its own with :func:`resolve`.
+environment variable ``STEPSCOPE_IMPLEMENTATION`` (default ``auto``); a part that takes
+``implementation=`` (the function tracer, the stack sampler) resolves its own with
+:func:`resolve`.
 
 Only the built extension module is accepted: whatever else answers to the name
 ``stepscope._native`` (a leftover folder imported as a namespace package, a ``.py`` file, a
@@ -42,8 +42,6 @@ IMPLEMENTATIONS = ("auto", "native", "python")
 """The values of every native-or-twin choice."""
 ENV = "STEPSCOPE_IMPLEMENTATION"
 """The process-wide choice (one of :data:`IMPLEMENTATIONS`, default ``auto``)."""
-ENV_PURE_PYTHON = "STEPSCOPE_PURE_PYTHON"
-"""Old spelling: ``STEPSCOPE_PURE_PYTHON=1`` is ``STEPSCOPE_IMPLEMENTATION=python``."""
 
 MODULE = "stepscope._native"
 """The name the extension is built under (``setup.py``; sources in ``src/stepscope/_csrc``)."""
@@ -116,19 +114,15 @@ load_error: str | None = None
 
 
 def process_implementation() -> tuple[str, str]:
-    """The process-wide choice and the setting it came from (``STEPSCOPE_IMPLEMENTATION=...``,
-    ``STEPSCOPE_PURE_PYTHON=1`` or ``default``)."""
+    """The process-wide choice and the setting it came from (``STEPSCOPE_IMPLEMENTATION=...`` or
+    ``default``)."""
     value = os.environ.get(ENV, "").strip().lower()
     if value:
         if value not in IMPLEMENTATIONS:
             raise ValueError(
                 f"{ENV} must be one of {', '.join(IMPLEMENTATIONS)}, got {os.environ[ENV]!r}"
             )
-        if value != "python" and os.environ.get(ENV_PURE_PYTHON) == "1":
-            raise ValueError(f"{ENV}={value} and {ENV_PURE_PYTHON}=1 contradict each other")
         return value, f"{ENV}={value}"
-    if os.environ.get(ENV_PURE_PYTHON) == "1":
-        return "python", f"{ENV_PURE_PYTHON}=1"
     return "auto", "default"
 
 

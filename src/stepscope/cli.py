@@ -8,7 +8,7 @@ import re
 import sys
 from collections.abc import Sequence
 
-from stepscope import __version__
+from stepscope._version import __version__
 from stepscope.trace.names import hide_launcher
 
 # subcommand -> module defining ``add_arguments(parser)`` and ``run(args) -> int``

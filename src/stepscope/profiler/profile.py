@@ -20,7 +20,8 @@ from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
 from typing import Any
 
-from stepscope import __version__, clock, forks, steps
+from stepscope import clock, forks, steps
+from stepscope._version import __version__
 from stepscope.activity import ProfilerActivity, coerce_activities
 from stepscope.collectors import import_watch
 from stepscope.collectors.annotations import AnnotationCollector, record_function

@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from importlib import resources
 from typing import Any
 
-from stepscope import __version__
+from stepscope._version import __version__
 from stepscope.analysis.result import Report
 from stepscope.analysis.steps import find_steps, host_span_mask, select_steps
 from stepscope.atomic import atomic_output

@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 import html
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol
 
 from rich.console import RenderableType
 from rich.table import Table
@@ -16,10 +17,25 @@ from stepscope.report.html import asset, offline_page, script_json
 from stepscope.text import clean_text
 
 if TYPE_CHECKING:
-    from stepscope.profiler.memory_timeline import Timeline
     from stepscope.trace.model import Trace
 
-__all__ = ["human_bytes", "memory_line", "memory_renderables", "timeline_page"]
+__all__ = ["TimelineView", "human_bytes", "memory_line", "memory_renderables", "timeline_page"]
+
+
+class TimelineView(Protocol):
+    """What the page reads of a memory timeline (``export_memory_timeline``'s result)."""
+
+    @property
+    def device(self) -> str: ...
+    @property
+    def categories(self) -> Sequence[str]: ...
+    @property
+    def times_us(self) -> Sequence[int]: ...
+    @property
+    def sizes(self) -> Sequence[Sequence[int]]: ...
+    @property
+    def notes(self) -> Sequence[str]: ...
+
 
 MAX_STEP_ROWS = 50
 COLORS = (
@@ -171,7 +187,7 @@ _PAGE_SCRIPT = """
 """
 
 
-def timeline_page(timeline: Timeline) -> str:
+def timeline_page(timeline: TimelineView) -> str:
     """The memory timeline as one self-contained HTML page (stacked by category)."""
     title = html.escape(clean_text(f"stepscope memory timeline ({timeline.device})"))
     data = {

@@ -2,15 +2,49 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from stepscope.sampling.result import ProfileResult
-
-__all__ = ["sampling_table"]
+__all__ = ["SampledCall", "SampledFunction", "sampling_table"]
 
 
-def sampling_table(result: ProfileResult, n: int = 15) -> str:
+class SampledFunction(Protocol):
+    """What the table reads of one function's samples."""
+
+    @property
+    def label(self) -> str: ...
+    @property
+    def self_samples(self) -> int: ...
+    @property
+    def self_share(self) -> float: ...
+    @property
+    def total_samples(self) -> int: ...
+    @property
+    def total_share(self) -> float: ...
+
+
+class SampledCall(Protocol):
+    """What the table reads of a sampled call's result (the function profiler's result)."""
+
+    @property
+    def function_name(self) -> str | None: ...
+    @property
+    def total_samples(self) -> int: ...
+    @property
+    def idle_samples(self) -> int: ...
+    @property
+    def duration_s(self) -> float: ...
+    @property
+    def rate_hz(self) -> float: ...
+    @property
+    def backend(self) -> str: ...
+    @property
+    def tags(self) -> Sequence[str]: ...
+
+    def top_self(self, n: int = 10) -> Sequence[SampledFunction]: ...
+
+
+def sampling_table(result: SampledCall, n: int = 15) -> str:
     """A top-``n`` table of a sampled call's functions by self samples."""
     head = (
         f"{result.total_samples} samples ({result.idle_samples} idle) over "

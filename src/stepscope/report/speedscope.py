@@ -11,7 +11,7 @@ import os
 from collections.abc import Collection
 from typing import Any
 
-from stepscope import __version__
+from stepscope._version import __version__
 from stepscope.atomic import atomic_output
 from stepscope.jsonenc import json_bytes
 from stepscope.trace.model import Trace

@@ -1,14 +1,80 @@
-"""torch.profiler's ``key_averages().table()`` text table, from a :class:`KeyAverages`."""
+"""torch.profiler's ``key_averages().table()`` text table, from any result shaped like
+``key_averages()`` (:class:`AveragesTable`, defined here so the renderer imports no profiler)."""
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from stepscope.profiler.summary import KeyAverages, RowAverage
+__all__ = ["AveragedRow", "AveragesTable", "key_averages_table"]
 
-__all__ = ["key_averages_table"]
+
+class AveragedRow(Protocol):
+    """What the table reads of one ``key_averages()`` row (torch's ``FunctionEventAvg``; µs)."""
+
+    @property
+    def key(self) -> str: ...
+    @property
+    def count(self) -> int: ...
+    @property
+    def cpu_time(self) -> float: ...
+    @property
+    def cpu_time_total(self) -> float: ...
+    @property
+    def self_cpu_time_total(self) -> float: ...
+    @property
+    def device_time(self) -> float: ...
+    @property
+    def device_time_total(self) -> float: ...
+    @property
+    def self_device_time_total(self) -> float: ...
+    @property
+    def cpu_memory_usage(self) -> int: ...
+    @property
+    def self_cpu_memory_usage(self) -> int: ...
+    @property
+    def device_memory_usage(self) -> int: ...
+    @property
+    def self_device_memory_usage(self) -> int: ...
+    @property
+    def input_shapes(self) -> Any: ...
+    @property
+    def stack(self) -> list[str]: ...
+    @property
+    def overload_name(self) -> str: ...
+    @property
+    def flops(self) -> int: ...
+    @property
+    def sampled(self) -> bool: ...
+    @property
+    def on_device(self) -> bool: ...
+    @property
+    def is_user_annotation(self) -> bool: ...
+    @property
+    def cpu_parent(self) -> object | None: ...
+
+
+class AveragesTable(Protocol):
+    """What the table reads of a ``key_averages()`` result: its rows and how they were made."""
+
+    @property
+    def rows(self) -> Sequence[AveragedRow]: ...
+    @property
+    def use_device(self) -> str | None: ...
+    @property
+    def by_shape(self) -> bool: ...
+    @property
+    def by_stack(self) -> bool: ...
+    @property
+    def profile_memory(self) -> bool: ...
+    @property
+    def with_flops(self) -> bool: ...
+    @property
+    def notes(self) -> list[str]: ...
+
+    def sorted_rows(self, sort_by: str | None) -> Sequence[AveragedRow]: ...
+
 
 TIME_UNITS = (None, "s", "ms", "us")
 FLOP_UNITS = ("FLOPs", "KFLOPs", "MFLOPs", "GFLOPs", "TFLOPs", "PFLOPs")
@@ -36,7 +102,7 @@ def _format_memory(nbytes: int) -> str:
     return f"{nbytes} B"
 
 
-def _flops_scale(rows: list[RowAverage]) -> tuple[float, str] | None:
+def _flops_scale(rows: Sequence[AveragedRow]) -> tuple[float, str] | None:
     positive = [r.flops for r in rows if r.flops > 0]
     if not positive:
         return None
@@ -45,7 +111,7 @@ def _flops_scale(rows: list[RowAverage]) -> tuple[float, str] | None:
 
 
 def key_averages_table(
-    averages: KeyAverages,
+    averages: AveragesTable,
     *,
     sort_by: str | None = None,
     row_limit: int = 100,
