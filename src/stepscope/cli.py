@@ -3,22 +3,23 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import re
 import sys
 from collections.abc import Sequence
 
 from stepscope._version import __version__
+from stepscope.commands import diff, kernels, merge, report, run
+from stepscope.commands.command import Command
 from stepscope.trace.names import hide_launcher
 
-# subcommand -> module defining ``add_arguments(parser)`` and ``run(args) -> int``
-SUBCOMMANDS: dict[str, str] = {
-    "run": "stepscope.commands.run",
-    "kernels": "stepscope.commands.kernels",
-    "report": "stepscope.commands.report",
-    "diff": "stepscope.commands.diff",
-    "merge": "stepscope.commands.merge",
-}
+COMMANDS: tuple[Command, ...] = (
+    run.COMMAND,
+    kernels.COMMAND,
+    report.COMMAND,
+    diff.COMMAND,
+    merge.COMMAND,
+)
+"""Every subcommand, in the order ``stepscope --help`` lists them."""
 
 
 def plain_text(doc: str) -> str:
@@ -34,18 +35,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"stepscope {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, module_name in SUBCOMMANDS.items():
-        module = importlib.import_module(module_name)
-        doc = plain_text(module.__doc__ or "").strip()
+    for command in COMMANDS:
+        doc = plain_text(command.doc).strip()
         lines = doc.splitlines()
         p = sub.add_parser(
-            name,
+            command.name,
             help=lines[0] if lines else None,
             description=doc,
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
-        module.add_arguments(p)
-        p.set_defaults(_module=module)
+        command.add_arguments(p)
+        p.set_defaults(_command=command)
     return parser
 
 
@@ -55,11 +55,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         hide_launcher(sys.argv[0])  # the console script's frames are not the user's
     parser = build_parser()
     args = parser.parse_args(argv)
-    if getattr(args, "_module", None) is None:
+    command: Command | None = getattr(args, "_command", None)
+    if command is None:
         parser.print_help()
         return 2
     try:
-        return int(args._module.run(args))
+        return command.run(args)
     except (ValueError, OSError) as exc:
         print(f"stepscope {args.command}: error: {exc}", file=sys.stderr)
         return 1

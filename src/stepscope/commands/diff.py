@@ -14,9 +14,10 @@ from pathlib import Path
 from stepscope.analysis.analyze import analyze
 from stepscope.analysis.diff import diff_summaries
 from stepscope.analysis.steps import parse_step_range
+from stepscope.commands.command import Command
 from stepscope.commands.report import load_traces, write_text
 
-__all__ = ["add_arguments", "run"]
+__all__ = ["COMMAND", "add_arguments", "run"]
 
 ALL_ROWS = 1_000_000
 
@@ -64,3 +65,7 @@ def run(args: argparse.Namespace) -> int:
         )
         return 1
     return 0
+
+
+COMMAND = Command("diff", __doc__ or "", add_arguments, run)
+"""``stepscope diff``."""

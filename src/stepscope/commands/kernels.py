@@ -19,6 +19,7 @@ from typing import TextIO
 
 from stepscope.atomic import atomic_output
 from stepscope.clock import now_ns
+from stepscope.commands.command import Command
 from stepscope.config import config
 from stepscope.kernels import KernelMetadata, iter_kernel_sources, parse_kernel_metadata
 from stepscope.tables import format_cell, format_csv_row, get_metric_table
@@ -210,3 +211,7 @@ def explain_empty(directory: Path, result: ScanResult) -> str:
         "/tmp/torchinductor_<user>) or a TORCH_COMPILE_DEBUG=1 output folder (torch_compile_debug/)"
         " after running a torch.compile'd model on a GPU."
     )
+
+
+COMMAND = Command("kernels", __doc__ or "", add_arguments, run)
+"""``stepscope kernels``."""

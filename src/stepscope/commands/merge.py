@@ -12,11 +12,12 @@ import argparse
 import sys
 from pathlib import Path
 
+from stepscope.commands.command import Command
 from stepscope.commands.report import load_traces
 from stepscope.trace.chrome_writer import write_chrome_trace
 from stepscope.trace.merge import merge_ranks, rank_in_name, rank_of
 
-__all__ = ["add_arguments", "parse_ranks", "run"]
+__all__ = ["COMMAND", "add_arguments", "parse_ranks", "run"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -81,3 +82,7 @@ def run(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     return 1 if failures else 0
+
+
+COMMAND = Command("merge", __doc__ or "", add_arguments, run)
+"""``stepscope merge``."""

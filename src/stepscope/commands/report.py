@@ -20,10 +20,11 @@ from stepscope.analysis.analyze import analyze
 from stepscope.analysis.result import Report
 from stepscope.analysis.steps import parse_step_range
 from stepscope.atomic import atomic_output
+from stepscope.commands.command import Command
 from stepscope.trace.chrome import read_chrome_trace
 from stepscope.trace.model import Trace
 
-__all__ = ["add_arguments", "load_traces", "run", "trace_files", "write_text"]
+__all__ = ["COMMAND", "add_arguments", "load_traces", "run", "trace_files", "write_text"]
 
 TRACE_SUFFIXES = (".json", ".json.gz")
 ALL_ROWS = 1_000_000
@@ -172,3 +173,7 @@ def render_report_to(report: Report) -> None:
     from stepscope.report.terminal import render_report, report_console
 
     render_report(report, report_console())
+
+
+COMMAND = Command("report", __doc__ or "", add_arguments, run)
+"""``stepscope report``."""

@@ -16,6 +16,7 @@ import sys
 from typing import Any
 
 from stepscope.collectors.torch import torch_installed
+from stepscope.commands.command import Command
 from stepscope.profiler.step_trigger import StepTrigger, names_program_function
 from stepscope.profiler.summary import SORT_KEYS
 from stepscope.program import Program, find_program, print_program_traceback
@@ -267,3 +268,7 @@ def _summary(
     )
     for path in prof.trace_files:
         print(f"  {path}", file=out)
+
+
+COMMAND = Command("run", __doc__ or "", add_arguments, run)
+"""``stepscope run``."""
