@@ -22,8 +22,9 @@ from stepscope.events.coerce import AttrSet
 from stepscope.events.decorator import resolve_logger
 from stepscope.events.event import Event
 from stepscope.jsonenc import json_bytes
+from stepscope.metrics.default import get_pipeline
 from stepscope.metrics.exporters.files import RotatingFile
-from stepscope.metrics.pipeline import Pipeline, get_pipeline
+from stepscope.metrics.pipeline import Pipeline
 from stepscope.metrics.ring import Channel, RecordSink
 
 __all__ = ["JsonFormatter", "JsonlHandler", "JsonlSink", "as_json_object", "log_to_jsonl"]

@@ -48,24 +48,7 @@ from stepscope.steps import current_step, last_step
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-__all__ = [
-    "Pipeline",
-    "PipelineMetricHandler",
-    "PipelineSettings",
-    "RetryPolicy",
-    "add_exporter",
-    "configure_pipeline",
-    "counter",
-    "flush",
-    "gauge",
-    "get_pipeline",
-    "histogram",
-    "open_channel",
-    "remove_exporter",
-    "scalar",
-    "shutdown",
-    "telemetry",
-]
+__all__ = ["Pipeline"]
 
 _NS = 1_000_000_000
 
@@ -168,11 +151,6 @@ class Pipeline:
     def handle_sigterm(self) -> bool:
         """Whether SIGTERM flushes (when no other handler is installed)."""
         return self._settings.handle_sigterm
-
-    @property
-    def seed_records(self) -> ApiRecords:
-        """Old name of :attr:`api_records`."""
-        return self.api_records
 
     # ------------------------------------------------------------------ instruments
 
@@ -580,20 +558,3 @@ class Pipeline:
             after_fork_quietly(delivery.target)
         if self._deliveries or self._channels:
             self._ensure_thread()
-
-
-# Old import paths: ``from stepscope.metrics.pipeline import get_pipeline, ...`` keep working.
-from stepscope.metrics.default import (  # noqa: E402
-    add_exporter,
-    configure_pipeline,
-    counter,
-    flush,
-    gauge,
-    get_pipeline,
-    histogram,
-    open_channel,
-    remove_exporter,
-    scalar,
-    shutdown,
-    telemetry,
-)

@@ -456,10 +456,6 @@ class TraceBuilder:
         for dst, column in staged:
             dst.extend(column)
 
-    def extend_span_bytes(self, columns: Sequence[bytes]) -> None:
-        """Append spans from the machine-order bytes of the seven span columns (interned ids)."""
-        self.extend_table_bytes("spans", columns)
-
     def add_args(self, args: Mapping[str, Any]) -> int:
         """Store an args mapping and return its ref (for ``extend_spans``)."""
         return self._add_args(args)
