@@ -6,7 +6,7 @@ import os
 import socket
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Protocol
 
 from stepscope import clock
 from stepscope.atomic import make_directory
@@ -30,16 +30,23 @@ def default_worker_name() -> str:
     return f"{name}_rank{rank}" if rank is not None else name
 
 
+class TraceSource(Protocol):
+    """What a handler needs of a profile: its trace written to a path (its ``strict`` switch,
+    where it has one, decides whether a failed write is re-raised)."""
+
+    def export_chrome_trace(self, path: str | os.PathLike[str]) -> object: ...
+
+
 def trace_handler(
     dir_name: str | os.PathLike[str], worker_name: str | None = None, use_gzip: bool = False
-) -> Callable[[Any], str | None]:
+) -> Callable[[TraceSource], str | None]:
     """``on_trace_ready`` writing ``{worker}.{unix_ns}.pt.trace.json[.gz]`` into ``dir_name``."""
     directory = Path(dir_name)
     make_directory(directory, "trace_handler", "trace directory")
     if worker_name is not None and (not worker_name or "/" in worker_name):
         raise ValueError(f"worker_name must be a non-empty file name part, got {worker_name!r}")
 
-    def handler(prof: Any) -> str | None:
+    def handler(prof: TraceSource) -> str | None:
         worker = worker_name or default_worker_name()
         stamp = clock.to_unix_ns(clock.now_ns())
         name = f"{worker}.{stamp}.pt.trace.json" + (".gz" if use_gzip else "")
