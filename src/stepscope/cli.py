@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import re
 import sys
 from collections.abc import Sequence
 
 from stepscope import __version__
+from stepscope.text import one_line
 from stepscope.trace.names import hide_launcher
 
 # subcommand -> module defining ``add_arguments(parser)`` and ``run(args) -> int``
@@ -61,7 +63,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args._module.run(args))
     except (ValueError, OSError) as exc:
-        print(f"stepscope {args.command}: error: {exc}", file=sys.stderr)
+        print(f"stepscope {args.command}: error: {one_line(str(exc))}", file=sys.stderr)
+        return 1
+    except Exception as exc:  # a bug: still one line, no traceback
+        if os.environ.get("STEPSCOPE_DEBUG"):
+            raise
+        print(
+            f"stepscope {args.command}: internal error: {type(exc).__name__}: "
+            f"{one_line(str(exc))[:500]} (STEPSCOPE_DEBUG=1 shows where; please report it)",
+            file=sys.stderr,
+        )
         return 1
 
 

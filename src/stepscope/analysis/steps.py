@@ -75,7 +75,7 @@ def find_steps(trace: Trace, host: Sequence[bool] | None = None) -> tuple[list[S
     if step_ids:
         for i in range(len(spans)):
             number = step_ids.get(names[i])
-            if number is None or not host[i]:
+            if number is None or not host[i] or durs[i] < 0:  # a negative span is no step
                 continue
             args = trace.args_at(argrefs[i])
             if args and args.get("stepscope.open_at_window_end"):
