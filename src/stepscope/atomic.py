@@ -10,7 +10,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import IO
 
-__all__ = ["atomic_output", "atomic_outputs", "ensure_parent", "make_directory"]
+__all__ = ["OutputError", "atomic_output", "atomic_outputs", "ensure_parent", "make_directory"]
 
 
 def ensure_parent(path: str | os.PathLike[str], what: str = "file") -> Path:
@@ -73,10 +73,16 @@ def _checked_target(path: str | os.PathLike[str], what: str) -> Path:
     return target
 
 
+class OutputError(OSError):
+    """A failed write, naming the output (not its temporary file)."""
+
+
 def _write_error(exc: OSError, what: str, target: Path) -> OSError:
     """``exc`` as an error that names the output (not the temporary file)."""
-    error = OSError(exc.errno, f"cannot write {what} {str(target)!r}: {exc.strerror or exc}")
-    error.filename = str(target)
+    if isinstance(exc, OutputError):
+        return exc
+    error = OutputError(f"cannot write {what} {str(target)!r}: {exc.strerror or exc}")
+    error.errno = exc.errno
     return error
 
 
@@ -100,7 +106,7 @@ def _staged(target: Path, what: str) -> Iterator[tuple[IO[bytes], Path]]:
     except BaseException as exc:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
-        if isinstance(exc, OSError) and exc.filename in (None, tmp):
+        if isinstance(exc, OSError) and not isinstance(exc, OutputError):
             raise _write_error(exc, what, target) from exc
         raise
 

@@ -30,7 +30,7 @@ __all__ = [
     "step_stats",
 ]
 
-_STEP = re.compile(r"^ProfilerStep#(\d+)$")
+_STEP = re.compile(r"^ProfilerStep#(\d{1,4000})$")  # int() refuses 4,300 digits and more
 _NOT_HOST = DEVICE_CATEGORIES | {"gpu_user_annotation", "cuda_profiler_range", "Trace"}
 
 
