@@ -8,6 +8,7 @@ after RECORD_AND_SAVE).  Every recording window yields one ``Trace``.  Beyond to
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -36,7 +37,7 @@ from stepscope.failures import failure_log
 from stepscope.profiler.events import EventList, function_events
 from stepscope.profiler.execution_trace import ExecutionTraceCollector
 from stepscope.profiler.ranks import RankSync
-from stepscope.profiler.schedule import ProfilerAction, Schedule, default_schedule
+from stepscope.profiler.schedule import ProfilerAction, Schedule, action_at, default_schedule
 from stepscope.profiler.step_trigger import StepTrigger
 from stepscope.profiler.summary import KeyAverages, key_averages
 from stepscope.report.collapsed import collapsed_from_spans, write_collapsed
@@ -158,7 +159,7 @@ class profile:
                 raise TypeError(f"collectors must be Collector instances, got {extra!r}")
             self.collectors.append(extra)
         self.step_num = 0
-        self.current_action = self.schedule(0)
+        self.current_action = action_at(self.schedule, 0)
         self.preset_metadata: dict[str, Any] = {}
         self._window_metadata: dict[str, Any] = {}
         self._ctx: WindowContext | None = None
@@ -317,15 +318,22 @@ class profile:
                 "(stepscope runs one profile at a time)"
             )
         _active = self
-        joined = self._ranks.join(self.step_num)
-        if joined != self.step_num:  # a rank that started late takes the leader's numbering
-            self.step_num, self.current_action = joined, self.schedule(joined)
-        if self._step_trigger is not None:
-            self._step_trigger.install()
-        steps.set_step(self.step_num)
-        advance_kineto_step("start")
-        self._transit(ProfilerAction.NONE, self.current_action)
-        self._open_step_span()
+        try:
+            joined = self._ranks.join(self.step_num)
+            if joined != self.step_num:  # a rank that started late takes the leader's numbering
+                self.step_num, self.current_action = joined, action_at(self.schedule, joined)
+            if self._step_trigger is not None:
+                self._step_trigger.install()
+            steps.set_step(self.step_num)
+            advance_kineto_step("start")
+            self._transit(ProfilerAction.NONE, self.current_action)
+            self._open_step_span()
+        except BaseException:
+            # a start that fails (a strict collector, a bad schedule) leaves no profile running
+            with contextlib.suppress(Exception):
+                self.stop()
+            _release(self)
+            raise
 
     def step(self) -> None:
         """Mark the end of the current step and the start of the next one."""
@@ -334,11 +342,7 @@ class profile:
         self._close_step_span()
         previous = self.current_action
         self.step_num += 1
-        action = self.schedule(self.step_num)
-        if not isinstance(action, ProfilerAction):
-            raise TypeError(
-                f"schedule({self.step_num}) returned {action!r}; it must return a ProfilerAction"
-            )
+        action = action_at(self.schedule, self.step_num)
         self.current_action = action
         steps.set_step(self.step_num)
         self._ranks.publish(self.step_num)
