@@ -204,6 +204,9 @@ def dropped_events(trace: Trace) -> dict[str, int]:
                 out[f"reader_skipped_{key}"] = value
     elif isinstance(skipped, int) and skipped:
         out["reader_skipped"] = skipped
+    annotations = meta.get("stepscope_annotations_dropped")
+    if isinstance(annotations, int) and annotations:
+        out["annotation_spans_dropped"] = annotations
     errors = meta.get("stepscope_collector_errors")
     if isinstance(errors, (list, dict)) and errors:
         out["collector_errors"] = len(errors)
