@@ -166,11 +166,12 @@ def test_a_report_shows_the_steps_and_the_drops_of_a_full_budget(tmp_path: Path)
     from stepscope.trace import read_chrome_trace
 
     with profile(
-        schedule=schedule(wait=0, warmup=0, active=3, repeat=1),
+        schedule=schedule(wait=0, warmup=1, active=3, repeat=1),
         on_trace_ready=trace_handler(str(tmp_path)),
         max_annotation_spans=5,
         torch_ops=False,
     ) as prof:
+        prof.step()  # the warmup step
         for _ in range(3):
             for _ in range(10):
                 with ann.record_function("work"):
@@ -180,5 +181,5 @@ def test_a_report_shows_the_steps_and_the_drops_of_a_full_budget(tmp_path: Path)
     trace = read_chrome_trace(path)
     kept = sum(1 for s in trace.iter_spans() if s.name == "work")
     summary = analyze([(path.name, trace)]).combined
-    assert summary.has_steps and [s.step for s in summary.steps] == [0, 1, 2]
+    assert summary.has_steps and [s.step for s in summary.steps] == [1, 2, 3]
     assert summary.dropped["annotation_spans_dropped"] == 30 - kept
