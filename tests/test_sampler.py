@@ -586,3 +586,24 @@ def test_time_in_stepscopes_own_code_is_a_row_of_its_own() -> None:
     # the profiler's own frames stay hidden, but their time is not the caller's self time
     assert own.self_cpu_time_total > 0.6 * caller.cpu_time_total
     assert caller.self_cpu_time_total < 0.3 * caller.cpu_time_total
+
+
+@pytest.mark.skipif(not signal_mode_available(), reason="signal sampling needs Linux and the C ext")
+def test_threads_beyond_the_signal_engines_slots_are_counted() -> None:
+    stop = threading.Event()
+    threads = [threading.Thread(target=stop.wait, daemon=True) for _ in range(300)]
+    for t in threads:
+        t.start()
+    try:
+        sampler = Sampler(200)
+        sampler.start()
+        assert sampler.wait_running(5) and sampler.mode == "signal"
+        # every Python thread but the sampler's own wants a slot; the engine has 256
+        wanting = len(threading.enumerate()) - 1
+        workload(0.05)
+        info = sampler.describe(sampler.stop(5))
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert info["lost_threads_without_slot"] == wanting - 256
