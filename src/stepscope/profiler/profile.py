@@ -713,7 +713,7 @@ def split_activity_filters(
     a ``ValueError`` (as in torch).
     """
     if activities is None or isinstance(activities, (str, bytes)):
-        return (None if activities is None else list(activities)), {}  # type: ignore[arg-type]
+        return activities, {}  # type: ignore[return-value]  # coerce_activities says why
     if not isinstance(activities, Iterable):
         raise TypeError(
             f"activities must be an iterable of ProfilerActivity values, got {activities!r}"
