@@ -16,7 +16,7 @@ from pathlib import Path
 from stepscope.commands.report import load_traces
 from stepscope.text import one_line
 from stepscope.trace.chrome_writer import write_chrome_trace
-from stepscope.trace.merge import merge_ranks, rank_in_name, rank_of
+from stepscope.trace.merge import MAX_RANK, merge_ranks, rank_in_name, rank_of
 from stepscope.trace.model import Trace
 
 __all__ = ["add_arguments", "claimed_twice", "parse_ranks", "run"]
@@ -35,8 +35,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-MAX_RANK = 2**31 - 1
-"""The largest rank ``--ranks`` accepts (torch.distributed ranks are 32-bit ints)."""
 MAX_CHOSEN = 1_000_000
 """The most ranks ``--ranks`` may name in all (the set is built in memory)."""
 
