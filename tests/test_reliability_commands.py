@@ -268,3 +268,15 @@ def test_diff_notes_runs_with_different_rank_counts(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr.decode()
     notes = json.loads((tmp_path / "d.json").read_text())["notes"]
     assert any("A has files of 1 rank(s), B of 2" in n for n in notes)
+
+
+def test_a_stopped_or_partial_sampler_is_said_in_the_report(tmp_path: Path) -> None:
+    sampler = {"sigprof_replaced_during_run": True, "lost_threads_without_slot": 39}
+    path = write(tmp_path / "t.json", hostile_trace(["a"], stepscope_sampler=sampler))
+    done = stepscope("report", path, "--json", tmp_path / "r.json")
+    assert done.returncode == 0, done.stderr.decode()
+    notes = json.loads((tmp_path / "r.json").read_text())["combined"]["notes"]
+    assert any("its own SIGPROF handler" in n for n in notes)
+    assert any(n.startswith("39 threads were not sampled") for n in notes)
+    summary = json.loads((tmp_path / "r.json").read_text())["combined"]
+    assert summary["dropped"]["sampler_lost_threads_without_slot"] == 39

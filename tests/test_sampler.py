@@ -607,3 +607,21 @@ def test_threads_beyond_the_signal_engines_slots_are_counted() -> None:
         for t in threads:
             t.join()
     assert info["lost_threads_without_slot"] == wanting - 256
+
+
+@pytest.mark.skipif(not signal_mode_available(), reason="signal sampling needs Linux and the C ext")
+def test_a_sigprof_handler_installed_mid_run_gets_none_of_the_samplers_signals() -> None:
+    received: list[int] = []
+    sampler = Sampler(500, thread_ids=[threading.get_native_id()])
+    sampler.start()
+    assert sampler.wait_running(5) and sampler.mode == "signal"
+    workload(0.1)
+    previous = signal.signal(signal.SIGPROF, lambda signum, frame: received.append(signum))
+    try:
+        workload(0.2)  # busy: the sampler would signal this thread about 100 times
+        info = sampler.describe(sampler.stop(5))
+        assert received == []
+        assert info["sigprof_replaced_during_run"] is True
+        assert signal.getsignal(signal.SIGPROF) is not previous  # the program's handler stays
+    finally:
+        signal.signal(signal.SIGPROF, previous)

@@ -102,6 +102,7 @@ def _facts(trace: Trace, source: str, step_range: tuple[int, int] | None) -> _Fa
         notes.append("no ProfilerStep spans: the whole trace is analysed as one step")
     elif steps.left_out_last_step(trace, all_steps):
         notes.append("the profile stopped inside the window's last step: that step is left out")
+    notes += ops.sampler_notes(trace)
     if step_range is not None and has_steps:
         notes.append(f"steps {step_range[0]}-{step_range[1]}: {len(chosen)} of {len(all_steps)}")
         if not chosen:

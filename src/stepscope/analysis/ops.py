@@ -25,7 +25,15 @@ from stepscope.analysis.result import (
 from stepscope.trace.model import Trace
 from stepscope.trace.nesting import Nesting, group_name
 
-__all__ = ["counters", "dropped_events", "functions", "kernels", "launch_delay", "operators"]
+__all__ = [
+    "counters",
+    "dropped_events",
+    "functions",
+    "kernels",
+    "launch_delay",
+    "operators",
+    "sampler_notes",
+]
 
 _RUNTIME = frozenset({"cuda_runtime", "cuda_driver", "mtia_runtime"})
 _NOT_OPERATORS = frozenset({"python_function", "Trace"})
@@ -183,6 +191,25 @@ def counters(trace: Trace) -> list[CounterInfo]:
         CounterInfo(name, sorted(series), n, lo, hi, last)
         for name, (series, n, lo, hi, last) in sorted(found.items())
     ]
+
+
+def sampler_notes(trace: Trace) -> list[str]:
+    """What the trace metadata says stopped the sampler early or left threads out."""
+    sampler = trace.metadata.get("stepscope_sampler")
+    if not isinstance(sampler, dict):
+        return []
+    notes = []
+    if sampler.get("sigprof_replaced_during_run"):
+        notes.append(
+            "the program installed its own SIGPROF handler during the window: the sampler "
+            "stopped there, so later time has no samples"
+        )
+    if sampler.get("lost_threads_without_slot"):
+        notes.append(
+            f"{sampler['lost_threads_without_slot']} threads were not sampled: the signal "
+            "sampler has slots for 256 threads"
+        )
+    return notes
 
 
 def dropped_events(trace: Trace) -> dict[str, int]:
