@@ -113,7 +113,8 @@ def check_outputs(out_dir: Path, status: int) -> None:
     if parquet.exists() and any(parquet.iterdir()):
         pq = pytest.importorskip("pyarrow.parquet")
         tables = {p.name: pq.read_table(p) for p in parquet.glob("*.parquet")}
-        assert len(tables) >= 5 and len({t.column("run")[0] for t in tables.values() if len(t)}) <= 1
+        runs = {t.column("run")[0] for t in tables.values() if len(t)}
+        assert len(tables) >= 5 and len(runs) <= 1
 
 
 def _no_constant(name: str) -> float:
@@ -139,8 +140,16 @@ def test_report_diff_merge_and_parquet_give_a_report_or_one_line(
         other = root / "b.json"
         other.write_text(json.dumps(b), encoding="ascii")
         commands = [
-            ["report", str(runs), "--json", str(out / "r.json"), "--html", str(out / "r.html")]
-            + ["--parquet", str(out / "pq")],
+            [
+                "report",
+                str(runs),
+                "--json",
+                str(out / "r.json"),
+                "--html",
+                str(out / "r.html"),
+                "--parquet",
+                str(out / "pq"),
+            ],
             ["diff", str(runs), str(other), "--json", str(out / "d.json")],
             ["merge", str(runs), "-o", str(out / "m.json")],
         ]

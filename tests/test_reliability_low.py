@@ -36,7 +36,8 @@ def test_function_profiler_rate_is_checked_at_construction(rate: object) -> None
 
 @pytest.mark.parametrize("activities", ["CPU", b"CPU"])
 def test_a_single_activity_string_is_refused_with_a_hint(activities: object) -> None:
-    with pytest.raises(TypeError, match=r"got b?.CPU. \(a list, e.g. activities=\[ProfilerActivity"):
+    hint = r"got b?.CPU. \(a list, e.g. activities=\[ProfilerActivity"
+    with pytest.raises(TypeError, match=hint):
         stepscope.profile(activities=activities)  # type: ignore[arg-type]
 
 
