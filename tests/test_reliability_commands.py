@@ -280,3 +280,17 @@ def test_a_stopped_or_partial_sampler_is_said_in_the_report(tmp_path: Path) -> N
     assert any(n.startswith("39 threads were not sampled") for n in notes)
     summary = json.loads((tmp_path / "r.json").read_text())["combined"]
     assert summary["dropped"]["sampler_lost_threads_without_slot"] == 39
+
+
+def test_json_on_a_full_disk_keeps_the_old_file_and_names_the_output(tmp_path: Path) -> None:
+    trace = write(tmp_path / "t.json", hostile_trace([f"op{i}" for i in range(3000)]))
+    with small_tmpfs(tmp_path / "disk", "1m") as disk:
+        out = disk / "r.json"
+        out.write_text("old")
+        fill(disk, leave=8 << 10)
+        done = stepscope("report", trace, "--json", out)
+        line = done.stderr.decode().strip().splitlines()[-1]
+        assert done.returncode == 1 and "Traceback" not in done.stderr.decode()
+        assert f"cannot write JSON report {str(out)!r}: No space left on device" in line
+        assert out.read_text() == "old"
+        assert sorted(p.name for p in disk.iterdir()) == ["filler", "r.json"]  # no temporary
