@@ -90,7 +90,11 @@ def test_negative_durations_leave_the_other_files_reported(tmp_path: Path) -> No
     bad = hostile_trace(["b"], step_us=-50)  # valid JSON: every step and one op negative
     bad["traceEvents"].append({"ph": "X", "name": "n", "ts": 3, "dur": -9, "pid": 1, "tid": 1})
     write(tmp_path / "d" / "bad.json", bad)
-    for command in (["report", tmp_path / "d"], ["diff", tmp_path / "d", tmp_path / "d"]):
+    commands: list[list[str | Path]] = [
+        ["report", tmp_path / "d"],
+        ["diff", tmp_path / "d", tmp_path / "d"],
+    ]
+    for command in commands:
         done = stepscope(*command, "--json", tmp_path / "out.json")
         assert done.returncode == 0, done.stderr.decode()
     report = json.loads((tmp_path / "out.json").read_text())
@@ -121,7 +125,7 @@ def test_a_file_whose_analysis_fails_is_named_and_the_rest_reported(
             return 1 // 0
         return real(trace, *args)
 
-    monkeypatch.setattr(analyze_module.host, "host_breakdowns", fails_on_one)
+    monkeypatch.setattr(host, "host_breakdowns", fails_on_one)
     report = analyze_module.analyze(traces, None, 10, failures)
     assert [s.source for s in report.files] == ["good.json"]
     assert failures == [

@@ -29,6 +29,8 @@ from stepscope.text import clean_text
 from stepscope.trace.model import Trace
 
 __all__ = [
+    "CUT_FRAMES",
+    "MAX_FLAME_DEPTH",
     "VENDOR_SCRIPTS",
     "VENDOR_STYLES",
     "asset",
