@@ -71,6 +71,16 @@ def traces(draw: st.DrawFn) -> dict[str, Any]:
             for d in range(depth)
         ]
     trace: dict[str, Any] = {"traceEvents": events}
+    if draw(st.booleans()):  # stack samples whose frames have hostile names
+        frames = [draw(names) for _ in range(draw(st.integers(1, 3)))]
+        trace["stackFrames"] = {
+            str(i): {"name": name} | ({"parent": str(i - 1)} if i else {})
+            for i, name in enumerate(frames)
+        }
+        trace["samples"] = [
+            {"ts": 20 + i, "sf": str(len(frames) - 1), "pid": 1, "tid": 1, "weight": 1}
+            for i in range(3)
+        ]
     if draw(st.booleans()):
         trace["distributedInfo"] = {"rank": draw(st.sampled_from([0, 0, 1, -1, 10**30]))}
     return trace
@@ -121,14 +131,22 @@ def _no_constant(name: str) -> float:
     raise AssertionError(f"non-standard JSON constant {name} in an output")
 
 
+FILE_NAME_PARTS = ["", "\x1b[2J", "\u202e", "[bold]", "\udcff", "\r", "é"]
+"""Hostile parts of file names (a lone surrogate is a byte that is not UTF-8 on Linux)."""
+
+
 @settings(
     max_examples=12,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
-@given(a=st.lists(traces(), min_size=1, max_size=3), b=traces())
+@given(
+    a=st.lists(traces(), min_size=1, max_size=3),
+    b=traces(),
+    part=st.sampled_from(FILE_NAME_PARTS),
+)
 def test_report_diff_merge_and_parquet_give_a_report_or_one_line(
-    a: list[dict[str, Any]], b: dict[str, Any]
+    a: list[dict[str, Any]], b: dict[str, Any], part: str
 ) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -136,8 +154,8 @@ def test_report_diff_merge_and_parquet_give_a_report_or_one_line(
         runs.mkdir()
         out.mkdir()
         for i, trace in enumerate(a):
-            (runs / f"host_rank{i}.json").write_text(json.dumps(trace), encoding="ascii")
-        other = root / "b.json"
+            (runs / f"host{part}_rank{i}.json").write_text(json.dumps(trace), encoding="ascii")
+        other = root / f"b{part}.json"
         other.write_text(json.dumps(b), encoding="ascii")
         commands = [
             [
