@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -140,3 +141,45 @@ def test_emit_span_adds_a_timed_span_only_while_recording(implementation: str) -
         {"checkpoint_id": "c1"},
     )
     assert span.tid == threading.get_native_id()
+
+
+def test_step_spans_are_kept_when_the_budget_is_full(implementation: str) -> None:
+    def steps_with_work(make: RecordFunctionType) -> None:
+        for step in range(4):
+            with make(f"ProfilerStep#{step}"):
+                for _ in range(10):
+                    with make("work"):
+                        pass
+
+    spans, ctx = record(implementation, steps_with_work, max_spans=5)
+    names = [s.name for s in spans]
+    # the steps close last, after the budget filled: all four are kept, only "work" is dropped
+    assert sorted(n for n in names if n.startswith("ProfilerStep#")) == [
+        f"ProfilerStep#{i}" for i in range(4)
+    ]
+    assert ctx.metadata["stepscope_annotations_dropped"] == 40 - names.count("work")
+
+
+def test_a_report_shows_the_steps_and_the_drops_of_a_full_budget(tmp_path: Path) -> None:
+    from stepscope import profile, schedule, trace_handler
+    from stepscope.analysis.analyze import analyze
+    from stepscope.trace import read_chrome_trace
+
+    with profile(
+        schedule=schedule(wait=0, warmup=1, active=3, repeat=1),
+        on_trace_ready=trace_handler(str(tmp_path)),
+        max_annotation_spans=5,
+        torch_ops=False,
+    ) as prof:
+        prof.step()  # the warmup step
+        for _ in range(3):
+            for _ in range(10):
+                with ann.record_function("work"):
+                    pass
+            prof.step()
+    [path] = tmp_path.glob("*.json")
+    trace = read_chrome_trace(path)
+    kept = sum(1 for s in trace.iter_spans() if s.name == "work")
+    summary = analyze([(path.name, trace)]).combined
+    assert summary.has_steps and [s.step for s in summary.steps] == [1, 2, 3]
+    assert summary.dropped["annotation_spans_dropped"] == 30 - kept

@@ -393,3 +393,23 @@ def test_the_scaling_doc_query_finds_the_slow_rank(job: Any, tmp_path: Path) -> 
     assert rows[0][0] == slow and rows[0][2] == 3
     assert rows[0][1] >= 3 * SLOW_MS * 0.95
     assert len(rows) == min(5, ranks)
+
+
+def test_ranks_with_different_schedules_skip_the_clock_sync_at_once(tmp_path: Path) -> None:
+    if not TORCHRUN.exists():
+        pytest.skip(f"{TORCHRUN} is not installed with torch here")
+    timeout_s = 60.0
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    env["STEPSCOPE_RANK_SYNC_TIMEOUT_S"] = str(timeout_s)
+    cmd = [
+        str(TORCHRUN), "--nproc-per-node=2", "--master-addr=127.0.0.1",
+        f"--master-port={free_port()}", str(ROOT / "tests" / "ranks_schedule_job.py"),
+        str(tmp_path),
+    ]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=env)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    for rank in range(2):  # before: each rank waited out the whole timeout
+        assert float((tmp_path / f"waited_rank{rank}.txt").read_text()) < timeout_s / 4
+    records = [t.metadata["stepscope_rank_sync"] for _, t in read_dir(tmp_path)]
+    assert len(records) == 2 and all(r["status"] == "skipped" for r in records)
+    assert all("schedules differ" in r["reason"] for r in records)

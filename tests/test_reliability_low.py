@@ -1,15 +1,20 @@
-"""Low-severity points of issue 13: SVG text, construction-time validation."""
+"""Low-severity points of issues 13 and 24: SVG text, construction-time validation, bounded
+reads."""
 
 from __future__ import annotations
 
+import gzip
 import math
+import tracemalloc
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
 
+import stepscope
 from stepscope.report.flamegraph import flamegraph_svg, write_flamegraph
 from stepscope.sampling import FunctionProfiler
+from stepscope.trace.chrome import ChromeTraceError, read_chrome_trace
 
 
 def test_flame_graph_svg_holds_control_characters_and_lone_surrogates(tmp_path: Path) -> None:
@@ -27,3 +32,25 @@ def test_flame_graph_svg_holds_control_characters_and_lone_surrogates(tmp_path: 
 def test_function_profiler_rate_is_checked_at_construction(rate: object) -> None:
     with pytest.raises(ValueError, match="sampling_rate_hz must be a positive, finite number"):
         FunctionProfiler(sample_rate_hz=rate)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("activities", ["CPU", b"CPU"])
+def test_a_single_activity_string_is_refused_with_a_hint(activities: object) -> None:
+    hint = r"got b?.CPU. \(a list, e.g. activities=\[ProfilerActivity"
+    with pytest.raises(TypeError, match=hint):
+        stepscope.profile(activities=activities)  # type: ignore[arg-type]
+
+
+def test_a_gzip_bomb_is_refused_near_the_limit_in_memory(tmp_path: Path) -> None:
+    limit = 32 << 20
+    bomb = tmp_path / "bomb.json.gz"
+    with gzip.open(bomb, "wb", compresslevel=9) as fh:
+        fh.write(b'{"traceEvents": [' + b" " * (4 * limit))
+    tracemalloc.start()
+    try:
+        with pytest.raises(ChromeTraceError, match="inflates to more than"):
+            read_chrome_trace(bomb, max_inflated_bytes=limit)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1.5 * limit  # it was twice the limit: one inflate call for the whole limit

@@ -159,3 +159,26 @@ def test_a_child_forked_while_sampling_starts_clean_and_samples_on_its_own() -> 
     if native() is not None and sys.version_info >= (3, 11):
         assert report["mode"] == "signal", report
     assert len(prof.trace().samples) > 0
+
+
+def test_a_start_that_raises_leaves_the_process_able_to_profile(tmp_path: Path) -> None:
+    from stepscope.collectors.base import WindowContext
+    from stepscope.collectors.python import PythonTracerCollector
+
+    with pytest.raises(TypeError, match=r"schedule\(0\) returned 1"):
+        profile(schedule=lambda step: 1)  # type: ignore[arg-type,return-value]
+    holder = PythonTracerCollector()  # holds the function tracer: the profile's cannot claim it
+    holder.prepare(WindowContext(window=0))
+    try:
+        failing = profile(with_stack=True, torch_ops=False, strict=True)
+        with pytest.raises(Exception, match="tracer"):
+            failing.start()
+        assert active_profile() is None
+    finally:
+        holder.close()
+    with profile(on_trace_ready=trace_handler(str(tmp_path)), torch_ops=False) as prof:
+        with record_function("after"):
+            pass
+        prof.step()
+    [written] = tmp_path.glob("*.json")
+    assert "after" in {s.name for s in read_chrome_trace(written).iter_spans()}

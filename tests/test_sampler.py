@@ -601,3 +601,42 @@ def test_time_in_stepscopes_own_code_is_a_row_of_its_own() -> None:
     # the profiler's own frames stay hidden, but their time is not the caller's self time
     assert own.self_cpu_time_total > 0.6 * caller.cpu_time_total
     assert caller.self_cpu_time_total < 0.3 * caller.cpu_time_total
+
+
+@pytest.mark.skipif(not signal_mode_available(), reason="signal sampling needs Linux and the C ext")
+def test_threads_beyond_the_signal_engines_slots_are_counted() -> None:
+    stop = threading.Event()
+    threads = [threading.Thread(target=stop.wait, daemon=True) for _ in range(300)]
+    for t in threads:
+        t.start()
+    try:
+        sampler = Sampler(200)
+        sampler.start()
+        assert sampler.wait_running(5) and sampler.mode == "signal"
+        # every Python thread but the sampler's own wants a slot; the engine has 256
+        wanting = len(threading.enumerate()) - 1
+        workload(0.05)
+        info = sampler.describe(sampler.stop(5))
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert info["lost_threads_without_slot"] == wanting - 256
+
+
+@pytest.mark.skipif(not signal_mode_available(), reason="signal sampling needs Linux and the C ext")
+def test_a_sigprof_handler_installed_mid_run_gets_none_of_the_samplers_signals() -> None:
+    received: list[int] = []
+    sampler = Sampler(500, thread_ids=[threading.get_native_id()])
+    sampler.start()
+    assert sampler.wait_running(5) and sampler.mode == "signal"
+    workload(0.1)
+    previous = signal.signal(signal.SIGPROF, lambda signum, frame: received.append(signum))
+    try:
+        workload(0.2)  # busy: the sampler would signal this thread about 100 times
+        info = sampler.describe(sampler.stop(5))
+        assert received == []
+        assert info["sigprof_replaced_during_run"] is True
+        assert signal.getsignal(signal.SIGPROF) is not previous  # the program's handler stays
+    finally:
+        signal.signal(signal.SIGPROF, previous)

@@ -30,7 +30,8 @@ def coerce_activities(values: Iterable[object] | None) -> set[ProfilerActivity]:
         return {ProfilerActivity.CPU}
     if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
         raise TypeError(
-            f"activities must be an iterable of ProfilerActivity values, got {values!r}"
+            f"activities must be an iterable of ProfilerActivity values, got {values!r} "
+            "(a list, e.g. activities=[ProfilerActivity.CPU])"
         )
     result = set()
     for value in values:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 from collections.abc import Sequence
@@ -10,6 +11,7 @@ from collections.abc import Sequence
 from stepscope._version import __version__
 from stepscope.commands import diff, kernels, merge, report, run
 from stepscope.commands.command import Command
+from stepscope.text import one_line
 from stepscope.trace.names import hide_launcher
 
 COMMANDS: tuple[Command, ...] = (
@@ -62,7 +64,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return command.run(args)
     except (ValueError, OSError) as exc:
-        print(f"stepscope {args.command}: error: {exc}", file=sys.stderr)
+        print(f"stepscope {args.command}: error: {one_line(str(exc))}", file=sys.stderr)
+        return 1
+    except Exception as exc:  # a bug: still one line, no traceback
+        if os.environ.get("STEPSCOPE_DEBUG"):
+            raise
+        print(
+            f"stepscope {args.command}: internal error: {type(exc).__name__}: "
+            f"{one_line(str(exc))[:500]} (STEPSCOPE_DEBUG=1 shows where; please report it)",
+            file=sys.stderr,
+        )
         return 1
 
 

@@ -21,7 +21,10 @@ group is known to take part, so a rank that never profiles cannot hang the job:
 1. Without any collective, each rank adds itself to a counter in the store
    (``stepscope/sync/<generation>/<last step>/arrived``); the rank that completes the count
    sets an ``all`` key, which the others wait for (``store.wait``) up to
-   ``STEPSCOPE_RANK_SYNC_TIMEOUT_S`` (default 10 s).
+   ``STEPSCOPE_RANK_SYNC_TIMEOUT_S`` (default 10 s).  Before that, the first rank names the
+   step its window ended at (``stepscope/sync/<generation>/last_step``); a rank whose window
+   ended at another step (another schedule) sets ``mismatch`` and skips, and the ranks waiting
+   see it within ``MISMATCH_CHECK_S`` and skip too, instead of waiting out the timeout.
 2. Each rank then proposes ``go`` (every rank arrived) or ``skip`` with one ``compare_set`` on
    one key: the first proposal wins and every rank reads the same decision.  ``go`` is only
    possible once all ranks have arrived, so every rank reads it and all go on together.
@@ -65,6 +68,8 @@ __all__ = [
 CLOCK_ROUNDS = 5
 """Barrier round trips used to bound each rank's clock offset to rank 0."""
 TIMEOUT_ENV = "STEPSCOPE_RANK_SYNC_TIMEOUT_S"
+MISMATCH_CHECK_S = 0.1
+"""How often a rank waiting for the others checks whether a rank's schedule differs."""
 STEPS_KEY = "stepscope/steps"
 LEADER_KEY = "stepscope/steps/leader"
 STOPPED = "stopped"
@@ -258,6 +263,23 @@ def leader_step(dist: Any, store: Any, timeout_s: float) -> int | None:
         time.sleep(0.001)
 
 
+def _skipped(reason: str, arrived: int, world: int) -> dict[str, Any]:
+    return {"status": "skipped", "reason": reason, "ranks_arrived": arrived, "world_size": world}
+
+
+def _wait_for_all(store: Any, all_key: str, mismatch_key: str, timeout: float) -> bool:
+    """Wait up to ``timeout`` for ``all_key``; True as soon as ``mismatch_key`` appears."""
+    deadline = time.monotonic() + timeout
+    while (left := deadline - time.monotonic()) > 0:
+        # DistStoreError (a RuntimeError): this slice timed out
+        with contextlib.suppress(RuntimeError):
+            store.wait([all_key], datetime.timedelta(seconds=min(left, MISMATCH_CHECK_S)))
+            return False
+        if store.check([mismatch_key]):
+            return True
+    return False
+
+
 def sync_first_window(first_step: int, last_step: int) -> dict[str, Any] | None:
     """Measure the clock offset to rank 0 at the end of the first window (module docstring).
 
@@ -272,25 +294,40 @@ def sync_first_window(first_step: int, last_step: int) -> dict[str, Any] | None:
     timeout = sync_timeout_s()
     _generation += 1
     store = dist.distributed_c10d._get_default_store()
-    prefix = f"stepscope/sync/{_generation}/{last_step}/"
+    generation = f"stepscope/sync/{_generation}/"
+    prefix = f"{generation}{last_step}/"
+    # the first rank here names the step its window ended at; a rank whose window ended at
+    # another step (another schedule) can never meet it: it says so, and nobody waits
+    first = bytes(store.compare_set(generation + "last_step", "", str(last_step))).decode()
+    if first != str(last_step):
+        store.set(generation + "mismatch", first)
+        return _skipped(
+            f"ranks ended their first window at different steps (this rank at {last_step}, "
+            f"another at {first}): their schedules differ; clocks not aligned, no collective "
+            "issued",
+            1,
+            world,
+        )
     arrived = int(store.add(prefix + "arrived", 1))
     if arrived == world:
         store.set(prefix + "all", b"1")
+    elif _wait_for_all(store, prefix + "all", generation + "mismatch", timeout):
+        return _skipped(
+            f"another rank ended its first window at a step other than {last_step}: the ranks' "
+            "schedules differ; clocks not aligned, no collective issued",
+            arrived,
+            world,
+        )
     else:
-        # one request per rank, not a poll; DistStoreError (a RuntimeError): it timed out
-        with contextlib.suppress(RuntimeError):
-            store.wait([prefix + "all"], datetime.timedelta(seconds=timeout))
         arrived = int(store.add(prefix + "arrived", 0))
     proposal = b"go" if arrived >= world else b"skip"
     decision = bytes(store.compare_set(prefix + "decision", "", proposal))
     if decision != b"go":
-        return {
-            "status": "skipped",
-            "reason": f"not every rank ended its first window at step {last_step} within "
+        return _skipped(
+            f"not every rank ended its first window at step {last_step} within "
             f"{timeout:g} s ({TIMEOUT_ENV}); clocks not aligned, no collective issued",
-            "ranks_arrived": arrived,
-            "world_size": world,
-        }
+            arrived, world,
+        )  # fmt: skip
     enter, leave = _clock_rounds(dist)
     if rank == 0:
         record = {"first_step": first_step, "enter": enter, "leave": leave}

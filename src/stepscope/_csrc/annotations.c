@@ -61,9 +61,32 @@ static void unlink_open(RecordFunction *self) {
     Py_DECREF(self); /* the open list held a reference */
 }
 
+static PyObject *step_prefix(void) {
+    static PyObject *prefix = NULL; /* interned once; STEP_SPAN in collectors/annotations.py */
+    if (prefix == NULL) {
+        prefix = PyUnicode_InternFromString("ProfilerStep#");
+    }
+    return prefix;
+}
+
+static int is_step_span(PyObject *name) {
+    PyObject *prefix = step_prefix();
+    if (prefix == NULL || !PyUnicode_Check(name)) {
+        PyErr_Clear();
+        return 0;
+    }
+    Py_ssize_t found = PyUnicode_Tailmatch(name, prefix, 0, PY_SSIZE_T_MAX, -1);
+    if (found < 0) {
+        PyErr_Clear();
+        return 0;
+    }
+    return found == 1;
+}
+
 static int append_span(PyObject *name, PyObject *args, int64_t start, int64_t end,
                        unsigned long tid) {
-    if (max_spans > 0 && PyList_GET_SIZE(sink) >= max_spans) {
+    /* the step spans are kept over the budget (one per step): without them no step is known */
+    if (max_spans > 0 && PyList_GET_SIZE(sink) >= max_spans && !is_step_span(name)) {
         dropped++;
         return 0;
     }

@@ -153,7 +153,7 @@ typedef struct {
     int signals_on;           /* this object owns the signal engine */
     int draining;             /* a drain is in progress (guards the code watcher) */
     uint64_t drain_tid;       /* the thread that started signal mode: never sampled */
-    Py_ssize_t no_slot;       /* threads left unsampled: no engine slot left */
+    Py_ssize_t no_slot;       /* most threads left unsampled at once: no engine slot left */
     Py_ssize_t invalid_codes; /* signal samples dropped: a frame was not a code object */
     SsSigStats sig;           /* the engine's counters, kept at stop_signals */
 } Sampler;
@@ -434,11 +434,16 @@ static int on_idle(void *ctx, int64_t tid, const int64_t *ts, int n) {
 /* Give every wanted thread but the draining one a slot in the engine. */
 static void add_threads(Sampler *self) {
     PyInterpreterState *interp = PyThreadState_GetInterpreter(PyThreadState_Get());
+    Py_ssize_t refused = 0;
     for (PyThreadState *ts = PyInterpreterState_ThreadHead(interp); ts; ts = PyThreadState_Next(ts)) {
         uint64_t tid = thread_key(ts);
         if (tid != self->drain_tid && wanted(self, tid) && ss_sig_add_thread((int64_t)tid) < 0) {
-            self->no_slot++;
+            refused++;
         }
+    }
+    /* the same threads are refused at every pass: keep the most at once, not the sum */
+    if (refused > self->no_slot) {
+        self->no_slot = refused;
     }
 }
 
@@ -782,6 +787,7 @@ static PyObject *sampler_start_signals(Sampler *self, PyObject *args) {
         return NULL;
     }
     self->signals_on = 1;
+    self->no_slot = 0;
     self->drain_tid = thread_key(PyThreadState_Get());
     add_threads(self);
     Py_RETURN_NONE;

@@ -90,6 +90,7 @@ static struct {
     int cv_ready;
     int stop;
     _Atomic uint64_t ticks, signals;
+    _Atomic int taken; /* the program installed its own SIGPROF handler during the run */
     int restored, replaced;
 } E = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
@@ -203,8 +204,19 @@ static int slot_idle(Slot *s, int64_t cpu, int64_t now) {
     return s->idle;
 }
 
+static int handler_is_ours(void) {
+    struct sigaction current;
+    return sigaction(SIGPROF, NULL, &current) != 0 ||
+           ((current.sa_flags & SA_SIGINFO) && current.sa_sigaction == on_sigprof);
+}
+
 static void tick(pid_t pid) {
     atomic_fetch_add_explicit(&E.ticks, 1, memory_order_relaxed);
+    /* a handler the program installed mid-run must never get our signals: stop sending */
+    if (atomic_load_explicit(&E.taken, memory_order_relaxed) || !handler_is_ours()) {
+        atomic_store(&E.taken, 1);
+        return;
+    }
     int64_t now = ss_now_ns();
     int n = atomic_load_explicit(&E.n_slots, memory_order_acquire);
     for (int i = 0; i < n; i++) {
@@ -347,6 +359,7 @@ int ss_sig_start(const SsSigSettings *settings, char *why, size_t why_len) {
     atomic_store(&E.ticks, 0);
     atomic_store(&E.signals, 0);
     E.restored = E.replaced = 0;
+    atomic_store(&E.taken, 0);
     E.stop = 0;
     if (!E.installed) {
         struct sigaction action;
@@ -494,7 +507,8 @@ void ss_sig_stop(int64_t timeout_ns) {
         nanosleep(&pause, NULL);
     }
     atomic_store(&E.running, 0);
-    if (!all_handled()) {
+    /* once the program's handler took SIGPROF, ours never runs again: nothing is in flight */
+    if (!atomic_load(&E.taken) && !all_handled()) {
         E.stale = 1; /* leave the handler installed (inert) and the slots in place */
         return;
     }
@@ -553,7 +567,7 @@ void ss_sig_stats(SsSigStats *out) {
         out->handler_ns += atomic_load(&s->handler_ns);
     }
     out->restored = E.restored;
-    out->replaced = E.replaced;
+    out->replaced = E.replaced || atomic_load(&E.taken);
 }
 
 #else /* no signal sampler on this platform */

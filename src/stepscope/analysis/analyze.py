@@ -37,7 +37,10 @@ from stepscope.analysis.sampled_time import sampled_time
 from stepscope.trace.model import Trace
 from stepscope.trace.nesting import nest_spans
 
-__all__ = ["analyze", "analyze_trace"]
+__all__ = ["ANALYSIS_ERRORS", "analyze", "analyze_trace"]
+
+ANALYSIS_ERRORS = (ArithmeticError, LookupError, TypeError, RecursionError, MemoryError)
+"""What a trace with values no analysis expects can raise (a bug to fix, but one file only)."""
 
 
 @dataclass
@@ -99,6 +102,7 @@ def _facts(trace: Trace, source: str, step_range: tuple[int, int] | None) -> _Fa
         notes.append("no ProfilerStep spans: the whole trace is analysed as one step")
     elif steps.left_out_last_step(trace, all_steps):
         notes.append("the profile stopped inside the window's last step: that step is left out")
+    notes += ops.sampler_notes(trace)
     if step_range is not None and has_steps:
         notes.append(f"steps {step_range[0]}-{step_range[1]}: {len(chosen)} of {len(all_steps)}")
         if not chosen:
@@ -358,16 +362,36 @@ def analyze(
     traces: Sequence[tuple[str, Trace]],
     step_range: tuple[int, int] | None = None,
     top: int = 10,
+    failures: list[str] | None = None,
 ) -> Report:
-    """Analyse traces (label, trace): a summary per trace and one of all of them together."""
+    """Analyse traces (label, trace): a summary per trace and one of all of them together.
+
+    With a ``failures`` list, a trace whose analysis fails is left out and a line saying why is
+    appended (the others are still reported); without one, the error is raised.
+    """
     if not traces:
         raise ValueError("analyze: no traces given")
     if top < 1:
         raise ValueError(f"top must be 1 or more, got {top}")
-    facts = [_facts(trace, label, step_range) for label, trace in traces]
-    per_file = [_summarize(f.source, [f], top) for f in facts]
-    for summary, (_, trace) in zip(per_file, traces, strict=True):
-        summary.memory = memory_summary(trace, top, step_range)
+    facts: list[_Facts] = []
+    per_file: list[TraceSummary] = []
+    analysed: list[tuple[str, Trace]] = []
+    for label, trace in traces:
+        try:
+            one = _facts(trace, label, step_range)
+            summary = _summarize(one.source, [one], top)
+            summary.memory = memory_summary(trace, top, step_range)
+        except ANALYSIS_ERRORS as exc:
+            if failures is None:
+                raise
+            failures.append(f"{label}: cannot analyse: {type(exc).__name__}: {exc}")
+            continue
+        facts.append(one)
+        per_file.append(summary)
+        analysed.append((label, trace))
+    if not facts:
+        raise ValueError(f"no trace could be analysed: {(failures or ['?'])[0]}")
+    traces = analysed
     combined = per_file[0] if len(facts) == 1 else _summarize("all files", facts, top)
     ranks = analyze_ranks(traces, per_file, step_range) if len(traces) > 1 else None
     return Report(per_file, combined, step_range, top, ranks)

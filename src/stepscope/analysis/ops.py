@@ -25,7 +25,15 @@ from stepscope.analysis.result import (
 from stepscope.trace.model import Trace
 from stepscope.trace.nesting import Nesting, group_name
 
-__all__ = ["counters", "dropped_events", "functions", "kernels", "launch_delay", "operators"]
+__all__ = [
+    "counters",
+    "dropped_events",
+    "functions",
+    "kernels",
+    "launch_delay",
+    "operators",
+    "sampler_notes",
+]
 
 _RUNTIME = frozenset({"cuda_runtime", "cuda_driver", "mtia_runtime"})
 _NOT_OPERATORS = frozenset({"python_function", "Trace"})
@@ -185,6 +193,25 @@ def counters(trace: Trace) -> list[CounterInfo]:
     ]
 
 
+def sampler_notes(trace: Trace) -> list[str]:
+    """What the trace metadata says stopped the sampler early or left threads out."""
+    sampler = trace.metadata.get("stepscope_sampler")
+    if not isinstance(sampler, dict):
+        return []
+    notes = []
+    if sampler.get("sigprof_replaced_during_run"):
+        notes.append(
+            "the program installed its own SIGPROF handler during the window: the sampler "
+            "stopped there, so later time has no samples"
+        )
+    if sampler.get("lost_threads_without_slot"):
+        notes.append(
+            f"{sampler['lost_threads_without_slot']} threads were not sampled: the signal "
+            "sampler has slots for 256 threads"
+        )
+    return notes
+
+
 def dropped_events(trace: Trace) -> dict[str, int]:
     """Events the recorders dropped and the reader skipped, from the trace metadata."""
     meta = trace.metadata
@@ -204,6 +231,9 @@ def dropped_events(trace: Trace) -> dict[str, int]:
                 out[f"reader_skipped_{key}"] = value
     elif isinstance(skipped, int) and skipped:
         out["reader_skipped"] = skipped
+    annotations = meta.get("stepscope_annotations_dropped")
+    if isinstance(annotations, int) and annotations:
+        out["annotation_spans_dropped"] = annotations
     errors = meta.get("stepscope_collector_errors")
     if isinstance(errors, (list, dict)) and errors:
         out["collector_errors"] = len(errors)

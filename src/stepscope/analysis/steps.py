@@ -30,7 +30,7 @@ __all__ = [
     "step_stats",
 ]
 
-_STEP = re.compile(r"^ProfilerStep#(\d+)$")
+_STEP = re.compile(r"^ProfilerStep#(\d{1,4000})$")  # int() refuses 4,300 digits and more
 _NOT_HOST = DEVICE_CATEGORIES | {"gpu_user_annotation", "cuda_profiler_range", "Trace"}
 
 
@@ -75,7 +75,7 @@ def find_steps(trace: Trace, host: Sequence[bool] | None = None) -> tuple[list[S
     if step_ids:
         for i in range(len(spans)):
             number = step_ids.get(names[i])
-            if number is None or not host[i]:
+            if number is None or not host[i] or durs[i] < 0:  # a negative span is no step
                 continue
             args = trace.args_at(argrefs[i])
             if args and args.get("stepscope.open_at_window_end"):

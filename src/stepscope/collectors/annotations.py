@@ -20,6 +20,9 @@ from stepscope._ext import NativeModule, native
 from stepscope.collectors.base import Collector, WindowContext
 from stepscope.trace.model import TraceBuilder
 
+STEP_SPAN = "ProfilerStep#"
+"""Spans named so (the profile's steps, one per step) are kept over ``max_spans``."""
+
 if TYPE_CHECKING:
     from typing_extensions import Self
 
@@ -108,7 +111,7 @@ class _PythonBackend:
         sink = self.sink
         if sink is None:
             return
-        if self.max_spans and len(sink) >= self.max_spans:
+        if self.max_spans and len(sink) >= self.max_spans and not span[0].startswith(STEP_SPAN):
             self.dropped += 1
         else:
             sink.append(span)

@@ -447,6 +447,8 @@ class Sampler:
             info["late_signals"] = stats["late"]
             info["lost_ring_full"] = stats["ring_full"]
             info["handler_ms"] = round(stats["handler_ns"] / 1e6, 3)
+            if stats.get("threads_without_slot"):  # beyond the engine's 256 thread slots
+                info["lost_threads_without_slot"] = stats["threads_without_slot"]
             if stats.get("invalid_codes"):  # code freed while a drain ran, or not a code object
                 info["lost_invalid_frames"] = stats["invalid_codes"]
             if stats["replaced"]:

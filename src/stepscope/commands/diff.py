@@ -16,6 +16,8 @@ from stepscope.analysis.diff import diff_summaries
 from stepscope.analysis.steps import parse_step_range
 from stepscope.commands.command import Command
 from stepscope.commands.report import load_traces, write_text
+from stepscope.text import one_line
+from stepscope.trace.merge import rank_of
 
 __all__ = ["COMMAND", "add_arguments", "run"]
 
@@ -47,12 +49,20 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--fail-if-slower must be a percentage >= 0, got {args.fail_if_slower}")
     step_range = parse_step_range(args.steps) if args.steps else None
     summaries = []
+    rank_counts = []
     for path in (args.a, args.b):
         traces, failures = load_traces(Path(path), sys.stderr)
+        report = analyze(traces, step_range, ALL_ROWS, failures)
         for failure in failures:
-            print(f"stepscope diff: skipped {failure}", file=sys.stderr)
-        summaries.append(analyze(traces, step_range, ALL_ROWS).combined)
+            print(f"stepscope diff: skipped {one_line(failure)}", file=sys.stderr)
+        summaries.append(report.combined)
+        rank_counts.append(len({rank_of(t, label) for label, t in traces}))
     result = diff_summaries(summaries[0], summaries[1])
+    if rank_counts[0] != rank_counts[1]:
+        result.notes.append(
+            f"A has files of {rank_counts[0]} rank(s), B of {rank_counts[1]}: each run's steps "
+            "are pooled over its ranks, so the runs may not be comparable"
+        )
     render_diff(result, report_console(), args.top)
     if args.json:
         write_text(args.json, result.to_json() + "\n", "JSON diff")

@@ -21,6 +21,7 @@ from stepscope.analysis.result import Report
 from stepscope.analysis.steps import parse_step_range
 from stepscope.atomic import atomic_output
 from stepscope.commands.command import Command
+from stepscope.text import one_line, printable
 from stepscope.trace.chrome import read_chrome_trace
 from stepscope.trace.model import Trace
 
@@ -46,14 +47,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def trace_files(path: Path) -> list[Path]:
-    """The trace files at ``path`` (a file, or every .json/.json.gz under a directory)."""
+    """The trace files at ``path`` (a file, or every .json/.json.gz under a directory); a link
+    that leads nowhere (a loop, a missing target) is kept so that reading it reports why."""
     if not path.exists():
+        if path.is_symlink():
+            raise ValueError(f"{path}: a symbolic link that leads nowhere (a loop or no target)")
         raise ValueError(f"{path}: no such file or directory")
     if path.is_file():
         return [path]
     if not path.is_dir():
         raise ValueError(f"{path}: not a file or directory")
-    found = sorted(p for p in path.rglob("*") if p.is_file() and p.name.endswith(TRACE_SUFFIXES))
+    found = sorted(
+        p
+        for p in path.rglob("*")
+        if p.name.endswith(TRACE_SUFFIXES) and (p.is_file() or (p.is_symlink() and not p.exists()))
+    )
     if not found:
         raise ValueError(f"{path}: no trace files (*.json, *.json.gz) in this directory")
     return found
@@ -89,14 +97,15 @@ def load_traces(
     failures: list[str] = []
     progress = None
     if stderr.isatty():
-        from rich.console import Console
         from rich.progress import BarColumn, Progress, TextColumn
 
+        from stepscope.report.terminal import SafeConsole
+
         progress = Progress(
-            TextColumn("reading {task.fields[name]}"),
+            TextColumn("reading {task.fields[name]}", markup=False),
             BarColumn(),
             TextColumn("{task.completed}/{task.total} files"),
-            console=Console(file=stderr),
+            console=SafeConsole(file=stderr),
             transient=True,
         )
     task = None
@@ -107,7 +116,7 @@ def load_traces(
         for f in files:
             label = f.name if single or path.is_file() else str(f.relative_to(path))
             if progress is not None and task is not None:
-                progress.update(task, name=label)
+                progress.update(task, name=printable(label))
             try:
                 traces.append((label, _read(f)))
             except ValueError as exc:
@@ -146,9 +155,11 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--top must be 1 or more, got {args.top}")
     step_range = parse_step_range(args.steps) if args.steps else None
     traces, failures = load_traces(Path(args.path), sys.stderr)
+    report = analyze(traces, step_range, args.top, failures)
     for failure in failures:
-        print(f"stepscope report: skipped {failure}", file=sys.stderr)
-    report = analyze(traces, step_range, args.top)
+        print(f"stepscope report: skipped {one_line(failure)}", file=sys.stderr)
+    analysed = {s.source for s in report.files}
+    traces = [(label, t) for label, t in traces if label in analysed]
     render_report_to(report)
     if args.json:
         write_text(args.json, report.to_json() + "\n", "JSON report")

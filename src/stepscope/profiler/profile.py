@@ -8,6 +8,7 @@ after RECORD_AND_SAVE).  Every recording window yields one ``Trace``.  Beyond to
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -37,7 +38,7 @@ from stepscope.failures import failure_log
 from stepscope.profiler.events import EventList, function_events
 from stepscope.profiler.execution_trace import ExecutionTraceCollector
 from stepscope.profiler.ranks import RankSync
-from stepscope.profiler.schedule import ProfilerAction, Schedule, default_schedule
+from stepscope.profiler.schedule import ProfilerAction, Schedule, action_at, default_schedule
 from stepscope.profiler.step_trigger import StepTrigger
 from stepscope.profiler.summary import KeyAverages, key_averages
 from stepscope.report.collapsed import collapsed_from_spans, write_collapsed
@@ -159,7 +160,7 @@ class profile:
                 raise TypeError(f"collectors must be Collector instances, got {extra!r}")
             self.collectors.append(extra)
         self.step_num = 0
-        self.current_action = self.schedule(0)
+        self.current_action = action_at(self.schedule, 0)
         self.preset_metadata: dict[str, Any] = {}
         self._window_metadata: dict[str, Any] = {}
         self._ctx: WindowContext | None = None
@@ -318,15 +319,22 @@ class profile:
                 "(stepscope runs one profile at a time)"
             )
         _active = self
-        joined = self._ranks.join(self.step_num)
-        if joined != self.step_num:  # a rank that started late takes the leader's numbering
-            self.step_num, self.current_action = joined, self.schedule(joined)
-        if self._step_trigger is not None:
-            self._step_trigger.install()
-        steps.set_step(self.step_num)
-        advance_kineto_step("start")
-        self._transit(ProfilerAction.NONE, self.current_action)
-        self._open_step_span()
+        try:
+            joined = self._ranks.join(self.step_num)
+            if joined != self.step_num:  # a rank that started late takes the leader's numbering
+                self.step_num, self.current_action = joined, action_at(self.schedule, joined)
+            if self._step_trigger is not None:
+                self._step_trigger.install()
+            steps.set_step(self.step_num)
+            advance_kineto_step("start")
+            self._transit(ProfilerAction.NONE, self.current_action)
+            self._open_step_span()
+        except BaseException:
+            # a start that fails (a strict collector, a bad schedule) leaves no profile running
+            with contextlib.suppress(Exception):
+                self.stop()
+            _release(self)
+            raise
 
     def step(self) -> None:
         """Mark the end of the current step and the start of the next one."""
@@ -335,11 +343,7 @@ class profile:
         self._close_step_span()
         previous = self.current_action
         self.step_num += 1
-        action = self.schedule(self.step_num)
-        if not isinstance(action, ProfilerAction):
-            raise TypeError(
-                f"schedule({self.step_num}) returned {action!r}; it must return a ProfilerAction"
-            )
+        action = action_at(self.schedule, self.step_num)
         self.current_action = action
         steps.set_step(self.step_num)
         self._ranks.publish(self.step_num)
@@ -710,7 +714,7 @@ def split_activity_filters(
     a ``ValueError`` (as in torch).
     """
     if activities is None or isinstance(activities, (str, bytes)):
-        return (None if activities is None else list(activities)), {}  # type: ignore[arg-type]
+        return activities, {}  # type: ignore[return-value]  # coerce_activities says why
     if not isinstance(activities, Iterable):
         raise TypeError(
             f"activities must be an iterable of ProfilerActivity values, got {activities!r}"

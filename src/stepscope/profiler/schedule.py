@@ -6,7 +6,7 @@ import enum
 import warnings
 from collections.abc import Callable
 
-__all__ = ["ProfilerAction", "Schedule", "default_schedule", "schedule"]
+__all__ = ["ProfilerAction", "Schedule", "action_at", "default_schedule", "schedule"]
 
 
 class ProfilerAction(enum.Enum):
@@ -79,3 +79,11 @@ def schedule(
 def default_schedule(step: int) -> ProfilerAction:
     """Record every step (the behaviour without a schedule)."""
     return ProfilerAction.RECORD
+
+
+def action_at(schedule_fn: Schedule, step: int) -> ProfilerAction:
+    """``schedule_fn(step)``; a ``TypeError`` when it is no ``ProfilerAction``."""
+    action = schedule_fn(step)
+    if not isinstance(action, ProfilerAction):
+        raise TypeError(f"schedule({step}) returned {action!r}; it must return a ProfilerAction")
+    return action

@@ -29,6 +29,8 @@ from stepscope.text import clean_text
 from stepscope.trace.model import Trace
 
 __all__ = [
+    "CUT_FRAMES",
+    "MAX_FLAME_DEPTH",
     "VENDOR_SCRIPTS",
     "VENDOR_STYLES",
     "asset",
@@ -130,18 +132,27 @@ def offline_page(
     )
 
 
+MAX_FLAME_DEPTH = 200
+"""Frames a flame graph of the page shows per stack; deeper ones fold into one frame."""
+CUT_FRAMES = "… deeper frames (cut)"
+
+
 def flame_tree(
     stacks: Mapping[str, int], name: str = "all", min_share: float = MIN_FRAME_SHARE
 ) -> dict[str, Any]:
     """d3-flame-graph's tree (``{name, value, children}``, values including children) of
-    collapsed stacks; frames under ``min_share`` of the total stay in their parent's value."""
+    collapsed stacks; frames under ``min_share`` of the total stay in their parent's value, and
+    frames below ``MAX_FLAME_DEPTH`` fold into one."""
     root: dict[str, Any] = {"name": name, "value": 0, "children": {}}
     for stack, value in stacks.items():
         if value <= 0:
             continue
         root["value"] += value
         node = root
-        for frame in stack.split(";"):
+        frames = stack.split(";")
+        if len(frames) > MAX_FLAME_DEPTH:  # the page (and its JSON) nest one level per frame
+            frames[MAX_FLAME_DEPTH - 1 :] = [CUT_FRAMES]
+        for frame in frames:
             child = node["children"].get(frame)
             if child is None:
                 child = node["children"][frame] = {"name": frame, "value": 0, "children": {}}

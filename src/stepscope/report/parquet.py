@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from stepscope.analysis.result import Report
-from stepscope.atomic import atomic_output, make_directory
+from stepscope.atomic import atomic_outputs, make_directory
 from stepscope.extras import require
 from stepscope.trace.merge import rank_of
 from stepscope.trace.model import Trace
@@ -109,8 +109,7 @@ def write_parquet(
     """Write the tables of ``report`` as ``<directory>/<table>.parquet``; returns the paths."""
     pa = require("pyarrow", "stepscope report --parquet", "parquet")
     pq = require("pyarrow.parquet", "stepscope report --parquet", "parquet")
-    out = make_directory(directory, "--parquet")
-    written = []
+    tables = {}
     for name, rows in _rows(report, traces, run).items():
         who = [("run", "string")]
         if name not in ("ranks", "collective_waits"):
@@ -119,9 +118,19 @@ def write_parquet(
             who += [("rank", "int64")]
         fields = who + _SCHEMAS[name]
         schema = pa.schema([(col, getattr(pa, kind)()) for col, kind in fields])
-        table = pa.Table.from_pylist(rows, schema=schema)
-        path = out / f"{name}.parquet"
-        with atomic_output(path, what=f"Parquet table {name}") as fh:
+        try:
+            tables[name] = pa.Table.from_pylist(rows, schema=schema)
+        except (OverflowError, pa.ArrowException) as exc:
+            raise ValueError(
+                f"--parquet: table {name!r} has a value its column cannot hold ({exc}); "
+                f"nothing was written to {str(directory)!r} (the JSON report holds any value)"
+            ) from None
+    out = make_directory(directory, "--parquet")
+    paths = [out / f"{name}.parquet" for name in tables]
+    # every table lands, or none does: a full disk never mixes two runs' tables in one directory
+    with atomic_outputs(paths, what="Parquet table") as files:
+        for table, fh in zip(tables.values(), files, strict=True):
             pq.write_table(table, fh)
-        written.append(path)
-    return written
+    for stale in _SCHEMAS.keys() - tables.keys():  # an earlier run's table this run has not
+        (out / f"{stale}.parquet").unlink(missing_ok=True)
+    return paths

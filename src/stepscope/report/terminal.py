@@ -5,9 +5,12 @@ from __future__ import annotations
 import os
 import re
 import sys
+from collections.abc import Iterable
+from typing import Any
 
 from rich.console import Console, Group, RenderableType
 from rich.panel import Panel
+from rich.segment import Segment
 from rich.table import Table
 from rich.text import Text
 
@@ -19,9 +22,10 @@ from stepscope.analysis.result import (
     TraceSummary,
 )
 from stepscope.report.memory import human_bytes, memory_renderables
+from stepscope.text import printable
 from stepscope.trace.merge import rank_in_name
 
-__all__ = ["render_diff", "render_report", "render_summary"]
+__all__ = ["SafeConsole", "render_diff", "render_report", "render_summary"]
 
 COLORS = {
     "data_loading": "yellow",
@@ -248,8 +252,8 @@ def render_report(report: Report, console: Console) -> None:
     """Print a report: each file (when several), then the summary of all of them."""
     if len(report.files) > 1:
         for s in report.files:
-            console.print(Panel(render_summary(s), title=s.source, title_align="left"))
-    title = report.combined.source
+            console.print(Panel(render_summary(s), title=Text(s.source), title_align="left"))
+    title = Text(report.combined.source)
     console.print(Panel(render_summary(report.combined), title=title, title_align="left"))
     if report.ranks is not None:
         from stepscope.report.ranks import render_ranks
@@ -316,7 +320,27 @@ PIPED_WIDTH = 120
 """Columns when stdout is a pipe or file and COLUMNS is unset (rich would take 80 and cut cells)."""
 
 
+class SafeConsole(Console):
+    """A console for text from traces: no markup, and every control character, terminal escape
+    and unpaired surrogate shown as a visible escape (a trace never drives its reader's terminal).
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(markup=False, emoji=False, highlight=False, **kwargs)
+
+    def render_str(self, text: str, **kwargs: Any) -> Text:
+        """The text made printable before rich measures it."""
+        return super().render_str(printable(text), **kwargs)
+
+    def _render_buffer(self, buffer: Iterable[Segment]) -> str:
+        # the last gate: text built as ``Text`` objects never passed through render_str
+        return super()._render_buffer(
+            Segment(printable(t), style, control) if not control else Segment(t, style, control)
+            for t, style, control in buffer
+        )
+
+
 def report_console() -> Console:
     """The console a command prints its report to: the terminal's width, or 120 when piped."""
     piped = not sys.stdout.isatty() and "COLUMNS" not in os.environ
-    return Console(file=sys.stdout, soft_wrap=False, width=PIPED_WIDTH if piped else None)
+    return SafeConsole(file=sys.stdout, soft_wrap=False, width=PIPED_WIDTH if piped else None)

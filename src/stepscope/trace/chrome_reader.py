@@ -51,6 +51,10 @@ MIN_INFLATE_LIMIT = 256 << 20
 """... or to this many bytes, whichever is more; ``max_inflated_bytes=`` sets a limit instead."""
 
 
+INFLATE_PIECE = 8 << 20
+"""Bytes inflated per call (a bomb's refusal then peaks just above the limit)."""
+
+
 def _load_bytes(path: Path, max_inflated_bytes: int | None) -> bytes:
     try:
         raw = path.read_bytes()
@@ -75,7 +79,8 @@ def _inflate(path: Path, raw: bytes, limit: int) -> bytes:
         decomp = zlib.decompressobj(31)
         while True:
             try:
-                chunk = decomp.decompress(pending, limit + 1 - size)
+                # bounded pieces: one call for the whole limit would peak at twice the limit
+                chunk = decomp.decompress(pending, min(INFLATE_PIECE, limit + 1 - size))
             except zlib.error as exc:
                 raise ChromeTraceError(f"{path}: corrupt gzip data ({exc})") from None
             size += len(chunk)

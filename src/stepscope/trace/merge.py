@@ -25,7 +25,9 @@ __all__ = [
     "rank_of",
 ]
 
-_RANK_IN_NAME = re.compile(r"_rank(\d+)(?:\D|$)")
+MAX_RANK = 2**31 - 1
+"""The largest rank (torch.distributed ranks are 32-bit ints); a larger one is no rank."""
+_RANK_IN_NAME = re.compile(r"_rank(\d{1,10})(?:\D|$)")
 _RENAMED_META = ("process_name", "process_sort_index")
 
 
@@ -42,10 +44,10 @@ def rank_of(trace: Trace, label: str) -> int | None:
     """The rank that wrote ``trace``: ``distributedInfo.rank``, else ``_rank{r}`` in its name."""
     info = trace.distributed_info
     value = info.get("rank") if isinstance(info, Mapping) else None
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+    if isinstance(value, str) and value.isdigit() and len(value) <= 10:
+        value = int(value)
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_RANK:
         return value
-    if isinstance(value, str) and value.isdigit():
-        return int(value)
     return rank_in_name(label)
 
 
