@@ -147,7 +147,9 @@ class profile:
         ``event_budget``, ``include``, ``exclude``, ``max_depth``, ``min_duration_ns``, ...)."""
         self.sampling_rate_hz = sampling_rate_hz
         """Mean samples per second of ``ProfilerActivity.SAMPLING`` (exponentially jittered)."""
-        self._step_trigger = StepTrigger(step_on, self.step) if step_on is not None else None
+        self._step_trigger = (
+            StepTrigger(step_on, self.step, strict=strict) if step_on is not None else None
+        )
         self.collectors: list[Collector] = [AnnotationCollector(max_spans=max_annotation_spans)]
         self.collectors += self._requested_collectors()
         if strict is not None:
