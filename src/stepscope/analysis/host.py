@@ -26,7 +26,14 @@ device threads), which is ``backward``; with stack samples and no ``python_funct
 sampled Python time moves out of uncategorised time (the step's own, ``idle_other``) into
 ``python`` — time inside a categorised span (data loading, optimizer, an annotation) stays in
 that span's category.
-A span that outlives its step is cut at the step's end; what spans do not cover is
+A step is where categories start: a ``ProfilerStep#N`` inherits nothing from a span it sits
+in (with steps ended from the optimizer's post-hook, step N opens inside step N-1's
+``Optimizer.step``), so its spans are categorised by what ran inside it.  An ``Optimizer.step``
+with a backward span inside it ran a closure (``optimizer.step(closure)``, as Lightning does):
+what starts inside it before its last backward span ends is categorised as if the optimizer
+step were not there (forward, backward), its own time up to then is ``idle_other``, and only
+what follows is ``optimizer``.  A span that outlives its step counts with its own time before
+the step's end (its children's time there taken out); what spans do not cover is
 ``idle_other``.
 """
 
@@ -64,6 +71,7 @@ _RULES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("backward", re.compile(r"(?i:backward)|^autograd::engine::evaluate_function")),
     ("forward", re.compile(r"(?i:forward)|^nn\.Module: ")),
 )
+_OPTIMIZER_STEP = re.compile(r"^Optimizer\.step#")
 _ANNOTATION = "user_annotation"
 _PYTHON = "python_function"
 _OP_PENDING = "op"
@@ -82,6 +90,13 @@ def span_categories(trace: Trace, nesting: Nesting, host: Sequence[bool]) -> lis
 
     Operators get ``op`` here; ``host_breakdowns`` decides forward or other_operators by time.
     """
+    return _categorised(trace, nesting, host)[0]
+
+
+def _categorised(
+    trace: Trace, nesting: Nesting, host: Sequence[bool]
+) -> tuple[list[str], dict[int, int]]:
+    """The span categories, and the closures of ``optimizer_closures``."""
     spans = trace.spans
     names, cats = spans["name"], spans["cat"]
     strings = trace.strings
@@ -91,7 +106,18 @@ def span_categories(trace: Trace, nesting: Nesting, host: Sequence[bool]) -> lis
     parent = nesting.parent
     cat_ids = cats.tolist()
     step_named = {n for n in by_name if strings[n].startswith("ProfilerStep#")}
+    closures = optimizer_closures(trace, nesting, host, own)
+    starts = spans["start_ns"].tolist()
     result: list[str] = [""] * len(spans)
+    # what a closure's Optimizer.step hands down: its parent's category before the closure ends
+    handed: dict[int, str] = {}
+
+    def passes_down(span: int, child: int) -> str:
+        end = closures.get(span)
+        if end is not None and starts[child] < end:
+            return handed[span]
+        return result[span]
+
     for i in compress(range(len(spans)), host):
         if result[i]:
             continue
@@ -101,12 +127,17 @@ def span_categories(trace: Trace, nesting: Nesting, host: Sequence[bool]) -> lis
             chain.append(p)
             p = parent[p]
         # inherited: the resolved category of the nearest resolved ancestor
-        inherited = result[p] if p >= 0 else ""
-        for j in reversed(chain):
+        inherited = passes_down(p, chain[-1]) if p >= 0 else ""
+        for position in range(len(chain) - 1, -1, -1):
+            j = chain[position]
             named = own[j]
             cat = strings[cat_ids[j]]
             is_step = name_ids[j] in step_named
-            if named is not None and not is_step:
+            if j in closures:
+                handed[j] = inherited
+            if is_step:
+                value = ""  # a step's categories come from what ran inside it, nothing above
+            elif named is not None:
                 value = named
             elif inherited in ("", _OP_PENDING, "python"):
                 if cat == _ANNOTATION and not is_step:
@@ -120,8 +151,34 @@ def span_categories(trace: Trace, nesting: Nesting, host: Sequence[bool]) -> lis
             else:
                 value = inherited
             result[j] = value
-            inherited = value
-    return result
+            inherited = passes_down(j, chain[position - 1]) if position else value
+    return result, closures
+
+
+def optimizer_closures(
+    trace: Trace, nesting: Nesting, host: Sequence[bool], own: Sequence[str | None]
+) -> dict[int, int]:
+    """``Optimizer.step`` spans that ran a backward pass inside (a closure, as Lightning's
+    ``optimizer.step(closure)`` runs forward and backward), each with the end of its last
+    backward span: what starts before that is the closure's work, not the optimizer's."""
+    spans = trace.spans
+    names, starts, durs = spans["name"], spans["start_ns"], spans["dur_ns"]
+    strings = trace.strings
+    steps = {n for n in set(names.tolist()) if _OPTIMIZER_STEP.match(strings[n])}
+    if not steps:
+        return {}
+    parent = nesting.parent
+    found: dict[int, int] = {}
+    for i in compress(range(len(spans)), host):
+        if own[i] != "backward":
+            continue
+        p = parent[i]
+        while p >= 0:
+            if names[p] in steps:
+                found[p] = max(found.get(p, 0), starts[i] + durs[i])
+                break
+            p = parent[p]
+    return found
 
 
 def host_breakdowns(
@@ -136,7 +193,8 @@ def host_breakdowns(
     spans = trace.spans
     pids, tids = spans["pid"], spans["tid"]
     starts, durs = spans["start_ns"].tolist(), spans["dur_ns"].tolist()
-    categories = span_categories(trace, nesting, host)
+    categories, closures = _categorised(trace, nesting, host)
+    children = _Children(nesting)
     python_taken = python_taken or {}
     backward_by_pid: dict[int, list[tuple[int, int]]] = {}
     tracks: dict[tuple[int, int], list[int]] = {}
@@ -187,8 +245,14 @@ def host_breakdowns(
                 category = "idle_other"
             end = min(starts[i] + durs[i], step.end_ns)
             share = self_ns[i]
-            if end < starts[i] + durs[i] and durs[i] > 0:  # cut at the step's end
-                share = share * (end - starts[i]) // durs[i]
+            if end < starts[i] + durs[i]:  # cut at the step's end: its own time before that
+                share = children.own_time(i, starts[i], end, starts, durs)
+            if i in closures:  # the closure's own Python is no optimizer work
+                closure_end = min(closures[i], end)
+                glue = children.own_time(i, starts[i], closure_end, starts, durs)
+                glue = max(0, min(share, glue))
+                totals["idle_other"] += glue
+                share -= glue
             # samples name the Python inside uncategorised time only: a data-loading or
             # optimizer region stays what it is, whatever Python ran inside it
             refinable = category in ("idle_other", "python")
@@ -214,6 +278,32 @@ def host_breakdowns(
         totals["idle_other"] += step.dur_ns - used
         result.append(_breakdown(step.step, step.dur_ns, totals, f"{step.pid}/{step.tid}"))
     return result
+
+
+class _Children:
+    """Each span's children, found on first use (only spans cut at a step's end ask)."""
+
+    def __init__(self, nesting: Nesting) -> None:
+        self.parent = nesting.parent
+        self.of: dict[int, list[int]] | None = None
+
+    def own_time(
+        self, span: int, lo: int, hi: int, starts: Sequence[int], durs: Sequence[int]
+    ) -> int:
+        """Time in ``[lo, hi)`` during which ``span`` is open and none of its children is."""
+        if self.of is None:
+            self.of = {}
+            for i, p in enumerate(self.parent):
+                if p >= 0:
+                    self.of.setdefault(p, []).append(i)
+        covered = merge_intervals(
+            [
+                (max(starts[c], lo), min(starts[c] + durs[c], hi))
+                for c in self.of.get(span, ())
+                if starts[c] < hi and starts[c] + durs[c] > lo
+            ]
+        )
+        return max(0, hi - lo - sum(b - a for a, b in covered))
 
 
 class _Intervals:
