@@ -4,6 +4,7 @@ closure runs inside ``Optimizer.step`` is forward and backward (issue 23, point 
 from __future__ import annotations
 
 from stepscope.analysis.analyze import analyze_trace
+from stepscope.analysis.diff import diff_summaries
 from stepscope.report.collapsed import span_stacks_ns
 from stepscope.trace.model import Trace, TraceBuilder
 from stepscope.trace.nesting import nest_spans
@@ -12,14 +13,14 @@ OPT = "Optimizer.step#SGD.step"
 BACKWARD = "autograd::engine::evaluate_function: AddmmBackward0"
 
 
-def _steps_closed_from_the_optimizer_hook(steps: int = 3) -> Trace:
+def _steps_closed_from_the_optimizer_hook(steps: int = 3, forward: int = 300) -> Trace:
     """Steps of 1000 ns; each step's Optimizer.step (800..1050) outlives it by 50 ns, as when
     the step is closed from torch's optimizer post-hook."""
     b = TraceBuilder(base_time_ns=0)
     for n in range(steps):
         at = 1000 * n
         b.span(f"ProfilerStep#{n}", "user_annotation", 1, 1, at, 1000)
-        b.span("aten::linear", "cpu_op", 1, 1, at + 100, 300)  # forward: 300
+        b.span("aten::linear", "cpu_op", 1, 1, at + 100, forward)  # forward: 300
         b.span(BACKWARD, "cpu_op", 1, 1, at + 450, 250)  # backward: 250
         b.span(OPT, "user_annotation", 1, 1, at + 800, 250)  # optimizer: 200 in this step
         b.span("aten::add_", "cpu_op", 1, 1, at + 820, 100)
@@ -65,3 +66,11 @@ def test_a_closure_inside_optimizer_step_is_forward_and_backward() -> None:
     # the step's own 100 ns, and the closure's own Python (100..500 less its children)
     assert got["idle_other"] == 100 + 80
     assert sum(got.values()) == 1000
+
+
+def test_diff_sees_a_slower_forward_pass_as_forward() -> None:
+    a = analyze_trace(_steps_closed_from_the_optimizer_hook(steps=5))
+    b = analyze_trace(_steps_closed_from_the_optimizer_hook(steps=5, forward=340))
+    rows = {row.name: row for row in diff_summaries(a, b).categories}
+    assert rows["forward"].delta_ns == 40
+    assert rows["optimizer"].delta_ns == 0
