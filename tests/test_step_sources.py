@@ -3,6 +3,7 @@ loop (steps from the optimizer) and the training loop runs to its end (issue 23,
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -12,7 +13,9 @@ torch = pytest.importorskip("torch")
 
 import stepscope  # noqa: E402
 from stepscope.collectors import optimizer_hook  # noqa: E402
+from stepscope.collectors.base import Collector, WindowContext  # noqa: E402
 from stepscope.failures import failure_counts  # noqa: E402
+from stepscope.trace.names import OWN_WORK_FRAME  # noqa: E402
 
 ExperimentalConfig = torch._C._profiler._ExperimentalConfig
 STEPS = 12
@@ -113,3 +116,41 @@ def test_a_failing_listener_is_counted_and_the_optimizer_step_goes_on() -> None:
     assert seen == [opt], "the next listener still ran"
     after = failure_counts()["collectors"]["optimizer_hook_error"]
     assert after == before + 1
+
+
+class _SlowStepEnd(Collector):
+    """A collector whose step-end work takes a known time (stepscope's own work)."""
+
+    name = "slow_step_end"
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def on_step(self, ctx: WindowContext, step: int) -> None:
+        """Busy for ``seconds``."""
+        end = time.perf_counter() + self.seconds
+        while time.perf_counter() < end:
+            pass
+
+
+def test_step_end_work_in_the_optimizer_hook_is_not_the_optimizers_time() -> None:
+    model = torch.nn.Linear(8, 8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    own = 0.05
+    prof = stepscope.profile(
+        schedule=stepscope.schedule(wait=0, warmup=1, active=3, repeat=1),
+        step_on="optimizer",
+        collectors=[_SlowStepEnd(own)],
+    )
+    with prof:
+        for _ in range(5):
+            model(torch.randn(4, 8)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+    rows = {row.key: row for row in prof.key_averages()}
+    own_row = rows[OWN_WORK_FRAME]
+    assert own_row.count == 2, "between steps 1-2 and 2-3 (the window's inner step ends)"
+    assert own_row.cpu_time_total >= 0.9 * 2 * own * 1e6  # µs, what the collector spent
+    optimizer = rows["Optimizer.step#SGD.step"]
+    # 2 x 50 ms of stepscope's work ran inside these optimizer steps' hook: none of it is theirs
+    assert optimizer.self_cpu_time_total < 0.5 * 2 * own * 1e6, optimizer.self_cpu_time_total

@@ -42,6 +42,7 @@ from stepscope.profiler.summary import KeyAverages, key_averages
 from stepscope.report.collapsed import collapsed_from_spans, write_collapsed
 from stepscope.trace.chrome_writer import RESERVED_KEYS, WriteStats, write_chrome_trace
 from stepscope.trace.model import Trace, TraceBuilder
+from stepscope.trace.names import OWN_WORK_FRAME
 
 __all__ = ["profile"]
 
@@ -347,8 +348,12 @@ class profile:
         advance_kineto_step("step")
         if previous is ProfilerAction.RECORD and action in RECORDING and self._ctx is not None:
             ctx, step = self._ctx, self.step_num
-            for collector in self.collectors:
-                self._guarded(collector, "on_step", functools.partial(collector.on_step, ctx, step))
+            # a span of its own, between the steps: when the step ends in a hook (the optimizer's)
+            # this work would otherwise count as the self time of the span that ran the hook
+            with record_function(OWN_WORK_FRAME):
+                for collector in self.collectors:
+                    on_step = functools.partial(collector.on_step, ctx, step)
+                    self._guarded(collector, "on_step", on_step)
         self._transit(previous, action)
         self._open_step_span()
 
