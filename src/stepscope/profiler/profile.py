@@ -148,9 +148,8 @@ class profile:
         ``event_budget``, ``include``, ``exclude``, ``max_depth``, ``min_duration_ns``, ...)."""
         self.sampling_rate_hz = sampling_rate_hz
         """Mean samples per second of ``ProfilerActivity.SAMPLING`` (exponentially jittered)."""
-        self._step_trigger = (
-            StepTrigger(step_on, self.step, strict=strict) if step_on is not None else None
-        )
+        trigger = StepTrigger(step_on, self.step, strict=strict) if step_on is not None else None
+        self._step_trigger = trigger
         self.collectors: list[Collector] = [AnnotationCollector(max_spans=max_annotation_spans)]
         self.collectors += self._requested_collectors()
         if strict is not None:
@@ -348,9 +347,7 @@ class profile:
         advance_kineto_step("step")
         if previous is ProfilerAction.RECORD and action in RECORDING and self._ctx is not None:
             ctx, step = self._ctx, self.step_num
-            # a span of its own, between the steps: when the step ends in a hook (the optimizer's)
-            # this work would otherwise count as the self time of the span that ran the hook
-            with record_function(OWN_WORK_FRAME):
+            with record_function(OWN_WORK_FRAME):  # not the self time of a hook it runs in
                 for collector in self.collectors:
                     on_step = functools.partial(collector.on_step, ctx, step)
                     self._guarded(collector, "on_step", on_step)
