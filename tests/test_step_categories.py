@@ -74,3 +74,17 @@ def test_diff_sees_a_slower_forward_pass_as_forward() -> None:
     rows = {row.name: row for row in diff_summaries(a, b).categories}
     assert rows["forward"].delta_ns == 40
     assert rows["optimizer"].delta_ns == 0
+
+
+def test_a_closure_whose_backward_runs_on_the_autograd_thread_is_still_backward() -> None:
+    b = TraceBuilder(base_time_ns=0)
+    b.span("ProfilerStep#1", "user_annotation", 1, 1, 0, 1000)
+    b.span(OPT, "user_annotation", 1, 1, 100, 900)
+    b.span("aten::linear", "cpu_op", 1, 1, 150, 100)  # forward, on the step's thread
+    b.span(BACKWARD, "cpu_op", 1, 2, 300, 200)  # the engine's device thread (a GPU run)
+    b.span("aten::add_", "cpu_op", 1, 1, 600, 50)
+    got = _shares(b.build())[1]
+    assert got["forward"] == 100
+    assert got["backward"] == 200, "the step's thread waited for it inside the closure"
+    assert got["optimizer"] == 500
+    assert got["idle_other"] == 100 + 100

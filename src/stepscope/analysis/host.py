@@ -29,12 +29,13 @@ that span's category.
 A step is where categories start: a ``ProfilerStep#N`` inherits nothing from a span it sits
 in (with steps ended from the optimizer's post-hook, step N opens inside step N-1's
 ``Optimizer.step``), so its spans are categorised by what ran inside it.  An ``Optimizer.step``
-with a backward span inside it ran a closure (``optimizer.step(closure)``, as Lightning does):
-what starts inside it before its last backward span ends is categorised as if the optimizer
-step were not there (forward, backward), its own time up to then is ``idle_other``, and only
-what follows is ``optimizer``.  A span that outlives its step counts with its own time before
-the step's end (its children's time there taken out); what spans do not cover is
-``idle_other``.
+inside which a backward span starts (on any thread of the process) ran a closure
+(``optimizer.step(closure)``, as Lightning does): what starts inside it before that backward
+ends is categorised as if the optimizer step were not there (forward, backward), its own time
+up to then is ``backward`` while a backward span runs on another thread (the autograd engine's,
+on a GPU) and ``idle_other`` otherwise, and only what follows is ``optimizer``.  A span that
+outlives its step counts with its own time before the step's end (its children's time there
+taken out); what spans do not cover is ``idle_other``.
 """
 
 from __future__ import annotations
@@ -106,7 +107,7 @@ def _categorised(
     parent = nesting.parent
     cat_ids = cats.tolist()
     step_named = {n for n in by_name if strings[n].startswith("ProfilerStep#")}
-    closures = optimizer_closures(trace, nesting, host, own)
+    closures = optimizer_closures(trace, host, own)
     starts = spans["start_ns"].tolist()
     result: list[str] = [""] * len(spans)
     # what a closure's Optimizer.step hands down: its parent's category before the closure ends
@@ -156,28 +157,34 @@ def _categorised(
 
 
 def optimizer_closures(
-    trace: Trace, nesting: Nesting, host: Sequence[bool], own: Sequence[str | None]
+    trace: Trace, host: Sequence[bool], own: Sequence[str | None]
 ) -> dict[int, int]:
     """``Optimizer.step`` spans that ran a backward pass inside (a closure, as Lightning's
     ``optimizer.step(closure)`` runs forward and backward), each with the end of its last
-    backward span: what starts before that is the closure's work, not the optimizer's."""
+    backward span: what starts before that is the closure's work, not the optimizer's.
+
+    A backward span counts when it starts inside the optimizer step on any thread of the same
+    process (with a GPU, the autograd engine runs backward on a thread of its own)."""
     spans = trace.spans
-    names, starts, durs = spans["name"], spans["start_ns"], spans["dur_ns"]
+    names, pids = spans["name"], spans["pid"]
+    starts, durs = spans["start_ns"], spans["dur_ns"]
     strings = trace.strings
     steps = {n for n in set(names.tolist()) if _OPTIMIZER_STEP.match(strings[n])}
     if not steps:
         return {}
-    parent = nesting.parent
+    backward: dict[int, list[tuple[int, int]]] = {}
+    for i in compress(range(len(spans)), host):
+        if own[i] == "backward":
+            backward.setdefault(pids[i], []).append((starts[i], starts[i] + durs[i]))
+    by_pid = {pid: (sorted(ivs), sorted(lo for lo, _ in ivs)) for pid, ivs in backward.items()}
     found: dict[int, int] = {}
     for i in compress(range(len(spans)), host):
-        if own[i] != "backward":
+        if names[i] not in steps or pids[i] not in by_pid:
             continue
-        p = parent[i]
-        while p >= 0:
-            if names[p] in steps:
-                found[p] = max(found.get(p, 0), starts[i] + durs[i])
-                break
-            p = parent[p]
+        intervals, begins = by_pid[pids[i]]
+        lo, hi = bisect_left(begins, starts[i]), bisect_left(begins, starts[i] + durs[i])
+        if hi > lo:
+            found[i] = max(end for _, end in intervals[lo:hi])
     return found
 
 
@@ -247,12 +254,21 @@ def host_breakdowns(
             share = self_ns[i]
             if end < starts[i] + durs[i]:  # cut at the step's end: its own time before that
                 share = children.own_time(i, starts[i], end, starts, durs)
-            if i in closures:  # the closure's own Python is no optimizer work
+            if i in closures:  # the closure's own time is no optimizer work: it waits for
+                # backward on the autograd engine's threads, or runs uninstrumented Python
                 closure_end = min(closures[i], end)
-                glue = children.own_time(i, starts[i], closure_end, starts, durs)
-                glue = max(0, min(share, glue))
-                totals["idle_other"] += glue
-                share -= glue
+                glue = children.own_stretches(i, starts[i], closure_end, starts, durs)
+                elsewhere = backward.get(step.pid)
+                waited = (
+                    _overlap(glue, elsewhere.overlapping(starts[i], closure_end))
+                    if elsewhere
+                    else 0
+                )
+                own = max(0, min(share, sum(b - a for a, b in glue)))
+                waited = min(waited, own)
+                totals["backward"] += waited
+                totals["idle_other"] += own - waited
+                share -= own
             # samples name the Python inside uncategorised time only: a data-loading or
             # optimizer region stays what it is, whatever Python ran inside it
             refinable = category in ("idle_other", "python")
@@ -291,6 +307,12 @@ class _Children:
         self, span: int, lo: int, hi: int, starts: Sequence[int], durs: Sequence[int]
     ) -> int:
         """Time in ``[lo, hi)`` during which ``span`` is open and none of its children is."""
+        return sum(b - a for a, b in self.own_stretches(span, lo, hi, starts, durs))
+
+    def own_stretches(
+        self, span: int, lo: int, hi: int, starts: Sequence[int], durs: Sequence[int]
+    ) -> list[tuple[int, int]]:
+        """The stretches of ``[lo, hi)`` that none of ``span``'s children covers."""
         if self.of is None:
             self.of = {}
             for i, p in enumerate(self.parent):
@@ -303,7 +325,7 @@ class _Children:
                 if starts[c] < hi and starts[c] + durs[c] > lo
             ]
         )
-        return max(0, hi - lo - sum(b - a for a, b in covered))
+        return _gaps(covered, lo, hi) if hi > lo else []
 
 
 class _Intervals:
