@@ -10,7 +10,7 @@ stub and the built module to the same names.  Twins: ``clock.py`` (clock),
 (sampler).
 """
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from types import CodeType, FrameType, TracebackType
 from typing import Any, Final, Literal, TypedDict, TypeVar, final
 
@@ -178,6 +178,7 @@ def _tracer_configure(
     disable: object,
     native_ids: dict[int, int],
     tsc: bool = False,
+    hidden: Callable[[], Collection[int]] | None = None,
 ) -> None:
     """Set the filters and the event budget of the next window (not while recording)."""
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from stepscope.trace.names import is_hidden
 
-__all__ = ["Program", "find_program", "print_program_traceback"]
+__all__ = ["Program", "find_program", "first_import", "print_program_traceback"]
 
 BindHook = Callable[[dict[str, Any], str], None]
 """Called as ``hook(namespace, name)`` right after the program's top level binds ``name``."""
@@ -109,6 +109,66 @@ class Program:
                 "pass --step-on for a function of another module"
             )
         return spec.origin, source, spec
+
+
+MAX_SCANNED_FILES = 200
+"""Source files :func:`first_import` reads at most (the program and its own modules)."""
+
+
+def first_import(program: Program, wanted: Collection[str]) -> tuple[str, str] | None:
+    """``(module, file)``: the first of ``wanted`` (top-level names) that the program's source,
+    or the source of its own modules beside it, imports anywhere; None when none does.
+
+    Only files under the program's directory (``sys.path[0]``) are followed, and at most
+    :data:`MAX_SCANNED_FILES`; a file that cannot be read or parsed is skipped.
+    """
+    root = Path(program.path0).resolve()
+    try:
+        first = Path(program._source()[0]).resolve()
+    except (OSError, ValueError, ImportError):
+        return None
+    queue, seen = [first], {first}
+    while queue and len(seen) <= MAX_SCANNED_FILES:
+        path = queue.pop(0)
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+        except (OSError, SyntaxError, ValueError):
+            continue
+        for name, level in _imports(tree):
+            top = name.split(".")[0]
+            if level == 0 and top in wanted:
+                return top, str(path)
+            base = path.parent if level else root
+            for _ in range(max(level - 1, 0)):
+                base = base.parent
+            for local in _local_files(base, name.split(".") if name else []):
+                if local not in seen and local.is_relative_to(root):
+                    seen.add(local)
+                    queue.append(local)
+    return None
+
+
+def _imports(tree: ast.AST) -> Iterator[tuple[str, int]]:
+    """(dotted name, relative level) of every import in the tree, at any depth."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            yield from ((alias.name, 0) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            yield module, node.level
+            for alias in node.names:  # "from . import x" / "from pkg import sub"
+                yield ".".join(filter(None, (module, alias.name))), node.level
+
+
+def _local_files(base: Path, parts: list[str]) -> list[Path]:
+    """The source files a dotted name resolves to under ``base`` (module and packages)."""
+    found = []
+    for depth in range(1, len(parts) + 1):
+        target = base.joinpath(*parts[:depth])
+        for candidate in (target.with_suffix(".py"), target / "__init__.py"):
+            if candidate.is_file():
+                found.append(candidate.resolve())
+    return found
 
 
 def find_program(module: str | None, rest: list[str]) -> Program:

@@ -88,6 +88,7 @@ typedef struct ThreadBuf {
     Py_tracefunc prev_func; /* profile function found installed (chained, restored at stop) */
     PyObject *prev_obj;
     int installed;
+    int off; /* one of stepscope's own threads: nothing recorded (see `hidden`) */
 } ThreadBuf;
 
 typedef struct {
@@ -119,6 +120,7 @@ typedef struct {
     PyObject *ignore;   /* tuple of code objects never recorded (the collector's own) */
     PyObject *disable;  /* sys.monitoring.DISABLE */
     PyObject *native_ids; /* dict: thread ident -> native id (3.10 fallback) */
+    PyObject *hidden;     /* callable -> native ids of stepscope's own threads, or NULL */
     /* interning */
     Slot *slots;
     size_t slots_cap;
@@ -572,6 +574,18 @@ static ThreadBuf *thread_new(PyThreadState *ts, unsigned long native_tid) {
     tb->prev_func = NULL;
     tb->prev_obj = NULL;
     tb->installed = 0;
+    tb->off = 0;
+    if (S.hidden != NULL) { /* once per thread and window: asking Python is affordable */
+        PyObject *ids = PyObject_CallNoArgs(S.hidden);
+        PyObject *key = PyLong_FromUnsignedLong(native_tid);
+        if (ids != NULL && key != NULL) {
+            int found = PySequence_Contains(ids, key);
+            tb->off = found > 0;
+        }
+        Py_XDECREF(ids);
+        Py_XDECREF(key);
+        PyErr_Clear();
+    }
     S.threads = tb; /* the list's reference */
     S.n_threads++;
     return tb;
@@ -665,6 +679,9 @@ static inline ThreadBuf *current_thread(void) {
  * its events carry), the frame object under the profile function (exact, and its return then
  * needs no code lookup). */
 static inline int on_py_start(ThreadBuf *tb, const void *key, PyObject *code) {
+    if (tb->off) {
+        return 1; /* not 0: that would DISABLE the code on every thread */
+    }
     Slot *s = slot_find(code, NULL);
     if (s->id == 0) {
         s = intern_code(code);
@@ -694,6 +711,9 @@ static int on_py_end_unmatched(ThreadBuf *tb, const void *key, PyObject *code, u
 }
 
 static inline int on_py_end(ThreadBuf *tb, PyObject *code, uint64_t now) {
+    if (tb->off) {
+        return 1;
+    }
     uint32_t d = tb->depth;
     if (d && tb->stack[d - 1].key == code) {
         close_top(tb, now, 0);
@@ -705,7 +725,7 @@ static inline int on_py_end(ThreadBuf *tb, PyObject *code, uint64_t now) {
 static inline void on_c_start(ThreadBuf *tb, PyObject *callable, PyObject *arg0) {
     PyMethodDef *ml;
     PyObject *self, *module;
-    if (!c_callable_parts(callable, arg0, &ml, &self, &module)) {
+    if (tb->off || !c_callable_parts(callable, arg0, &ml, &self, &module)) {
         return;
     }
     Slot *s = intern_c(ml, self, module);
@@ -718,7 +738,7 @@ static inline void on_c_start(ThreadBuf *tb, PyObject *callable, PyObject *arg0)
 static inline void on_c_end(ThreadBuf *tb, PyObject *callable, PyObject *arg0, uint64_t now) {
     PyMethodDef *ml;
     PyObject *self, *module;
-    if (!c_callable_parts(callable, arg0, &ml, &self, &module)) {
+    if (tb->off || !c_callable_parts(callable, arg0, &ml, &self, &module)) {
         return;
     }
     uint32_t d = tb->depth;
@@ -965,6 +985,7 @@ static void session_clear(void) {
     Py_XDECREF(S.ignore);
     Py_XDECREF(S.disable);
     Py_XDECREF(S.native_ids);
+    Py_XDECREF(S.hidden);
     Py_XDECREF(S.first_error);
     memset(&S, 0, sizeof(S));
     generation++;
@@ -972,15 +993,20 @@ static void session_clear(void) {
 
 static PyObject *py_configure(PyObject *mod, PyObject *args, PyObject *kwargs) {
     static char *kwlist[] = {"max_depth", "min_ticks", "trace_c", "drop_oldest", "budget",
-                             "filter", "ignore", "disable", "native_ids", "tsc", NULL};
+                             "filter", "ignore", "disable", "native_ids", "tsc", "hidden",
+                             NULL};
     unsigned int max_depth;
     unsigned long long min_ticks, budget;
     int trace_c, drop_oldest, tsc = 0;
-    PyObject *filter, *ignore, *disable, *native_ids;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "IKppKOO!OO!|p:_tracer_configure", kwlist,
+    PyObject *filter, *ignore, *disable, *native_ids, *hidden = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "IKppKOO!OO!|pO:_tracer_configure", kwlist,
                                      &max_depth, &min_ticks, &trace_c, &drop_oldest, &budget,
                                      &filter, &PyTuple_Type, &ignore, &disable, &PyDict_Type,
-                                     &native_ids, &tsc)) {
+                                     &native_ids, &tsc, &hidden)) {
+        return NULL;
+    }
+    if (hidden != Py_None && !PyCallable_Check(hidden)) {
+        PyErr_SetString(PyExc_TypeError, "hidden must be callable or None");
         return NULL;
     }
     if (S.active) {
@@ -1009,6 +1035,7 @@ static PyObject *py_configure(PyObject *mod, PyObject *args, PyObject *kwargs) {
     S.ignore = Py_NewRef(ignore);
     S.disable = Py_NewRef(disable);
     S.native_ids = Py_NewRef(native_ids);
+    S.hidden = hidden == Py_None ? NULL : Py_NewRef(hidden);
     if (slots_grow() < 0) {
         session_clear();
         return PyErr_NoMemory();
@@ -1034,6 +1061,9 @@ static int snapshot_threads(void) {
                 PyErr_NoMemory();
                 return -1;
             }
+        }
+        if (tb->off) {
+            continue;
         }
         if (PyList_SetSlice(frames, 0, PyList_GET_SIZE(frames), NULL) < 0) {
             Py_DECREF(frames);

@@ -26,8 +26,16 @@ device threads), which is ``backward``; with stack samples and no ``python_funct
 sampled Python time moves out of uncategorised time (the step's own, ``idle_other``) into
 ``python`` — time inside a categorised span (data loading, optimizer, an annotation) stays in
 that span's category.
-A span that outlives its step is cut at the step's end; what spans do not cover is
-``idle_other``.
+A step is where categories start: a ``ProfilerStep#N`` inherits nothing from a span it sits
+in (with steps ended from the optimizer's post-hook, step N opens inside step N-1's
+``Optimizer.step``), so its spans are categorised by what ran inside it.  An ``Optimizer.step``
+inside which a backward span starts (on any thread of the process) ran a closure
+(``optimizer.step(closure)``, as Lightning does): what starts inside it before that backward
+ends is categorised as if the optimizer step were not there (forward, backward), its own time
+up to then is ``backward`` while a backward span runs on another thread (the autograd engine's,
+on a GPU) and ``idle_other`` otherwise, and only what follows is ``optimizer``.  A span that
+outlives its step counts with its own time before the step's end (its children's time there
+taken out); what spans do not cover is ``idle_other``.
 """
 
 from __future__ import annotations
@@ -64,6 +72,7 @@ _RULES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("backward", re.compile(r"(?i:backward)|^autograd::engine::evaluate_function")),
     ("forward", re.compile(r"(?i:forward)|^nn\.Module: ")),
 )
+_OPTIMIZER_STEP = re.compile(r"^Optimizer\.step#")
 _ANNOTATION = "user_annotation"
 _PYTHON = "python_function"
 _OP_PENDING = "op"
@@ -82,6 +91,13 @@ def span_categories(trace: Trace, nesting: Nesting, host: Sequence[bool]) -> lis
 
     Operators get ``op`` here; ``host_breakdowns`` decides forward or other_operators by time.
     """
+    return _categorised(trace, nesting, host)[0]
+
+
+def _categorised(
+    trace: Trace, nesting: Nesting, host: Sequence[bool]
+) -> tuple[list[str], dict[int, int]]:
+    """The span categories, and the closures of ``optimizer_closures``."""
     spans = trace.spans
     names, cats = spans["name"], spans["cat"]
     strings = trace.strings
@@ -91,7 +107,18 @@ def span_categories(trace: Trace, nesting: Nesting, host: Sequence[bool]) -> lis
     parent = nesting.parent
     cat_ids = cats.tolist()
     step_named = {n for n in by_name if strings[n].startswith("ProfilerStep#")}
+    closures = optimizer_closures(trace, host, own)
+    starts = spans["start_ns"].tolist()
     result: list[str] = [""] * len(spans)
+    # what a closure's Optimizer.step hands down: its parent's category before the closure ends
+    handed: dict[int, str] = {}
+
+    def passes_down(span: int, child: int) -> str:
+        end = closures.get(span)
+        if end is not None and starts[child] < end:
+            return handed[span]
+        return result[span]
+
     for i in compress(range(len(spans)), host):
         if result[i]:
             continue
@@ -101,12 +128,17 @@ def span_categories(trace: Trace, nesting: Nesting, host: Sequence[bool]) -> lis
             chain.append(p)
             p = parent[p]
         # inherited: the resolved category of the nearest resolved ancestor
-        inherited = result[p] if p >= 0 else ""
-        for j in reversed(chain):
+        inherited = passes_down(p, chain[-1]) if p >= 0 else ""
+        for position in range(len(chain) - 1, -1, -1):
+            j = chain[position]
             named = own[j]
             cat = strings[cat_ids[j]]
             is_step = name_ids[j] in step_named
-            if named is not None and not is_step:
+            if j in closures:
+                handed[j] = inherited
+            if is_step:
+                value = ""  # a step's categories come from what ran inside it, nothing above
+            elif named is not None:
                 value = named
             elif inherited in ("", _OP_PENDING, "python"):
                 if cat == _ANNOTATION and not is_step:
@@ -120,8 +152,40 @@ def span_categories(trace: Trace, nesting: Nesting, host: Sequence[bool]) -> lis
             else:
                 value = inherited
             result[j] = value
-            inherited = value
-    return result
+            inherited = passes_down(j, chain[position - 1]) if position else value
+    return result, closures
+
+
+def optimizer_closures(
+    trace: Trace, host: Sequence[bool], own: Sequence[str | None]
+) -> dict[int, int]:
+    """``Optimizer.step`` spans that ran a backward pass inside (a closure, as Lightning's
+    ``optimizer.step(closure)`` runs forward and backward), each with the end of its last
+    backward span: what starts before that is the closure's work, not the optimizer's.
+
+    A backward span counts when it starts inside the optimizer step on any thread of the same
+    process (with a GPU, the autograd engine runs backward on a thread of its own)."""
+    spans = trace.spans
+    names, pids = spans["name"], spans["pid"]
+    starts, durs = spans["start_ns"], spans["dur_ns"]
+    strings = trace.strings
+    steps = {n for n in set(names.tolist()) if _OPTIMIZER_STEP.match(strings[n])}
+    if not steps:
+        return {}
+    backward: dict[int, list[tuple[int, int]]] = {}
+    for i in compress(range(len(spans)), host):
+        if own[i] == "backward":
+            backward.setdefault(pids[i], []).append((starts[i], starts[i] + durs[i]))
+    by_pid = {pid: (sorted(ivs), sorted(lo for lo, _ in ivs)) for pid, ivs in backward.items()}
+    found: dict[int, int] = {}
+    for i in compress(range(len(spans)), host):
+        if names[i] not in steps or pids[i] not in by_pid:
+            continue
+        intervals, begins = by_pid[pids[i]]
+        lo, hi = bisect_left(begins, starts[i]), bisect_left(begins, starts[i] + durs[i])
+        if hi > lo:
+            found[i] = max(end for _, end in intervals[lo:hi])
+    return found
 
 
 def host_breakdowns(
@@ -136,7 +200,8 @@ def host_breakdowns(
     spans = trace.spans
     pids, tids = spans["pid"], spans["tid"]
     starts, durs = spans["start_ns"].tolist(), spans["dur_ns"].tolist()
-    categories = span_categories(trace, nesting, host)
+    categories, closures = _categorised(trace, nesting, host)
+    children = _Children(nesting)
     python_taken = python_taken or {}
     backward_by_pid: dict[int, list[tuple[int, int]]] = {}
     tracks: dict[tuple[int, int], list[int]] = {}
@@ -187,8 +252,23 @@ def host_breakdowns(
                 category = "idle_other"
             end = min(starts[i] + durs[i], step.end_ns)
             share = self_ns[i]
-            if end < starts[i] + durs[i] and durs[i] > 0:  # cut at the step's end
-                share = share * (end - starts[i]) // durs[i]
+            if end < starts[i] + durs[i]:  # cut at the step's end: its own time before that
+                share = children.own_time(i, starts[i], end, starts, durs)
+            if i in closures:  # the closure's own time is no optimizer work: it waits for
+                # backward on the autograd engine's threads, or runs uninstrumented Python
+                closure_end = min(closures[i], end)
+                glue = children.own_stretches(i, starts[i], closure_end, starts, durs)
+                elsewhere = backward.get(step.pid)
+                waited = (
+                    _overlap(glue, elsewhere.overlapping(starts[i], closure_end))
+                    if elsewhere
+                    else 0
+                )
+                own = max(0, min(share, sum(b - a for a, b in glue)))
+                waited = min(waited, own)
+                totals["backward"] += waited
+                totals["idle_other"] += own - waited
+                share -= own
             # samples name the Python inside uncategorised time only: a data-loading or
             # optimizer region stays what it is, whatever Python ran inside it
             refinable = category in ("idle_other", "python")
@@ -214,6 +294,38 @@ def host_breakdowns(
         totals["idle_other"] += step.dur_ns - used
         result.append(_breakdown(step.step, step.dur_ns, totals, f"{step.pid}/{step.tid}"))
     return result
+
+
+class _Children:
+    """Each span's children, found on first use (only spans cut at a step's end ask)."""
+
+    def __init__(self, nesting: Nesting) -> None:
+        self.parent = nesting.parent
+        self.of: dict[int, list[int]] | None = None
+
+    def own_time(
+        self, span: int, lo: int, hi: int, starts: Sequence[int], durs: Sequence[int]
+    ) -> int:
+        """Time in ``[lo, hi)`` during which ``span`` is open and none of its children is."""
+        return sum(b - a for a, b in self.own_stretches(span, lo, hi, starts, durs))
+
+    def own_stretches(
+        self, span: int, lo: int, hi: int, starts: Sequence[int], durs: Sequence[int]
+    ) -> list[tuple[int, int]]:
+        """The stretches of ``[lo, hi)`` that none of ``span``'s children covers."""
+        if self.of is None:
+            self.of = {}
+            for i, p in enumerate(self.parent):
+                if p >= 0:
+                    self.of.setdefault(p, []).append(i)
+        covered = merge_intervals(
+            [
+                (max(starts[c], lo), min(starts[c] + durs[c], hi))
+                for c in self.of.get(span, ())
+                if starts[c] < hi and starts[c] + durs[c] > lo
+            ]
+        )
+        return _gaps(covered, lo, hi) if hi > lo else []
 
 
 class _Intervals:

@@ -33,6 +33,7 @@ from stepscope.analysis.memory import (
     tensor_steps,
     thin_points,
 )
+from stepscope.collectors import optimizer_hook
 from stepscope.collectors.base import Collector, WindowContext
 from stepscope.failures import failure_log
 from stepscope.trace.model import Trace, TraceBuilder
@@ -223,7 +224,8 @@ class MemoryCollector(Collector):
         self._stop_watch = threading.Event()
         self._watcher: threading.Thread | None = None
         self._watcher_id: int | None = None
-        self._optimizer_hook: Any = None
+        self._optimizer_hook = False
+        optimizer_hook.ensure_registered()  # now: no hook loop runs while a profile is built
         self.optimizers: dict[int, Any] = {}
         """Optimizers stepped in the last window, by id (their state names tensor categories)."""
         self.python_points: list[PythonHeapPoint] = []
@@ -410,19 +412,20 @@ class MemoryCollector(Collector):
                 tracemalloc.stop()
 
     # -- torch's optimizers --------------------------------------------------------------------
+    # A listener of the one process-wide hook, not a hook of its own: the window starts and
+    # stops inside torch's hook loop when steps come from the optimizer.
     def _hook_optimizers(self) -> None:
-        optim = sys.modules.get("torch.optim.optimizer")
-        register = getattr(optim, "register_optimizer_step_post_hook", None)
-        if register is not None:
-            self._optimizer_hook = register(self._after_optimizer_step)
+        if "torch.optim.optimizer" in sys.modules:
+            optimizer_hook.add_listener(self._after_optimizer_step, strict=self.strict)
+            self._optimizer_hook = True
 
-    def _after_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+    def _after_optimizer_step(self, optimizer: Any) -> None:
         self.optimizers[id(optimizer)] = optimizer
 
     def _unhook_optimizers(self) -> None:
-        hook, self._optimizer_hook = self._optimizer_hook, None
-        if hook is not None:
-            hook.remove()
+        if self._optimizer_hook:
+            optimizer_hook.remove_listener(self._after_optimizer_step)
+        self._optimizer_hook = False
 
     # -- results -------------------------------------------------------------------------------
     def collect(self, builder: TraceBuilder, ctx: WindowContext) -> None:
@@ -529,7 +532,7 @@ class MemoryCollector(Collector):
         """A forked child keeps nothing of the parent's window (its watcher did not survive)."""
         w, self._window = self._window, None
         self._watcher = None
-        self._optimizer_hook = None
+        self._unhook_optimizers()
         if w is not None and w.started_tracing and tracemalloc.is_tracing():
             tracemalloc.stop()
 

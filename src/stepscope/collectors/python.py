@@ -32,6 +32,7 @@ from stepscope.collectors.python_common import (
 from stepscope.collectors.python_twin import TwinTracer
 from stepscope.failures import failure_log
 from stepscope.trace.model import TraceBuilder
+from stepscope.trace.names import hidden_threads
 
 __all__ = ["IMPLEMENTATIONS", "PythonTracerCollector"]
 
@@ -155,6 +156,7 @@ class _NativeTracer:
                 if t.ident is not None and t.native_id is not None
             },
             tsc=clock.SOURCE == "tsc",
+            hidden=hidden_threads,
         )
         self._options = options
 
@@ -223,6 +225,7 @@ class _TwinAdapter:
             budget=options.budget,
             filter=filt,
             ignore=_own_codes(),
+            hidden=hidden_threads,
         )
 
     def start(self) -> None:

@@ -18,7 +18,7 @@ import sys
 import threading
 from array import array
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from types import CodeType, FrameType, ModuleType
 from typing import Any
 
@@ -86,6 +86,7 @@ class TwinTracer:
         self._configured = False
         self._threads: list[_Thread] = []
         self._pending: dict[int, _Thread] = {}
+        self._hidden: Callable[[], Collection[int]] | None = None
         self._reset_counters()
 
     # -- configuration ---------------------------------------------------------------------
@@ -99,8 +100,10 @@ class TwinTracer:
         budget: int,
         filter: Callable[[Target], bool] | None,
         ignore: Sequence[CodeType],
+        hidden: Callable[[], Collection[int]] | None = None,
     ) -> None:
-        """Set filters and budget for the next window (clears what was recorded)."""
+        """Set filters and budget for the next window (clears what was recorded); ``hidden``
+        gives the native ids of threads never recorded (stepscope's own)."""
         if self.active:
             raise RuntimeError("the pure-Python tracer is recording; stop it before configuring")
         if budget < 1:
@@ -114,7 +117,11 @@ class TwinTracer:
         self.chunk_cap = chunk_capacity(budget)
         self._filter = filter
         self._ignore = {id(c) for c in ignore} | {id(c) for c in _own_codes()}
+        self._hidden = hidden
         self._configured = True
+
+    def _is_hidden(self, native_id: int) -> bool:
+        return self._hidden is not None and native_id in self._hidden()
 
     def _reset_counters(self) -> None:
         self._cache: dict[Any, tuple[int, bool]] = {}
@@ -291,6 +298,9 @@ class TwinTracer:
             return
         t = self._pending.pop(threading.get_ident(), None)
         if t is None:
+            if self._is_hidden(threading.get_native_id()):
+                sys.setprofile(None)
+                return
             t = _Thread(threading.get_native_id())
             self._threads.append(t)
         recorder = self._recorder(t, None)
@@ -318,6 +328,8 @@ class TwinTracer:
             if ident != me and not all_threads:
                 continue
             t = _Thread(threading.get_native_id() if ident == me else ids.get(ident) or ident)
+            if self._is_hidden(t.tid):
+                continue
             self._threads.append(t)
             chain: list[FrameType] = []
             frame: FrameType | None = top

@@ -2,10 +2,11 @@
 
 ``stepscope run [OPTIONS] SCRIPT [ARGS...]`` (or ``-m MODULE``) runs the program as ``python``
 would, inside ``stepscope.profile`` with a schedule.  Steps advance on their own: after every
-``torch.optim.Optimizer.step()`` when torch is installed (``--step-on optimizer``, the default
-then), after every return of a function (``--step-on module:qualname``; a function of the script
-itself is wrapped when the script defines it), or never (``--step-on none``: the whole run is one
-window).  Each window is written as a Chrome trace into ``--out`` (open it in
+``torch.optim.Optimizer.step()`` (``--step-on optimizer``; by default when the program or a
+module of its own imports torch or a torch trainer, and torch is installed), after every return
+of a function (``--step-on module:qualname``; a function of the script itself is wrapped when
+the script defines it), or never (``--step-on none``: the whole run is one window; the default
+for other programs).  Each window is written as a Chrome trace into ``--out`` (open it in
 https://ui.perfetto.dev), and the top rows of the last window's table are printed at the end.
 """
 
@@ -13,17 +14,20 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Any
 
 from stepscope.collectors.torch import torch_installed
 from stepscope.commands.command import Command
 from stepscope.profiler.step_trigger import StepTrigger, names_program_function
 from stepscope.profiler.summary import SORT_KEYS
-from stepscope.program import Program, find_program, print_program_traceback
+from stepscope.program import Program, find_program, first_import, print_program_traceback
 
 AUTO = "auto"
 NO_STEPS = "none"
 TORCH_ONLY_FLAGS = ("record_shapes", "with_flops", "with_modules")
+TORCH_TRAINERS = ("torch", "lightning", "pytorch_lightning", "transformers", "accelerate")
+"""Imports that make ``--step-on auto`` end steps at the optimizer (the trainers import torch)."""
 DEFAULT_MAX_CALLS = 500_000
 """Calls --with-stack keeps per window (about 10 MB in memory, 90 MB of .json)."""
 
@@ -39,7 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="WHEN",
         help="what ends a step: 'optimizer' (torch's Optimizer.step), 'module:qualname' (each "
         "return of that function), 'none' (record the whole run as one window); default: "
-        "'optimizer' when torch is installed, else 'none'",
+        "'optimizer' when the program (or a module of its own) imports torch, else 'none'",
     )
     group = parser.add_argument_group("schedule (as torch.profiler.schedule; ignored with none)")
     group.add_argument("--skip-first", type=int, default=0, help="steps to skip (default 0)")
@@ -112,8 +116,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def auto_step_on(program: Program) -> tuple[str | None, str]:
+    """``--step-on auto``: the step source for what the program does, and why, in words."""
+    if not torch_installed():
+        return None, "torch is not installed here"
+    found = first_import(program, TORCH_TRAINERS)
+    if found is None:
+        return None, f"{program.display} imports no torch"
+    module, where = found
+    return "optimizer", f"{Path(where).name} imports {module}"
+
+
 def resolve_step_on(value: str) -> str | None:
-    """The profile's ``step_on`` for ``--step-on`` (None: no automatic steps)."""
+    """The profile's ``step_on`` for ``--step-on`` (None: no automatic steps); ``auto`` without
+    a program to look at is ``optimizer`` when torch is installed."""
     if value == AUTO:
         return "optimizer" if torch_installed() else None
     if value == NO_STEPS:
@@ -187,8 +203,13 @@ def run(args: argparse.Namespace) -> int:
     if args.max_calls < 1:
         raise ValueError(f"--max-calls must be 1 or more, got {args.max_calls}")
     _check_torch_flags(args)
-    step_on = resolve_step_on(args.step_on)
     program = find_program(args.module, list(args.program))
+    chosen = None
+    if args.step_on == AUTO:
+        step_on, why = auto_step_on(program)
+        chosen = f"--step-on {step_on or NO_STEPS} ({why}; pass --step-on to choose)"
+    else:
+        step_on = resolve_step_on(args.step_on)
     in_program = step_on not in (None, "optimizer") and names_program_function(
         str(step_on), program.module_name
     )
@@ -215,7 +236,7 @@ def run(args: argparse.Namespace) -> int:
             except BaseException as exc:  # the program's own error: report it as python would
                 print_program_traceback(exc)
                 status = 1
-    _summary(prof, program, step_on, args, trigger)
+    _summary(prof, program, step_on, args, trigger, status, chosen)
     return status
 
 
@@ -225,11 +246,20 @@ def _summary(
     step_on: str | None,
     args: argparse.Namespace,
     trigger: StepTrigger | None,
+    status: int,
+    chosen: str | None,
 ) -> None:
     out = sys.stderr
     name = program.display
+    if chosen is not None:
+        print(f"stepscope run: {name}: steps: {chosen}", file=out)
     if not prof.trace_files:
-        if trigger is not None and not trigger.wrapped:
+        if status != 0 and prof.step_num == 0:
+            hint = (
+                f"the program stopped (exit status {status}) before its first step ended; "
+                "see its error above"
+            )
+        elif trigger is not None and not trigger.wrapped:
             hint = (
                 f"--step-on {args.step_on}: the program never defined {trigger.in_program} "
                 "at its top level; name a function it defines, or pass --step-on none"

@@ -44,6 +44,7 @@ from stepscope.profiler.summary import KeyAverages, key_averages
 from stepscope.report.collapsed import collapsed_from_spans, write_collapsed
 from stepscope.trace.chrome_writer import RESERVED_KEYS, WriteStats, write_chrome_trace
 from stepscope.trace.model import Trace, TraceBuilder
+from stepscope.trace.names import OWN_WORK_FRAME
 
 __all__ = ["profile"]
 
@@ -149,7 +150,8 @@ class profile:
         ``event_budget``, ``include``, ``exclude``, ``max_depth``, ``min_duration_ns``, ...)."""
         self.sampling_rate_hz = sampling_rate_hz
         """Mean samples per second of ``ProfilerActivity.SAMPLING`` (exponentially jittered)."""
-        self._step_trigger = StepTrigger(step_on, self.step) if step_on is not None else None
+        trigger = StepTrigger(step_on, self.step, strict=strict) if step_on is not None else None
+        self._step_trigger = trigger
         self.collectors: list[Collector] = [AnnotationCollector(max_spans=max_annotation_spans)]
         self.collectors += self._requested_collectors()
         if strict is not None:
@@ -350,8 +352,10 @@ class profile:
         advance_kineto_step("step")
         if previous is ProfilerAction.RECORD and action in RECORDING and self._ctx is not None:
             ctx, step = self._ctx, self.step_num
-            for collector in self.collectors:
-                self._guarded(collector, "on_step", functools.partial(collector.on_step, ctx, step))
+            with record_function(OWN_WORK_FRAME):  # not the self time of a hook it runs in
+                for collector in self.collectors:
+                    on_step = functools.partial(collector.on_step, ctx, step)
+                    self._guarded(collector, "on_step", on_step)
         self._transit(previous, action)
         self._open_step_span()
 

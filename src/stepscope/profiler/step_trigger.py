@@ -1,10 +1,11 @@
 """Automatic steps: advance the profiler after every optimizer step, or every return of a function.
 
-``step_on="optimizer"`` uses torch's global optimizer step post-hook, so any
-``torch.optim.Optimizer.step()`` ends a step (the hook goes in as soon as the program has imported
-torch, so the profile may be created first).  ``step_on="module:qualname"`` (or the function
-object itself) wraps that function in place for the duration of the profile; each return ends a
-step.  Everything is undone when the profile stops.
+``step_on="optimizer"`` listens to torch's global optimizer step post-hook (through
+``collectors/optimizer_hook.py``, whose one hook is never removed: a window starts and stops
+inside that hook's loop), so any ``torch.optim.Optimizer.step()`` ends a step (the listener goes in
+as soon as the program has imported torch, so the profile may be created first).
+``step_on="module:qualname"`` (or the function object itself) wraps that function in place for
+the duration of the profile; each return ends a step.  Everything is undone when the profile stops.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from stepscope.collectors import import_watch
+from stepscope.collectors import import_watch, optimizer_hook
 from stepscope.collectors.torch import torch_installed
 
 __all__ = ["StepTrigger"]
@@ -97,9 +98,12 @@ class StepTrigger:
         step: Callable[[], None],
         *,
         program_module: str | None = None,
+        strict: bool | None = None,
     ) -> None:
         self._step = step
-        self._handle: Any = None
+        self._strict = strict
+        """Whether a failing step re-raises into the optimizer step (None: config.strict)."""
+        self._listening = False
         self.in_program: str | None = None
         """The qualname to wrap when the running program defines it (see ``program_module``)."""
         self._waiting = False
@@ -134,6 +138,7 @@ class StepTrigger:
         """Start triggering steps."""
         if self._spec == "optimizer":
             self._waiting = True
+            optimizer_hook.ensure_registered()  # before any hook loop can be running
             import_watch.when_imported("torch", self._hook_optimizer)
             return
         if self.in_program is not None:
@@ -167,11 +172,10 @@ class StepTrigger:
 
     def _hook_optimizer(self) -> None:
         self._waiting = False
-        from torch.optim.optimizer import register_optimizer_step_post_hook
+        optimizer_hook.add_listener(self._after_optimizer_step, strict=self._strict)
+        self._listening = True
 
-        self._handle = register_optimizer_step_post_hook(self._after_optimizer_step)
-
-    def _after_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+    def _after_optimizer_step(self, optimizer: Any) -> None:
         self._step()
 
     def remove(self) -> None:
@@ -179,9 +183,9 @@ class StepTrigger:
         if self._waiting:
             self._waiting = False
             import_watch.cancel("torch", self._hook_optimizer)
-        if self._handle is not None:
-            self._handle.remove()
-            self._handle = None
+        if self._listening:
+            optimizer_hook.remove_listener(self._after_optimizer_step)
+            self._listening = False
         if self._patched is not None:
             owner, attr, original = self._patched
             setattr(owner, attr, original)

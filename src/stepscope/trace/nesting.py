@@ -53,11 +53,12 @@ class Nesting:
 def nest_spans(trace: Trace) -> Nesting:
     """Compute parents and self times from span containment on each (pid, tid) track.
 
-    A span's parent is the innermost span on the same track that contains its start.  Self time
-    is the time during which a span is the innermost open span (the latest started one still
-    running), so self times never overlap: on every track they add up to the time some span was
-    open.  Spans that overlap without nesting (a step marker opened inside one call and closed
-    inside a later one, clock skew between two recorders) are attributed that way too.
+    A span's parent is the innermost span on the same track that contains its start (for a
+    ``ProfilerStep#N``, the innermost that contains it whole: see ``_lift_crossing_steps``).
+    Self time is the time during which a span is the innermost open span (the latest started one
+    still running), so self times never overlap: on every track they add up to the time some
+    span was open.  Spans that overlap without nesting (a step marker opened inside one call and
+    closed inside a later one, clock skew between two recorders) are attributed that way too.
     """
     spans = trace.spans
     n = len(spans)
@@ -112,13 +113,36 @@ def nest_spans(trace: Trace) -> Nesting:
         stack_ends.append(end)
     if crossing:
         _sweep_self_times(order[stretch_begin:], start, dur, self_ns)
-    children = Counter(parent)  # span -> its number of children (and -1 -> the roots)
     names = spans["name"].tolist()
+    _lift_crossing_steps(trace, names, parent, start, dur)
+    children = Counter(parent)  # span -> its number of children (and -1 -> the roots)
     folded = array("b", [0]) * n
     for i, p in enumerate(parent):
         if p >= 0 and children[p] == 1 and names[p] == names[i]:
             folded[i] = 1
     return Nesting(parent, self_ns, folded)
+
+
+def _lift_crossing_steps(
+    trace: Trace, names: list[int], parent: array[int], start: list[int], dur: list[int]
+) -> None:
+    """A step that outlives its parent hangs under the nearest ancestor that contains it whole.
+
+    With steps ended from an optimizer hook, ``ProfilerStep#N`` opens inside step N-1's
+    ``Optimizer.step`` and outlives it: a step belongs to no span that ends inside it, or the
+    steps would stack up (step, Optimizer.step, step, ...) and inherit what they cross.
+    """
+    step_ids = {sid for sid, text in enumerate(trace.strings) if _STEP_NAME.match(text)}
+    if not step_ids:
+        return
+    for i, name in enumerate(names):
+        if name not in step_ids or parent[i] < 0:
+            continue
+        end = start[i] + dur[i]
+        p = parent[i]
+        while p >= 0 and start[p] + dur[p] < end:
+            p = parent[p]
+        parent[i] = p
 
 
 _PAST_EVERY_END = 1 << 65

@@ -1,0 +1,104 @@
+"""One optimizer step post-hook per process, registered once and never removed.
+
+torch calls its global optimizer step post-hooks by iterating an ``OrderedDict``; adding or
+removing a hook while that loop runs (a window that starts or stops inside a hook, because the
+step ended there) makes torch raise ``RuntimeError: OrderedDict mutated during iteration`` in the
+user's ``optimizer.step()``.  So stepscope registers a single dispatcher with torch, at a moment
+no hook can be running (right after torch is imported, or when a profile is built), and never
+removes it; stepscope's parts add and remove *listeners* here instead, which are kept in a tuple
+replaced on every change, so the dispatcher's loop never sees its list change under it.  With no
+listener the dispatcher costs one Python call per optimizer step.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from stepscope.collectors import import_watch
+from stepscope.failures import failure_log
+
+__all__ = [
+    "OptimizerListener",
+    "add_listener",
+    "ensure_registered",
+    "listening",
+    "remove_listener",
+]
+
+OptimizerListener = Callable[[Any], None]
+"""Called with the optimizer after each ``Optimizer.step()``."""
+
+_listeners: tuple[tuple[OptimizerListener, bool | None], ...] = ()
+_lock = threading.Lock()
+_registered = False
+_waiting = False
+_failures = failure_log("collectors")
+
+
+def _dispatch(optimizer: Any, args: Any, kwargs: Any) -> None:
+    for listener, strict in _listeners:
+        try:
+            listener(optimizer)
+        except Exception as exc:
+            _failures.report(
+                "optimizer_hook_error",
+                f"the optimizer step listener {getattr(listener, '__qualname__', listener)}",
+                exc,
+                strict=strict,
+                then="the optimizer step went on",
+            )
+
+
+def _register() -> None:
+    global _registered, _waiting
+    with _lock:
+        _waiting = False
+        if _registered:
+            return
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        register_optimizer_step_post_hook(_dispatch)
+        _registered = True
+
+
+def ensure_registered() -> None:
+    """Register the dispatcher now if torch is imported, else right after torch's import.
+
+    Call it where no optimizer hook can be running (a profile being built or started): torch's
+    import never happens inside its own hook loop, so the deferred registration is safe too.
+    """
+    global _waiting
+    with _lock:
+        if _registered or _waiting:
+            return
+        _waiting = True
+    import_watch.when_imported("torch", _register)
+
+
+def add_listener(listener: OptimizerListener, *, strict: bool | None = None) -> None:
+    """Call ``listener(optimizer)`` after every optimizer step (safe inside a hook).
+
+    A listener that raises is counted and logged on the ``collectors`` failure log (re-raised
+    when ``strict``, ``None`` following ``config.strict``).  Without :func:`ensure_registered`
+    having run earlier, the dispatcher is registered here, which is safe only outside torch's
+    hook loop.
+    """
+    global _listeners
+    with _lock:
+        if all(known != listener for known, _ in _listeners):  # bound methods: equal, not same
+            _listeners = (*_listeners, (listener, strict))
+    ensure_registered()
+
+
+def remove_listener(listener: OptimizerListener) -> None:
+    """Stop calling ``listener`` (safe inside a hook; no error if it was not listening)."""
+    global _listeners
+    with _lock:
+        _listeners = tuple(entry for entry in _listeners if entry[0] != listener)
+
+
+def listening() -> int:
+    """How many listeners are registered (for tests)."""
+    return len(_listeners)

@@ -1,0 +1,101 @@
+"""An independent forward / backward / optimizer split of each step, from a trace file's spans.
+
+Reads the Chrome JSON with ``json`` alone (not stepscope's reader or nesting) and measures, on
+the thread of each ``ProfilerStep#N``, the time covered by: backward (``autograd::engine::
+evaluate_function`` spans), optimizer (``Optimizer.step#`` / ``Optimizer.zero_grad#`` spans,
+less the part of an ``Optimizer.step`` up to the end of the last backward span inside it: a
+closure's forward and backward), data loading (``enumerate(DataLoader)``), and forward (any
+``cpu_op`` starting before the step's first backward span, outside the three others).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+Interval = tuple[float, float]
+
+
+def _union(intervals: list[Interval]) -> list[Interval]:
+    merged: list[Interval] = []
+    for lo, hi in sorted(intervals):
+        if merged and lo <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], hi))
+        else:
+            merged.append((lo, hi))
+    return merged
+
+
+def _minus(a: list[Interval], b: list[Interval]) -> list[Interval]:
+    out: list[Interval] = []
+    for lo, hi in a:
+        pieces = [(lo, hi)]
+        for blo, bhi in b:
+            pieces = [
+                part
+                for plo, phi in pieces
+                for part in ((plo, min(phi, blo)), (max(plo, bhi), phi))
+                if part[1] > part[0]
+            ]
+        out.extend(pieces)
+    return out
+
+
+def _length(intervals: list[Interval]) -> float:
+    return sum(hi - lo for lo, hi in intervals)
+
+
+def step_split(path: Path) -> dict[int, dict[str, float]]:
+    """Per step number: percent of the step in forward, backward and optimizer."""
+    events: list[dict[str, Any]] = json.loads(path.read_text())["traceEvents"]
+    spans = [e for e in events if e.get("ph") == "X"]
+    result: dict[int, dict[str, float]] = {}
+    for step in spans:
+        name = step["name"]
+        if not name.startswith("ProfilerStep#") or step.get("cat") != "user_annotation":
+            continue
+        s, e = step["ts"], step["ts"] + step["dur"]
+        own = [
+            x
+            for x in spans
+            if x["pid"] == step["pid"] and x["tid"] == step["tid"] and x is not step
+        ]
+
+        def clipped(xs: list[dict[str, Any]], lo: float = s, e: float = e) -> list[Interval]:
+            return _union(
+                [
+                    (max(x["ts"], lo), min(x["ts"] + x["dur"], e))
+                    for x in xs
+                    if x["ts"] < e and x["ts"] + x["dur"] > lo
+                ]
+            )
+
+        backward_spans = [
+            x for x in own if x["name"].startswith("autograd::engine::evaluate_function")
+        ]
+        backward = clipped(backward_spans)
+        closures = []
+        optimizer_spans = [
+            x for x in own if x["name"].startswith(("Optimizer.step#", "Optimizer.zero_grad#"))
+        ]
+        for x in optimizer_spans:
+            inside = [
+                b["ts"] + b["dur"]
+                for b in backward_spans
+                if x["ts"] <= b["ts"] < x["ts"] + x["dur"]
+            ]
+            if inside:
+                closures.append((x["ts"], max(inside)))
+        optimizer = _minus(clipped(optimizer_spans), closures)
+        loading = clipped([x for x in own if "enumerate(DataLoader)" in x["name"]])
+        first_backward = backward[0][0] if backward else e
+        ops = [x for x in own if x.get("cat") == "cpu_op" and s <= x["ts"] < first_backward]
+        forward = _minus(clipped(ops), _union(backward + optimizer + loading))
+        total = e - s
+        result[int(name.partition("#")[2])] = {
+            "forward": 100 * _length(forward) / total,
+            "backward": 100 * _length(backward) / total,
+            "optimizer": 100 * _length(optimizer) / total,
+        }
+    return result

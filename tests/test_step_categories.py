@@ -1,0 +1,90 @@
+"""Step categories come from what ran inside the step, whatever span crosses its edge; work a
+closure runs inside ``Optimizer.step`` is forward and backward (issue 23, point 2)."""
+
+from __future__ import annotations
+
+from stepscope.analysis.analyze import analyze_trace
+from stepscope.analysis.diff import diff_summaries
+from stepscope.report.collapsed import span_stacks_ns
+from stepscope.trace.model import Trace, TraceBuilder
+from stepscope.trace.nesting import nest_spans
+
+OPT = "Optimizer.step#SGD.step"
+BACKWARD = "autograd::engine::evaluate_function: AddmmBackward0"
+
+
+def _steps_closed_from_the_optimizer_hook(steps: int = 3, forward: int = 300) -> Trace:
+    """Steps of 1000 ns; each step's Optimizer.step (800..1050) outlives it by 50 ns, as when
+    the step is closed from torch's optimizer post-hook."""
+    b = TraceBuilder(base_time_ns=0)
+    for n in range(steps):
+        at = 1000 * n
+        b.span(f"ProfilerStep#{n}", "user_annotation", 1, 1, at, 1000)
+        b.span("aten::linear", "cpu_op", 1, 1, at + 100, forward)  # forward: 300
+        b.span(BACKWARD, "cpu_op", 1, 1, at + 450, 250)  # backward: 250
+        b.span(OPT, "user_annotation", 1, 1, at + 800, 250)  # optimizer: 200 in this step
+        b.span("aten::add_", "cpu_op", 1, 1, at + 820, 100)
+    return b.build()
+
+
+def _shares(trace: Trace) -> dict[int | None, dict[str, int]]:
+    summary = analyze_trace(trace)
+    return {s.step: {c.name: c.ns for c in s.categories} for s in summary.host_steps}
+
+
+def test_a_step_opened_inside_the_previous_optimizer_step_keeps_its_own_categories() -> None:
+    shares = _shares(_steps_closed_from_the_optimizer_hook())
+    for step in (1, 2):  # step 0 is not inside an optimizer step; the later ones are
+        got = shares[step]
+        assert (got["forward"], got["backward"], got["optimizer"]) == (300, 250, 200), got
+        assert got["idle_other"] == 1000 - 750, "the step's own time, with the tail it crossed"
+
+
+def test_steps_do_not_stack_under_the_optimizer_step_they_cross() -> None:
+    trace = _steps_closed_from_the_optimizer_hook()
+    nesting = nest_spans(trace)
+    names = [trace.strings[n] for n in trace.spans["name"]]
+    for i, name in enumerate(names):
+        if name.startswith("ProfilerStep#"):
+            assert nesting.parent[i] == -1, f"{name} hangs under {names[nesting.parent[i]]}"
+    for stack in span_stacks_ns(trace):
+        assert stack.count("ProfilerStep") == 1, stack  # no staircase in the flame graph
+
+
+def test_a_closure_inside_optimizer_step_is_forward_and_backward() -> None:
+    b = TraceBuilder(base_time_ns=0)
+    b.span("ProfilerStep#1", "user_annotation", 1, 1, 0, 1000)
+    b.span(OPT, "user_annotation", 1, 1, 100, 900)  # optimizer.step(closure), 100..1000
+    b.span("aten::linear", "cpu_op", 1, 1, 150, 100)  # the closure's forward
+    b.span("Optimizer.zero_grad#SGD.zero_grad", "user_annotation", 1, 1, 260, 20)
+    b.span(BACKWARD, "cpu_op", 1, 1, 300, 200)  # the closure's backward, ends at 500
+    b.span("aten::add_", "cpu_op", 1, 1, 600, 50)  # the update
+    got = _shares(b.build())[1]
+    assert got["forward"] == 100
+    assert got["backward"] == 200
+    assert got["optimizer"] == 20 + 500, "zero_grad, and everything after the closure"
+    # the step's own 100 ns, and the closure's own Python (100..500 less its children)
+    assert got["idle_other"] == 100 + 80
+    assert sum(got.values()) == 1000
+
+
+def test_diff_sees_a_slower_forward_pass_as_forward() -> None:
+    a = analyze_trace(_steps_closed_from_the_optimizer_hook(steps=5))
+    b = analyze_trace(_steps_closed_from_the_optimizer_hook(steps=5, forward=340))
+    rows = {row.name: row for row in diff_summaries(a, b).categories}
+    assert rows["forward"].delta_ns == 40
+    assert rows["optimizer"].delta_ns == 0
+
+
+def test_a_closure_whose_backward_runs_on_the_autograd_thread_is_still_backward() -> None:
+    b = TraceBuilder(base_time_ns=0)
+    b.span("ProfilerStep#1", "user_annotation", 1, 1, 0, 1000)
+    b.span(OPT, "user_annotation", 1, 1, 100, 900)
+    b.span("aten::linear", "cpu_op", 1, 1, 150, 100)  # forward, on the step's thread
+    b.span(BACKWARD, "cpu_op", 1, 2, 300, 200)  # the engine's device thread (a GPU run)
+    b.span("aten::add_", "cpu_op", 1, 1, 600, 50)
+    got = _shares(b.build())[1]
+    assert got["forward"] == 100
+    assert got["backward"] == 200, "the step's thread waited for it inside the closure"
+    assert got["optimizer"] == 500
+    assert got["idle_other"] == 100 + 100
