@@ -322,8 +322,16 @@ class StepDiff:
     a_steps: int
     b_steps: int
     noise_ns: int
-    """The spread the change is compared with (the larger of A's and B's p95 minus median)."""
+    """The drift within a run the change is compared with (``analysis.noise``)."""
     within_noise: bool
+    """The change is not beyond the run-to-run spread (``analysis.noise``)."""
+    a_mean_ns: int = 0
+    b_mean_ns: int = 0
+    shift_ns: int = 0
+    """Hodges-Lehmann shift of the step times (the median of the differences B - A)."""
+    shift_low_ns: int = 0
+    shift_high_ns: int = 0
+    """The shift's interval (``analysis.noise.CONFIDENCE``)."""
 
 
 @dataclass(frozen=True)
@@ -355,6 +363,8 @@ class DiffResult:
     rows: list[DiffRow]
     """Operators, kernels and functions, largest impact first."""
     notes: list[str]
+    mismatches: list[str] = field(default_factory=list)
+    """Ways the runs were recorded differently (``analysis.comparable``)."""
 
     def to_dict(self) -> dict[str, Any]:
         """The diff as plain JSON values (schema ``stepscope.diff``)."""

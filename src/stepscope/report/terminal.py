@@ -11,11 +11,14 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from stepscope.analysis.noise import CONFIDENCE, MIN_STEPS
 from stepscope.analysis.result import (
     Category,
     CounterInfo,
     DiffResult,
+    DiffRow,
     Report,
+    StepDiff,
     TraceSummary,
 )
 from stepscope.report.memory import human_bytes, memory_renderables
@@ -257,33 +260,50 @@ def render_report(report: Report, console: Console) -> None:
         console.print(Panel(render_ranks(report.ranks), title="Across ranks", title_align="left"))
 
 
+def _change_pct(row: DiffRow) -> str:
+    """A row's relative change; none for a change under the diff's threshold (``same``)."""
+    if row.pct is None:
+        return "new"
+    return "same" if row.status == "same" else f"{row.pct:+.1f}"
+
+
+def step_verdict(s: StepDiff) -> str:
+    """The step change in one line: medians, the shift's interval and whether it is noise."""
+    text = f"median step: {ms(s.a_median_ns)} ms -> {ms(s.b_median_ns)} ms ({s.pct:+.1f}%)"
+    if s.a_steps < MIN_STEPS or s.b_steps < MIN_STEPS:
+        return text + f"; too few steps ({s.a_steps} and {s.b_steps}) to tell noise from change"
+    text += (
+        f"; shift {s.shift_ns / 1e6:+,.3f} ms ({CONFIDENCE:.0%} interval "
+        f"{s.shift_low_ns / 1e6:+,.3f} to {s.shift_high_ns / 1e6:+,.3f}; drift within a run "
+        f"{ms(s.noise_ns)} ms)"
+    )
+    return text + ("  within noise" if s.within_noise else "  beyond the run-to-run spread")
+
+
 def render_diff(diff: DiffResult, console: Console, top: int = 10) -> None:
     """Print a diff: the median step, categories, and the rows with the most impact."""
     s = diff.step
-    color = (
-        "red" if s.delta_ns > 0 and not s.within_noise else "green" if s.delta_ns < 0 else "white"
-    )
-    console.print(
-        Text(
-            f"median step: {ms(s.a_median_ns)} ms -> {ms(s.b_median_ns)} ms "
-            f"({s.pct:+.1f}%, {ms(s.delta_ns)} ms)" + ("  within noise" if s.within_noise else ""),
-            style=f"bold {color}",
-        )
-    )
-    t = Table(title="Per step, by category", title_justify="left")
+    color = "white" if s.within_noise else "red" if s.delta_ns > 0 else "green"
+    for line in diff.mismatches:
+        console.print(Text(f"Not comparable: {line}", style="bold yellow"))
+    console.print(Text(step_verdict(s), style=f"bold {color}"))
+    t = Table(title="Mean per step, by category", title_justify="left")
     for col in ("category", "A ms", "B ms", "change ms", "change %"):
         t.add_column(col, justify="right" if col != "category" else "left")
     for r in diff.categories:
         if r.a_ns or r.b_ns:
-            t.add_row(
-                r.name,
-                ms(r.a_ns),
-                ms(r.b_ns),
-                ms(r.delta_ns),
-                "new" if r.pct is None else f"{r.pct:+.1f}",
-            )
+            t.add_row(r.name, ms(r.a_ns), ms(r.b_ns), ms(r.delta_ns), _change_pct(r))
+    mean_delta = s.b_mean_ns - s.a_mean_ns
+    t.add_row(
+        "mean step",
+        ms(s.a_mean_ns),
+        ms(s.b_mean_ns),
+        ms(mean_delta),
+        f"{100.0 * mean_delta / s.a_mean_ns:+.1f}" if s.a_mean_ns else "-",
+        style="bold",
+    )
     console.print(t)
-    t = Table(title="Largest changes (per step)", title_justify="left")
+    t = Table(title="Largest changes (mean per step)", title_justify="left")
     for col in ("kind", "name", "status", "A ms", "B ms", "change ms", "change %", "% of step"):
         t.add_column(col, justify="left" if col in ("kind", "name", "status") else "right")
     for r in [r for r in diff.rows if r.status != "same"][:top]:
@@ -294,7 +314,7 @@ def render_diff(diff: DiffResult, console: Console, top: int = 10) -> None:
             ms(r.a_ns),
             ms(r.b_ns),
             ms(r.delta_ns),
-            "new" if r.pct is None else f"{r.pct:+.1f}",
+            _change_pct(r),
             f"{r.impact_pct:+.2f}",
         )
     console.print(t)
