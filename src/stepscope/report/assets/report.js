@@ -685,8 +685,9 @@
           `Straggler: rank ${s.rank} — the others waited ${ms(s.late_ns)} ms for it` +
             (s.step === null
               ? "."
-              : `; step ${s.step}: ${prettyName(s.phase)} ${ms(s.phase_ns)} ms vs ` +
-                `${ms(s.others_median_ns)} ms on the other ranks (median).`),
+              : `; busy ${ms(s.excess_per_step_ns)} ms per step longer than the other ranks; ` +
+                `${prettyName(s.phase)} ${ms(s.phase_ns)} ms per step vs ` +
+                `${ms(s.others_median_ns)} ms on the other ranks (medians over steps), most in step ${s.step}.`),
         ),
       );
     } else parts.push(empty("No straggler: no rank kept the others waiting."));
@@ -697,11 +698,11 @@
         [
           { title: "rank", value: (x) => x.rank, num: true },
           { title: "median step ms", value: (x) => x.step_median_ns, text: (x) => ms(x.step_median_ns), num: true },
-          { title: "compute", value: (x) => share(x, "computation_ns"), text: (x) => pct(share(x, "computation_ns")), num: true },
+          { title: "computation", value: (x) => share(x, "computation_ns"), text: (x) => pct(share(x, "computation_ns")), num: true },
           { title: "communication", value: (x) => share(x, "communication_ns"), text: (x) => pct(share(x, "communication_ns")), num: true },
           { title: "idle", value: (x) => share(x, "idle_ns"), text: (x) => pct(share(x, "idle_ns")), num: true },
-          { title: "waiting ms", value: (x) => x.collective_wait_ns, text: (x) => ms(x.collective_wait_ns), num: true },
-          { title: "others waited ms", value: (x) => x.late_ns, text: (x) => ms(x.late_ns), num: true },
+          { title: "waiting at collectives ms", value: (x) => x.collective_wait_ns, text: (x) => ms(x.collective_wait_ns), num: true },
+          { title: "others waiting ms", value: (x) => x.late_ns, text: (x) => ms(x.late_ns), num: true },
         ],
         r.ranks,
         "Per rank (host time over the analysed steps)",
