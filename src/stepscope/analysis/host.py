@@ -24,10 +24,10 @@ open below it) is ``idle_other`` — uninstrumented Python or waiting — except
 which a collective runs on another thread of the same process (the thread waits for it: gloo's
 and NCCL's worker threads run the collective the step waits on), which is ``communication``,
 and then the part during which a backward span runs on another thread of the same process (the
-autograd engine's device threads), which is ``backward``; with stack samples and no ``python_function`` spans,
-sampled Python time moves out of uncategorised time (the step's own, ``idle_other``) into
-``python`` — time inside a categorised span (data loading, optimizer, an annotation) stays in
-that span's category.
+autograd engine's device threads), which is ``backward``; with stack samples and no
+``python_function`` spans, sampled Python time moves out of uncategorised time (the step's own,
+``idle_other``) into ``python`` — time inside a categorised span (data loading, optimizer, an
+annotation) stays in that span's category.
 A span that outlives its step is cut at the step's end; what spans do not cover is
 ``idle_other``.
 """
