@@ -47,6 +47,7 @@ class _Facts:
     source: str
     has_steps: bool
     steps: list[StepTime]
+    cut_short: list[StepTime]
     host_steps: list[HostBreakdown]
     devices: list[DeviceBreakdown]
     device_steps: dict[str, list[Category]]
@@ -97,8 +98,13 @@ def _facts(trace: Trace, source: str, step_range: tuple[int, int] | None) -> _Fa
     notes: list[str] = []
     if not has_steps:
         notes.append("no ProfilerStep spans: the whole trace is analysed as one step")
-    elif steps.left_out_last_step(trace, all_steps):
-        notes.append("the profile stopped inside the window's last step: that step is left out")
+    cut = steps.select_steps(steps.cut_short_steps(trace, is_host), step_range)
+    if cut:
+        cut_numbers = ", ".join(str(s.step) for s in cut)
+        notes.append(
+            f"step {cut_numbers} was cut short (the profile stopped inside it: the program ended, "
+            "crashed or was stopped): shown, but left out of every statistic"
+        )
     if step_range is not None and has_steps:
         notes.append(f"steps {step_range[0]}-{step_range[1]}: {len(chosen)} of {len(all_steps)}")
         if not chosen:
@@ -122,6 +128,7 @@ def _facts(trace: Trace, source: str, step_range: tuple[int, int] | None) -> _Fa
         sampled_rows = {n: (f.samples, f.self_ns, f.total_ns) for n, f in found.functions.items()}
     first = chosen[0].start_ns if chosen else 0
     step_times = [StepTime(s.step, s.name, s.start_ns - first, s.dur_ns, source) for s in chosen]
+    cut_times = [StepTime(s.step, s.name, s.start_ns - first, s.dur_ns, source) for s in cut]
     host_steps = host.host_breakdowns(trace, nesting, self_ns, is_host, chosen, python_taken)
     for i, taken in python_taken.items():
         self_ns[i] -= taken
@@ -175,6 +182,7 @@ def _facts(trace: Trace, source: str, step_range: tuple[int, int] | None) -> _Fa
         source=source,
         has_steps=has_steps,
         steps=step_times,
+        cut_short=cut_times,
         host_steps=host_steps,
         devices=devices,
         device_steps=device_steps,
@@ -326,6 +334,7 @@ def _summarize(source: str, facts: Sequence[_Facts], top: int) -> TraceSummary:
         files=[f.source for f in facts],
         has_steps=all(f.has_steps for f in facts),
         steps=step_list,
+        cut_short=[s for f in facts for s in f.cut_short],
         step_stats=steps.step_stats(step_list),
         host_total=host.total_breakdown(host_steps),
         host_steps=host_steps,

@@ -297,6 +297,6 @@ def _straggler(
     phase = max(sorted(by_phase), key=lambda p: beyond(by_phase[p]))
     rows = by_phase[phase]
     worst = max(rows, key=lambda row: (row[1] - row[2], -row[0]))[0]
-    mine = _median([ns for _, ns, _ in rows])
+    own = _median([ns for _, ns, _ in rows])
     theirs = _median([middle for _, _, middle in rows])
-    return Straggler(rank, late, excess, slowest, worst, phase, mine, theirs, per_step)
+    return Straggler(rank, late, excess, slowest, worst, phase, own, theirs, per_step)

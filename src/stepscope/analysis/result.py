@@ -276,6 +276,8 @@ class TraceSummary:
     """The numbers the recommendation rules read (``stepscope.analysis.rules``)."""
     memory: MemorySummary | None = None
     """Memory per step, the peak table, the timeline and the leak hint (``profile_memory``)."""
+    cut_short: list[StepTime] = field(default_factory=list)
+    """Steps the profile stopped inside (``analysis.steps``): shown, never in a statistic."""
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON values."""

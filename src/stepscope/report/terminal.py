@@ -6,7 +6,8 @@ import os
 import re
 import sys
 
-from rich.console import Console, Group, RenderableType
+from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
+from rich.measure import Measurement
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
@@ -48,29 +49,66 @@ def ms(ns: float) -> str:
     return f"{ns / 1e6:,.3f}"
 
 
-def breakdown_bar(categories: list[Category], width: int = 60) -> Text:
-    """One line of coloured blocks, a block per category in proportion to its time."""
-    total = sum(c.ns for c in categories)
-    bar = Text()
-    if not total:
-        return bar
-    used = 0
-    shown = [c for c in categories if c.ns > 0]
-    for n, c in enumerate(shown):
-        cells = width - used if n == len(shown) - 1 else round(width * c.ns / total)
-        cells = max(cells, 1 if c.ns else 0)
-        bar.append("█" * cells, style=COLORS.get(c.name, "white"))
-        used += cells
-    return bar
+GLYPHS = {
+    "data_loading": "D",
+    "forward": "F",
+    "backward": "B",
+    "optimizer": "O",
+    "communication": "C",
+    "other_annotated": "A",
+    "other_operators": "X",
+    "python": "P",
+    "idle_other": ".",
+}
+"""A letter per host category: bars and legends without colour (piped) still tell them apart."""
 
 
-def _legend(categories: list[Category]) -> Text:
-    legend = Text()
-    for c in categories:
-        if c.ns:
-            legend.append("■ ", style=COLORS.get(c.name, "white"))
-            legend.append(f"{c.name} {c.pct:.1f}%  ")
-    return legend
+class BreakdownBar:
+    """One line of blocks, a block per category in proportion to its time: coloured on a
+    terminal, each category's letter (``GLYPHS``) when the output has no colour."""
+
+    def __init__(self, categories: list[Category], width: int = 60) -> None:
+        self.categories = categories
+        self.width = width
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        plain = console.color_system is None
+        total = sum(c.ns for c in self.categories)
+        bar = Text()
+        used = 0
+        shown = [c for c in self.categories if c.ns > 0] if total else []
+        for n, c in enumerate(shown):
+            cells = self.width - used if n == len(shown) - 1 else round(self.width * c.ns / total)
+            cells = max(cells, 1)
+            glyph = GLYPHS.get(c.name, "#") if plain else "█"
+            bar.append(glyph * cells, style=COLORS.get(c.name, "white"))
+            used += cells
+        yield bar
+
+    def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
+        return Measurement(self.width, self.width)
+
+
+def breakdown_bar(categories: list[Category], width: int = 60) -> BreakdownBar:
+    """The bar of ``categories`` (see ``BreakdownBar``)."""
+    return BreakdownBar(categories, width)
+
+
+class _Legend:
+    """The categories' shares, each with its colour (or its letter without colour)."""
+
+    def __init__(self, categories: list[Category]) -> None:
+        self.categories = categories
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        plain = console.color_system is None
+        legend = Text()
+        for c in self.categories:
+            if c.ns:
+                key = f"{GLYPHS.get(c.name, '#')} " if plain else "■ "
+                legend.append(key, style=COLORS.get(c.name, "white"))
+                legend.append(f"{c.name} {c.pct:.1f}%  ")
+        yield legend
 
 
 def _table(title: str, columns: list[str], left: tuple[str, ...] = ("name",)) -> Table:
@@ -84,10 +122,13 @@ def _head(s: TraceSummary) -> Table:
     st = s.step_stats
     head = Table.grid(padding=(0, 2))
     whole = "" if s.has_steps else " (no ProfilerStep spans: the whole trace as one step)"
-    head.add_row("steps", f"{st.count}{whole}")
+    cut = f" (and {len(s.cut_short)} cut short, left out)" if s.cut_short else ""
+    head.add_row("steps", f"{st.count}{whole}{cut}")
     head.add_row(
         "step time (ms)",
-        f"min {ms(st.min_ns)}  median {ms(st.median_ns)}  p95 {ms(st.p95_ns)}  max {ms(st.max_ns)}",
+        f"min {ms(st.min_ns)}  median {ms(st.median_ns)}  p95 {ms(st.p95_ns)}  max {ms(st.max_ns)}"
+        if st.count
+        else "- (no complete step)",
     )
     if st.slowest:
         several = len({t.source for t in s.steps}) > 1
@@ -117,6 +158,10 @@ def _steps(s: TraceSummary) -> Table:
     for t, b in zip(s.steps[:50], s.host_steps[:50], strict=False):
         label = [_source_label(t.source)] if several else []
         table.add_row(*label, str(t.step), ms(t.dur_ns), breakdown_bar(b.categories, 40))
+    for t in s.cut_short[:10]:
+        label = [_source_label(t.source)] if several else []
+        cut = Text("cut short: the profile stopped inside it (not counted)", style="dim")
+        table.add_row(*label, str(t.step), Text(ms(t.dur_ns), style="dim"), cut)
     if len(s.steps) > 50:
         table.caption = f"{len(s.steps) - 50} more steps in the JSON output"
     return table
@@ -186,6 +231,8 @@ def _tops(s: TraceSummary) -> list[RenderableType]:
         for f in s.functions:
             calls = f"~{f.calls}" if f.sampled else str(f.calls)
             funcs.add_row(f.name[:70], calls, ms(f.self_ns), ms(f.total_ns))
+        if any(f.sampled for f in s.functions):
+            funcs.caption = "~N: stack samples that saw the function, not a count of its calls"
         parts.append(funcs)
     return parts
 
@@ -216,11 +263,12 @@ def _recommendations(s: TraceSummary) -> RenderableType:
 def render_summary(s: TraceSummary) -> RenderableType:
     """Everything about one summary, as one group of rich renderables."""
     parts: list[RenderableType] = [_head(s)]
-    if len(s.steps) > 1:
+    if len(s.steps) > 1 or s.cut_short:
         parts.append(_steps(s))
-    parts.append(Text("Host time per step", style="bold"))
-    parts.append(breakdown_bar(s.host_total.categories))
-    parts.append(_legend(s.host_total.categories))
+    if s.host_total.total_ns:
+        parts.append(Text("Host time per step", style="bold"))
+        parts.append(breakdown_bar(s.host_total.categories))
+        parts.append(_Legend(s.host_total.categories))
     parts += _devices(s)
     parts += _tops(s)
     if s.launch_delay:
