@@ -184,7 +184,7 @@ def test_diff_finds_a_20_percent_slowdown(
     top = data["rows"][0]
     assert (top["kind"], top["name"], top["status"]) == ("operator", "fn_large", "slower")
     # 20 % of fn_large injected: ~19 % of the median step; a loaded 2-core machine adds noise
-    assert 10 < top["pct"] < 35
+    assert 10 < top["pct"] < 50
     assert main(["diff", str(base), str(slow), "--fail-if-slower", "50"]) == 0
     # the gate: a slowdown far beyond any scheduler noise fails it, with one line
     slower = record_loop(tmp_path / "slower", slow_factor=3.0, steps=12, large_s=0.02)

@@ -18,7 +18,7 @@ from itertools import compress
 
 from stepscope.analysis import device as dev
 from stepscope.analysis import host, ops, steps
-from stepscope.analysis.memory import memory_summary
+from stepscope.analysis.memory import combine_memory, memory_summary
 from stepscope.analysis.ranks import analyze_ranks
 from stepscope.analysis.result import (
     Category,
@@ -34,6 +34,7 @@ from stepscope.analysis.result import (
 )
 from stepscope.analysis.rules import SHORT_KERNEL_NS, recommend
 from stepscope.analysis.sampled_time import sampled_time
+from stepscope.steps import window_label
 from stepscope.trace.model import Trace
 from stepscope.trace.nesting import nest_spans
 
@@ -60,6 +61,7 @@ class _Facts:
     overhead_ns: int
     notes: list[str]
     sums: dict[str, float] = field(default_factory=dict)
+    window: str = ""
 
 
 class _Windows:
@@ -154,7 +156,12 @@ def _facts(trace: Trace, source: str, step_range: tuple[int, int] | None) -> _Fa
         scope = f"launched in steps {step_range[0]}-{step_range[1]}"
     devices = dev.device_breakdowns(events, positions, scope)
     device_steps: dict[str, list[Category]] = {}
-    sums: dict[str, float] = {"step_ns": float(step_total), "steps": float(len(chosen))}
+    loader_names = {i for i, text in enumerate(strings) if "DataLoader" in text}
+    sums: dict[str, float] = {
+        "step_ns": float(step_total),
+        "steps": float(len(chosen)),
+        "dataloader_spans": float(sum(1 for i in members if spans["name"][i] in loader_names)),
+    }
     if positions:
         idle = 0
         index = dev.position_index(events, positions)
@@ -195,7 +202,19 @@ def _facts(trace: Trace, source: str, step_range: tuple[int, int] | None) -> _Fa
         overhead_ns=overhead,
         notes=notes,
         sums=sums,
+        window=_window_name(trace),
     )
+
+
+def _window_name(trace: Trace) -> str:
+    """The window's name from stepscope's ``stepscope_window`` metadata ("" without it)."""
+    window = trace.metadata.get("stepscope_window")
+    if not isinstance(window, dict):
+        return ""
+    index, first, end = (window.get(k) for k in ("index", "first_step", "last_step"))
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (index, first, end)):
+        return ""
+    return window_label(index, first, end)  # type: ignore[arg-type]
 
 
 def _launch_gaps(
@@ -309,7 +328,7 @@ def _summarize(source: str, facts: Sequence[_Facts], top: int) -> TraceSummary:
         (f"{f.source}:{k}" if several else k): v for f in facts for k, v in f.device_steps.items()
     }
     step_total = int(sums.get("step_ns", 0))
-    measures: dict[str, float] = {}
+    measures: dict[str, float] = {"dataloader_spans": sums.get("dataloader_spans", 0.0)}
     if "device_idle_ns" in sums and step_total:
         measures["device_idle_pct"] = 100.0 * sums["device_idle_ns"] / step_total
         measures["host_wait_ns"] = sums["host_wait_ns"]
@@ -349,6 +368,7 @@ def _summarize(source: str, facts: Sequence[_Facts], top: int) -> TraceSummary:
         profiler_overhead_ns=sum(f.overhead_ns for f in facts),
         notes=notes,
         measures=measures,
+        windows={f.source: f.window for f in facts if f.window},
     )
     summary.recommendations = recommend(summary)
     return summary
@@ -378,5 +398,7 @@ def analyze(
     for summary, (_, trace) in zip(per_file, traces, strict=True):
         summary.memory = memory_summary(trace, top, step_range)
     combined = per_file[0] if len(facts) == 1 else _summarize("all files", facts, top)
+    if len(facts) > 1:
+        combined.memory = combine_memory([s.memory for s in per_file])
     ranks = analyze_ranks(traces, per_file, step_range) if len(traces) > 1 else None
     return Report(per_file, combined, step_range, top, ranks)

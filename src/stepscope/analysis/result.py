@@ -278,6 +278,9 @@ class TraceSummary:
     """Memory per step, the peak table, the timeline and the leak hint (``profile_memory``)."""
     cut_short: list[StepTime] = field(default_factory=list)
     """Steps the profile stopped inside (``analysis.steps``): shown, never in a statistic."""
+    windows: dict[str, str] = field(default_factory=dict)
+    """File -> the name of the profile window it holds (``window 1 (steps 2-4)``), when the
+    trace says (stepscope's ``stepscope_window``)."""
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON values."""

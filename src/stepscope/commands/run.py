@@ -19,6 +19,7 @@ from stepscope.collectors.torch import torch_installed
 from stepscope.profiler.step_trigger import StepTrigger, names_program_function
 from stepscope.profiler.summary import SORT_KEYS
 from stepscope.program import Program, find_program, print_program_traceback
+from stepscope.steps import window_label
 
 AUTO = "auto"
 NO_STEPS = "none"
@@ -247,10 +248,9 @@ def _summary(
         trace = prof.trace()
         window = trace.metadata.get("stepscope_window", {})
         count = len(prof.trace_files)
-        where = f"window {window.get('index', count - 1) + 1} of {count}"
-        if step_on is not None:
-            first, last = window.get("first_step", 0), window.get("last_step", 1) - 1
-            where += f", step {first}" if first >= last else f", steps {first}-{last}"
+        index = window.get("index", count - 1)
+        where = window_label(index, window.get("first_step", 0), window.get("last_step", 1))
+        where += f" of {count}"
         header = f"stepscope run: {name}: top {args.top} by {args.sort} ({where})"
         print(
             prof.key_averages().table(sort_by=args.sort, row_limit=args.top, header=header),

@@ -71,8 +71,8 @@ class BreakdownBar:
         self.categories = categories
         self.width = width
 
-    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        plain = console.color_system is None
+    def text(self, plain: bool) -> Text:
+        """The bar: coloured blocks, or letters when ``plain``."""
         total = sum(c.ns for c in self.categories)
         bar = Text()
         used = 0
@@ -83,10 +83,14 @@ class BreakdownBar:
             glyph = GLYPHS.get(c.name, "#") if plain else "█"
             bar.append(glyph * cells, style=COLORS.get(c.name, "white"))
             used += cells
-        yield bar
+        return bar
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        yield self.text(console.color_system is None)
 
     def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
-        return Measurement(self.width, self.width)
+        length = self.text(plain=True).cell_len
+        return Measurement(length, length)
 
 
 def breakdown_bar(categories: list[Category], width: int = 60) -> BreakdownBar:
@@ -136,30 +140,34 @@ def _head(s: TraceSummary) -> Table:
             "slowest",
             ", ".join(
                 (f"#{x.step} {ms(x.dur_ns)} ms" if x.step is not None else f"{ms(x.dur_ns)} ms")
-                + (f" ({_source_label(x.source)})" if several else "")
+                + (f" ({_source_label(x.source, s.windows)})" if several else "")
                 for x in st.slowest
             ),
         )
     return head
 
 
-def _source_label(source: str) -> str:
-    """A short name for the file a step came from: its rank when the name has one."""
+def _source_label(source: str, windows: dict[str, str] | None = None) -> str:
+    """A short name for the file a step came from: its rank when the name has one, else its
+    window's name when the trace says it."""
     rank = rank_in_name(source)
     if rank is not None:
         return f"rank {rank}"
+    if windows and source in windows:
+        return windows[source]
     return source if len(source) <= 32 else "…" + source[-31:]
 
 
 def _steps(s: TraceSummary) -> Table:
     several = len({t.source for t in s.steps}) > 1  # a combined view: say which file
     first = ["file"] if several else []
+    windows = s.windows if len(set(s.windows.values())) == len(s.windows) else None
     table = _table("Steps", [*first, "step", "ms", "host breakdown"], ("file", "host breakdown"))
     for t, b in zip(s.steps[:50], s.host_steps[:50], strict=False):
-        label = [_source_label(t.source)] if several else []
+        label = [_source_label(t.source, windows)] if several else []
         table.add_row(*label, str(t.step), ms(t.dur_ns), breakdown_bar(b.categories, 40))
     for t in s.cut_short[:10]:
-        label = [_source_label(t.source)] if several else []
+        label = [_source_label(t.source, windows)] if several else []
         cut = Text("cut short: the profile stopped inside it (not counted)", style="dim")
         table.add_row(*label, str(t.step), Text(ms(t.dur_ns), style="dim"), cut)
     if len(s.steps) > 50:
@@ -295,13 +303,40 @@ def render_summary(s: TraceSummary) -> RenderableType:
     return Group(*parts)
 
 
+def windows_of_one_run(report: Report) -> bool:
+    """Whether the files are the windows of one run (``--repeat 0``): each names a different
+    window and none comes from another rank."""
+    files = report.files
+    labels = [report.combined.windows.get(s.source, "") for s in files]
+    return (
+        len(files) > 1 and report.ranks is None and all(labels) and len(set(labels)) == len(labels)
+    )
+
+
+def _windows(report: Report) -> Table:
+    table = _table("Windows", ["window", "file", "steps", "median step ms"], ("window", "file"))
+    for s in report.files:
+        table.add_row(
+            report.combined.windows[s.source],
+            s.source,
+            str(s.step_stats.count),
+            ms(s.step_stats.median_ns) if s.step_stats.count else "-",
+        )
+    return table
+
+
 def render_report(report: Report, console: Console) -> None:
-    """Print a report: each file (when several), then the summary of all of them."""
-    if len(report.files) > 1:
+    """Print a report: each file (when several, unless they are the windows of one run: then
+    a table of them), then the summary of all of them."""
+    title = report.combined.source
+    body = render_summary(report.combined)
+    if windows_of_one_run(report):
+        title = f"all {len(report.files)} windows"
+        body = Group(_windows(report), body)
+    elif len(report.files) > 1:
         for s in report.files:
             console.print(Panel(render_summary(s), title=s.source, title_align="left"))
-    title = report.combined.source
-    console.print(Panel(render_summary(report.combined), title=title, title_align="left"))
+    console.print(Panel(body, title=title, title_align="left"))
     if report.ranks is not None:
         from stepscope.report.ranks import render_ranks
 

@@ -623,7 +623,7 @@
 
   function memorySection(s, after) {
     const m = s.memory;
-    if (!m) return null;
+    if (!m) return [];  // spread into the page: nothing, never the text "null"
     const parts = [];
     for (const leak of m.leaks) {
       const what = leak.kind === "python" ? "Python heap" : leak.kind + " tensors";
@@ -668,7 +668,7 @@
       );
     }
     for (const note of m.notes) parts.push(h("p", { class: "dim" }, note));
-    return section("memory", "Memory", parts);
+    return [section("memory", "Memory", parts)];
   }
 
   // ---- across ranks: stragglers, per-rank table, ranks x steps heat map --------------------
@@ -752,7 +752,7 @@
       deviceSection(s, after),
       topsSection(s),
       flameSection(view, after),
-      memorySection(s, after),
+      ...memorySection(s, after),
       extrasSection(s),
       h(
         "footer",
