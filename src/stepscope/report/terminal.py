@@ -22,8 +22,8 @@ from stepscope.analysis.result import (
     StepDiff,
     TraceSummary,
 )
+from stepscope.report.labels import source_label
 from stepscope.report.memory import human_bytes, memory_renderables
-from stepscope.trace.merge import rank_in_name
 
 __all__ = ["render_diff", "render_report", "render_summary"]
 
@@ -140,22 +140,11 @@ def _head(s: TraceSummary) -> Table:
             "slowest",
             ", ".join(
                 (f"#{x.step} {ms(x.dur_ns)} ms" if x.step is not None else f"{ms(x.dur_ns)} ms")
-                + (f" ({_source_label(x.source, s.windows)})" if several else "")
+                + (f" ({source_label(x.source, s.windows)})" if several else "")
                 for x in st.slowest
             ),
         )
     return head
-
-
-def _source_label(source: str, windows: dict[str, str] | None = None) -> str:
-    """A short name for the file a step came from: its rank when the name has one, else its
-    window's name when the trace says it."""
-    rank = rank_in_name(source)
-    if rank is not None:
-        return f"rank {rank}"
-    if windows and source in windows:
-        return windows[source]
-    return source if len(source) <= 32 else "…" + source[-31:]
 
 
 def _steps(s: TraceSummary) -> Table:
@@ -164,10 +153,10 @@ def _steps(s: TraceSummary) -> Table:
     windows = s.windows if len(set(s.windows.values())) == len(s.windows) else None
     table = _table("Steps", [*first, "step", "ms", "host breakdown"], ("file", "host breakdown"))
     for t, b in zip(s.steps[:50], s.host_steps[:50], strict=False):
-        label = [_source_label(t.source, windows)] if several else []
+        label = [source_label(t.source, windows)] if several else []
         table.add_row(*label, str(t.step), ms(t.dur_ns), breakdown_bar(b.categories, 40))
     for t in s.cut_short[:10]:
-        label = [_source_label(t.source, windows)] if several else []
+        label = [source_label(t.source, windows)] if several else []
         cut = Text("cut short: the profile stopped inside it (not counted)", style="dim")
         table.add_row(*label, str(t.step), Text(ms(t.dur_ns), style="dim"), cut)
     if len(s.steps) > 50:
