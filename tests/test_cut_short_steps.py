@@ -84,3 +84,36 @@ def test_a_crash_later_in_the_window_keeps_the_complete_steps(tmp_path: Path) ->
     assert [s.step for s in summary.steps] == [2]
     assert [s.step for s in summary.cut_short] == [3]
     assert summary.step_stats.max_ns == summary.steps[0].dur_ns
+
+
+def test_a_rank_cut_short_after_one_step_is_no_straggler(tmp_path: Path) -> None:
+    """Rank 1 crashed inside its first recorded step after a long stall: that step is not a
+    'slowest step', and rank 1 is not ranked as a straggler on it."""
+    ranks = tmp_path / "ranks"
+    ranks.mkdir()
+    for rank, crash_at in ((0, None), (1, 2)):
+        out = tmp_path / f"r{rank}"
+        if crash_at is None:
+            profiled_loop(out, iterations=5)
+        else:
+            schedule = stepscope.schedule(wait=1, warmup=1, active=5, repeat=1)
+            try:
+                with stepscope.profile(
+                    schedule=schedule, on_trace_ready=stepscope.trace_handler(str(out))
+                ) as prof:
+                    for i in range(5):
+                        spin(0.03 if i == crash_at else SPIN_S)  # stalls, then dies
+                        if i == crash_at:
+                            raise Crash
+                        prof.step()
+            except Crash:
+                pass
+        [written] = out.glob("*.json")
+        written.rename(ranks / f"host_{rank}_rank{rank}.1.pt.trace.json")
+    traces = [(p.name, read_chrome_trace(p)) for p in sorted(ranks.glob("*.json"))]
+    report = analyze(traces)
+    assert report.ranks is not None
+    assert all(s.rank != 1 for s in report.ranks.stragglers)
+    assert sorted(s.step for s in report.combined.cut_short) == [2, 5]  # rank 1, rank 0
+    assert all(s.dur_ns < 0.02e9 for s in report.combined.step_stats.slowest)
+    assert any("missing on rank(s) [1]" in n for n in report.ranks.notes)
