@@ -250,8 +250,7 @@ def _summary(
         count = len(prof.trace_files)
         index = window.get("index", count - 1)
         where = window_label(index, window.get("first_step", 0), window.get("last_step", 1))
-        where += f" of {count}"
-        header = f"stepscope run: {name}: top {args.top} by {args.sort} ({where})"
+        header = f"stepscope run: {name}: top {args.top} by {args.sort}, {where} of {count}"
         print(
             prof.key_averages().table(sort_by=args.sort, row_limit=args.top, header=header),
             file=out,
