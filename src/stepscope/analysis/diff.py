@@ -13,6 +13,7 @@ of the same name in a file only B has are one row, named with both files.
 from __future__ import annotations
 
 import re
+from collections import Counter
 
 from stepscope.analysis.noise import CONFIDENCE, step_change
 from stepscope.analysis.result import DiffResult, DiffRow, StepDiff, TraceSummary
@@ -46,8 +47,10 @@ def _function_file(label: str) -> tuple[str, str] | None:
     return (m.group("name"), m.group("file")) if m else None
 
 
-def _pair_renamed(ra: dict[str, float], rb: dict[str, float]) -> dict[str, float]:
-    """B's function rows re-keyed to A's names where only the file was renamed.
+def _pair_renamed(
+    ra: dict[str, float], rb: dict[str, float]
+) -> tuple[dict[str, float], dict[str, float]]:
+    """A's and B's function rows, re-keyed to one name where only the file was renamed.
 
     A file is renamed when A's rows name it and B's do not, and the other way round; a
     function pairs when its name is unique among those files' functions on both sides.
@@ -58,19 +61,18 @@ def _pair_renamed(ra: dict[str, float], rb: dict[str, float]) -> dict[str, float
     files_b = {f for _, f in parsed_b.values()}
     only_a = {k: n for k, (n, f) in parsed_a.items() if f not in files_b}
     only_b = {k: n for k, (n, f) in parsed_b.items() if f not in files_a}
-    names_a = [n for n in only_a.values()]
-    names_b = [n for n in only_b.values()]
-    by_name_a = {n: k for k, n in only_a.items() if names_a.count(n) == 1}
-    out = dict(rb)
+    count_a, count_b = Counter(only_a.values()), Counter(only_b.values())
+    by_name_a = {n: k for k, n in only_a.items() if count_a[n] == 1}
+    out_a, out_b = dict(ra), dict(rb)
     for key_b, name in only_b.items():
         key_a = by_name_a.get(name)
-        if key_a is None or names_b.count(name) != 1:
+        if key_a is None or count_b[name] != 1:
             continue
         (_, file_a), (_, file_b) = parsed_a[key_a], parsed_b[key_b]
         renamed = key_a.replace(file_a, f"{file_a} -> {file_b}", 1)
-        out[renamed] = out.pop(key_b)
-        ra[renamed] = ra.pop(key_a)
-    return out
+        out_a[renamed] = out_a.pop(key_a)
+        out_b[renamed] = out_b.pop(key_b)
+    return out_a, out_b
 
 
 def _row(kind: str, name: str, a: float, b: float, median: int) -> DiffRow:
@@ -129,7 +131,7 @@ def diff_summaries(a: TraceSummary, b: TraceSummary) -> DiffResult:
         ),
     )
     fa = {r.name or UNNAMED: float(r.self_ns) for r in a.functions}
-    fb = _pair_renamed(fa, {r.name or UNNAMED: float(r.self_ns) for r in b.functions})
+    fa, fb = _pair_renamed(fa, {r.name or UNNAMED: float(r.self_ns) for r in b.functions})
     tables += (("function", fa, fb),)
     for kind, ra, rb in tables:
         for name in dict.fromkeys([*ra, *rb]):
