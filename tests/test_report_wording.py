@@ -29,18 +29,32 @@ def data_loading_advice(out: Path) -> str:
 
 
 def test_dataloader_options_only_for_a_program_with_a_dataloader(tmp_path: Path) -> None:
-    # a plain loop whose "data_loading" region is a quarter of the step: no DataLoader in it
-    plain = record_loop(tmp_path / "plain", steps=3, large_s=0.002)
+    # a plain loop whose "data_loading" region is most of the step: no DataLoader in it
+    plain = tmp_path / "plain"
+    with stepscope.profile(on_trace_ready=stepscope.trace_handler(str(plain))) as prof:
+        for _ in range(3):
+            with stepscope.record_function("data_loading"):
+                spin(0.004)
+            spin(0.001)
+            prof.step()
     advice = data_loading_advice(plain)
     assert "DataLoader(" not in advice and "next batch" in advice
     torch = pytest.importorskip("torch")
-    from torch.utils.data import DataLoader, TensorDataset
+    from torch.utils.data import DataLoader, Dataset
 
-    loader = DataLoader(TensorDataset(torch.randn(64, 8)), batch_size=8)
+    class SlowItems(Dataset):  # type: ignore[type-arg]
+        """A slow input pipeline: each item takes 0.5 ms to make."""
+
+        def __len__(self) -> int:
+            return 32
+
+        def __getitem__(self, index: int) -> Any:
+            spin(0.0005)
+            return torch.full((8,), float(index))
+
     out = tmp_path / "loader"
     with stepscope.profile(on_trace_ready=stepscope.trace_handler(str(out))) as prof:
-        for (batch,) in loader:
-            spin(0.002)  # a slow input pipeline, inside the DataLoader's iteration
+        for batch in DataLoader(SlowItems(), batch_size=8):
             (batch * 2).sum()
             prof.step()
     assert "DataLoader(num_workers>0" in data_loading_advice(out)
