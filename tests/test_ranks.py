@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import warnings
@@ -61,7 +62,12 @@ def stepscope_cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def run_job(
-    out: Path, ranks: int, slow: int, skip: int | None = None, late: int | None = None
+    out: Path,
+    ranks: int,
+    slow: int,
+    skip: int | None = None,
+    late: int | None = None,
+    how: str = "sleep",
 ) -> None:
     """torchrun the DDP job; fails the test with its output when it does not finish cleanly."""
     if not TORCHRUN.exists():
@@ -73,8 +79,8 @@ def run_job(
         str(TORCHRUN), f"--nproc-per-node={ranks}", "--master-addr=127.0.0.1",
         f"--master-port={free_port()}", str(JOB), str(out), str(slow), str(SLOW_MS),
     ]  # fmt: skip
-    if skip is not None or late is not None:
-        cmd += [str(-1 if skip is None else skip), str(-1 if late is None else late)]
+    if skip is not None or late is not None or how != "sleep":
+        cmd += [str(-1 if skip is None else skip), str(-1 if late is None else late), how]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
@@ -187,6 +193,33 @@ def test_report_names_the_slow_rank_and_phase(job: Any, tmp_path: Path) -> None:
     assert collective["collective"] == "allreduce" and collective["nelems"] == 32 * 32 + 32
     for row in r["ranks"]:
         assert row["computation_ns"] + row["communication_ns"] + row["idle_ns"] == row["total_ns"]
+
+
+def test_busy_straggler_evidence_equals_the_injected_delay(tmp_path: Path) -> None:
+    """Rank 1 spins SLOW_MS per step outside any annotation: its evidence compares busy with
+    busy (its uninstrumented time against the others', whose waiting is communication)."""
+    out = tmp_path / "spin"
+    run_job(out, 2, 1, how="spin")
+    traces = read_dir(out)
+    report = analyze(traces)
+    assert report.ranks is not None
+    top = report.ranks.stragglers[0]
+    # the delay as the job measured it in the recorded steps 2-4 (on a loaded machine the spin's
+    # thread can lose the CPU right after it, which is busy time all the same)
+    measured = [float(x) for x in (out / "spin_rank1.txt").read_text().split()][2:5]
+    delay = statistics.median(measured) * 1e9
+    assert delay >= SLOW_MS * 1e6
+    assert top.rank == 1 and top.phase == "idle_other"
+    assert top.phase_ns - top.others_median_ns == pytest.approx(delay, rel=0.2)
+    assert top.excess_per_step_ns == pytest.approx(delay, rel=0.2)
+    # waiting at a collective is communication in the breakdown and in the per-rank table alike
+    for summary in report.files:
+        rank = summary.steps[0].source
+        row = next(r for r in report.ranks.ranks if f"_rank{r.rank}." in rank)
+        comm = next(c.ns for c in summary.host_total.categories if c.name == "communication")
+        assert comm == pytest.approx(row.communication_ns, rel=0.1, abs=2e6)
+    waiting = next(r for r in report.ranks.ranks if r.rank == 0)
+    assert waiting.collective_wait_ns >= 3 * delay * 0.5
 
 
 def test_html_heat_map_and_parquet(job: Any, tmp_path: Path) -> None:

@@ -178,16 +178,21 @@ def test_diff_finds_a_20_percent_slowdown(
     base = record_loop(tmp_path / "base", steps=12, large_s=0.02)
     slow = record_loop(tmp_path / "slow", slow_factor=1.2, steps=12, large_s=0.02)
     out = tmp_path / "diff.json"
-    rc = main(["diff", str(base), str(slow), "--fail-if-slower", "10", "--json", str(out)])
-    assert rc == 1
+    assert main(["diff", str(base), str(slow), "--json", str(out)]) == 0
     data = json.loads(out.read_text())
-    assert data["schema"] == "stepscope.diff" and data["step"]["pct"] > 10
+    assert data["schema"] == "stepscope.diff"
     top = data["rows"][0]
     assert (top["kind"], top["name"], top["status"]) == ("operator", "fn_large", "slower")
     # 20 % of fn_large injected: ~19 % of the median step; a loaded 2-core machine adds noise
-    assert 10 < top["pct"] < 35
-    assert "slower than the baseline" in capsys.readouterr().err
+    assert 10 < top["pct"] < 50
     assert main(["diff", str(base), str(slow), "--fail-if-slower", "50"]) == 0
+    # the gate: a slowdown far beyond any scheduler noise fails it, with one line
+    slower = record_loop(tmp_path / "slower", slow_factor=3.0, steps=12, large_s=0.02)
+    capsys.readouterr()
+    assert main(["diff", str(base), str(slower), "--fail-if-slower", "10"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "slower than the baseline" in err[0]
+    assert "beyond the run-to-run spread" in err[0]
 
 
 def test_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

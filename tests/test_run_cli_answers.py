@@ -207,7 +207,7 @@ def test_the_table_is_sorted_by_self_time_and_says_which_window(tmp_path: Path) 
     )
     assert done.returncode == 0, done.stderr
     assert len(trace_files(tmp_path)) == 2
-    assert "(window 2 of 2, steps 4-5)" in done.stderr
+    assert ", window 2 (steps 4-5) of 2" in done.stderr  # the name every report uses
     rows = table_rows(done.stderr)
     self_times = [as_ns(row[2]) for row in rows]
     assert self_times == sorted(self_times, reverse=True)

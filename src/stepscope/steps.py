@@ -46,3 +46,14 @@ def on_step_declared(listener: Callable[[int], None]) -> None:
     """Call ``listener(step)`` whenever the counter goes from ``None`` to a step (a loop starts)."""
     if listener not in _on_declared:
         _on_declared.append(listener)
+
+
+def window_label(index: int, first_step: int, end_step: int) -> str:
+    """The one name of a profile window everywhere: ``window 1 (steps 2-4)``.
+
+    ``index`` counts from 0 (as in a trace's ``stepscope_window``); ``end_step`` is the step
+    number at the window's end, one past its last recorded step.
+    """
+    last = max(first_step, end_step - 1)
+    steps = f"step {first_step}" if last == first_step else f"steps {first_step}-{last}"
+    return f"window {index + 1} ({steps})"

@@ -18,7 +18,7 @@ from itertools import compress
 
 from stepscope.analysis import device as dev
 from stepscope.analysis import host, ops, steps
-from stepscope.analysis.memory import memory_summary
+from stepscope.analysis.memory import combine_memory, memory_summary
 from stepscope.analysis.ranks import analyze_ranks
 from stepscope.analysis.result import (
     Category,
@@ -34,6 +34,7 @@ from stepscope.analysis.result import (
 )
 from stepscope.analysis.rules import SHORT_KERNEL_NS, recommend
 from stepscope.analysis.sampled_time import sampled_time
+from stepscope.steps import window_label
 from stepscope.trace.model import Trace
 from stepscope.trace.nesting import nest_spans
 
@@ -50,6 +51,7 @@ class _Facts:
     source: str
     has_steps: bool
     steps: list[StepTime]
+    cut_short: list[StepTime]
     host_steps: list[HostBreakdown]
     devices: list[DeviceBreakdown]
     device_steps: dict[str, list[Category]]
@@ -62,6 +64,7 @@ class _Facts:
     overhead_ns: int
     notes: list[str]
     sums: dict[str, float] = field(default_factory=dict)
+    window: str = ""
 
 
 class _Windows:
@@ -100,8 +103,13 @@ def _facts(trace: Trace, source: str, step_range: tuple[int, int] | None) -> _Fa
     notes: list[str] = []
     if not has_steps:
         notes.append("no ProfilerStep spans: the whole trace is analysed as one step")
-    elif steps.left_out_last_step(trace, all_steps):
-        notes.append("the profile stopped inside the window's last step: that step is left out")
+    cut = steps.select_steps(steps.cut_short_steps(trace, is_host), step_range)
+    if cut:
+        cut_numbers = ", ".join(str(s.step) for s in cut)
+        notes.append(
+            f"step {cut_numbers} was cut short (the profile stopped inside it: the program ended, "
+            "crashed or was stopped): shown, but left out of every statistic"
+        )
     notes += ops.sampler_notes(trace)
     if step_range is not None and has_steps:
         notes.append(f"steps {step_range[0]}-{step_range[1]}: {len(chosen)} of {len(all_steps)}")
@@ -126,6 +134,7 @@ def _facts(trace: Trace, source: str, step_range: tuple[int, int] | None) -> _Fa
         sampled_rows = {n: (f.samples, f.self_ns, f.total_ns) for n, f in found.functions.items()}
     first = chosen[0].start_ns if chosen else 0
     step_times = [StepTime(s.step, s.name, s.start_ns - first, s.dur_ns, source) for s in chosen]
+    cut_times = [StepTime(s.step, s.name, s.start_ns - first, s.dur_ns, source) for s in cut]
     host_steps = host.host_breakdowns(trace, nesting, self_ns, is_host, chosen, python_taken)
     for i, taken in python_taken.items():
         self_ns[i] -= taken
@@ -151,7 +160,12 @@ def _facts(trace: Trace, source: str, step_range: tuple[int, int] | None) -> _Fa
         scope = f"launched in steps {step_range[0]}-{step_range[1]}"
     devices = dev.device_breakdowns(events, positions, scope)
     device_steps: dict[str, list[Category]] = {}
-    sums: dict[str, float] = {"step_ns": float(step_total), "steps": float(len(chosen))}
+    loader_names = {i for i, text in enumerate(strings) if "DataLoader" in text}
+    sums: dict[str, float] = {
+        "step_ns": float(step_total),
+        "steps": float(len(chosen)),
+        "dataloader_spans": float(sum(1 for i in members if spans["name"][i] in loader_names)),
+    }
     if positions:
         idle = 0
         index = dev.position_index(events, positions)
@@ -179,6 +193,7 @@ def _facts(trace: Trace, source: str, step_range: tuple[int, int] | None) -> _Fa
         source=source,
         has_steps=has_steps,
         steps=step_times,
+        cut_short=cut_times,
         host_steps=host_steps,
         devices=devices,
         device_steps=device_steps,
@@ -191,7 +206,19 @@ def _facts(trace: Trace, source: str, step_range: tuple[int, int] | None) -> _Fa
         overhead_ns=overhead,
         notes=notes,
         sums=sums,
+        window=_window_name(trace),
     )
+
+
+def _window_name(trace: Trace) -> str:
+    """The window's name from stepscope's ``stepscope_window`` metadata ("" without it)."""
+    window = trace.metadata.get("stepscope_window")
+    if not isinstance(window, dict):
+        return ""
+    index, first, end = (window.get(k) for k in ("index", "first_step", "last_step"))
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (index, first, end)):
+        return ""
+    return window_label(index, first, end)  # type: ignore[arg-type]
 
 
 def _launch_gaps(
@@ -305,7 +332,7 @@ def _summarize(source: str, facts: Sequence[_Facts], top: int) -> TraceSummary:
         (f"{f.source}:{k}" if several else k): v for f in facts for k, v in f.device_steps.items()
     }
     step_total = int(sums.get("step_ns", 0))
-    measures: dict[str, float] = {}
+    measures: dict[str, float] = {"dataloader_spans": sums.get("dataloader_spans", 0.0)}
     if "device_idle_ns" in sums and step_total:
         measures["device_idle_pct"] = 100.0 * sums["device_idle_ns"] / step_total
         measures["host_wait_ns"] = sums["host_wait_ns"]
@@ -330,6 +357,7 @@ def _summarize(source: str, facts: Sequence[_Facts], top: int) -> TraceSummary:
         files=[f.source for f in facts],
         has_steps=all(f.has_steps for f in facts),
         steps=step_list,
+        cut_short=[s for f in facts for s in f.cut_short],
         step_stats=steps.step_stats(step_list),
         host_total=host.total_breakdown(host_steps),
         host_steps=host_steps,
@@ -344,6 +372,7 @@ def _summarize(source: str, facts: Sequence[_Facts], top: int) -> TraceSummary:
         profiler_overhead_ns=sum(f.overhead_ns for f in facts),
         notes=notes,
         measures=measures,
+        windows={f.source: f.window for f in facts if f.window},
     )
     summary.recommendations = recommend(summary)
     return summary
@@ -393,5 +422,7 @@ def analyze(
         raise ValueError(f"no trace could be analysed: {(failures or ['?'])[0]}")
     traces = analysed
     combined = per_file[0] if len(facts) == 1 else _summarize("all files", facts, top)
+    if len(facts) > 1:
+        combined.memory = combine_memory([s.memory for s in per_file])
     ranks = analyze_ranks(traces, per_file, step_range) if len(traces) > 1 else None
     return Report(per_file, combined, step_range, top, ranks)

@@ -21,11 +21,13 @@ category ``user_annotation``) -> ``other_annotated``; a ``python_function`` span
 ``python``; a torch operator -> ``forward`` when it starts before the step's first backward
 span (or the step has none), else ``other_operators``.  The step span's own time (no span
 open below it) is ``idle_other`` — uninstrumented Python or waiting — except the part during
-which a backward span runs on another thread of the same process (the autograd engine's
-device threads), which is ``backward``; with stack samples and no ``python_function`` spans,
-sampled Python time moves out of uncategorised time (the step's own, ``idle_other``) into
-``python`` — time inside a categorised span (data loading, optimizer, an annotation) stays in
-that span's category.
+which a collective runs on another thread of the same process (the thread waits for it: gloo's
+and NCCL's worker threads run the collective the step waits on), which is ``communication``,
+and then the part during which a backward span runs on another thread of the same process (the
+autograd engine's device threads), which is ``backward``; with stack samples and no
+``python_function`` spans, sampled Python time moves out of uncategorised time (the step's own,
+``idle_other``) into ``python`` — time inside a categorised span (data loading, optimizer, an
+annotation) stays in that span's category.
 A step is where categories start: a ``ProfilerStep#N`` inherits nothing from a span it sits
 in (with steps ended from the optimizer's post-hook, step N opens inside step N-1's
 ``Optimizer.step``), so its spans are categorised by what ran inside it.  An ``Optimizer.step``
@@ -216,12 +218,15 @@ def host_breakdowns(
     else:
         for i in host_spans:
             tracks.setdefault((pid_list[i], tid_list[i]), []).append(i)
-    for i in [i for i in host_spans if categories[i] == "backward"]:
-        begin = starts[i]
-        backward_by_pid.setdefault(pid_list[i], []).append((begin, begin + durs[i]))
-    # each pid's backward time as sorted disjoint intervals: a step takes the slice that
-    # overlaps it (intervals merely touching it add nothing to the overlap with its gaps)
+    comm_by_pid: dict[int, list[tuple[int, int]]] = {}
+    for i in host_spans:
+        if categories[i] in ("backward", "communication"):
+            into = backward_by_pid if categories[i] == "backward" else comm_by_pid
+            into.setdefault(pid_list[i], []).append((starts[i], starts[i] + durs[i]))
+    # each pid's backward (collective) time as sorted disjoint intervals: a step takes the slice
+    # that overlaps it (intervals merely touching it add nothing to the overlap with its gaps)
     backward = {pid: _Intervals(merge_intervals(ivs)) for pid, ivs in backward_by_pid.items()}
+    collectives = {pid: _Intervals(merge_intervals(ivs)) for pid, ivs in comm_by_pid.items()}
     by_start: dict[tuple[int, int], tuple[list[int], list[int]]] = {}
     parent = nesting.parent
     result = []
@@ -280,6 +285,11 @@ def host_breakdowns(
         own_python = python_taken.get(step.span, 0) if step.span >= 0 else 0
         totals["python"] += own_python
         gaps = _gaps(merge_intervals(covered), step.start_ns, step.end_ns)
+        waiting = collectives.get(step.pid)
+        if waiting:
+            in_flight = waiting.overlapping(step.start_ns, step.end_ns)
+            totals["communication"] += _overlap(gaps, in_flight)
+            gaps = _subtract(gaps, in_flight)
         elsewhere = backward.get(step.pid)
         backward_elsewhere = (
             _overlap(gaps, elsewhere.overlapping(step.start_ns, step.end_ns)) if elsewhere else 0
@@ -354,6 +364,24 @@ def _gaps(merged: list[tuple[int, int]], lo: int, hi: int) -> list[tuple[int, in
     if at < hi:
         gaps.append((at, hi))
     return gaps
+
+
+def _subtract(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The parts of sorted disjoint intervals ``a`` that sorted disjoint ``b`` leave uncovered."""
+    out = []
+    j = 0
+    for lo, hi in a:
+        while j < len(b) and b[j][1] <= lo:
+            j += 1
+        k = j
+        while lo < hi and k < len(b) and b[k][0] < hi:
+            if b[k][0] > lo:
+                out.append((lo, b[k][0]))
+            lo = max(lo, b[k][1])
+            k += 1
+        if lo < hi:
+            out.append((lo, hi))
+    return out
 
 
 def _overlap(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> int:

@@ -27,6 +27,7 @@ __all__ = [
     "MemorySummary",
     "PeakRow",
     "TensorEvent",
+    "combine_memory",
     "device_name",
     "memory_summary",
     "steady_rise",
@@ -356,6 +357,27 @@ def memory_summary(
     peak_kind, peak_step, peak_bytes, table = _peak(trace, meta, events, devices, steps, top)
     return MemorySummary(
         steps, peak_kind, peak_step, peak_bytes, table, leaks, _timeline(trace, events), notes
+    )
+
+
+def combine_memory(summaries: Sequence[MemorySummary | None]) -> MemorySummary | None:
+    """The memory section of several traces together: every step's row (when no step number
+    repeats, as across the windows of one run), the highest peak with its table, every leak
+    hint; None when no trace has memory data."""
+    found = [m for m in summaries if m is not None]
+    if not found:
+        return None
+    rows = [row for m in found for row in m.steps]
+    notes = list(dict.fromkeys(n for m in found for n in m.notes))
+    if len({row.step for row in rows}) < len(rows):
+        rows = []
+        notes.append("memory per step: the files share step numbers (ranks): see each file")
+    rows.sort(key=lambda row: row.step)
+    top = max(found, key=lambda m: m.peak_bytes)
+    leaks = [leak for m in found for leak in m.leaks]
+    notes.append("the memory timeline is per file")
+    return MemorySummary(
+        rows, top.peak_kind, top.peak_step, top.peak_bytes, top.peak_table, leaks, {}, notes
     )
 
 

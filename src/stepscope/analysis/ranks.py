@@ -15,7 +15,10 @@ Input: the traces of a distributed job (one or more windows per rank; the rank f
   no aligned clocks).  The rank the others waited for is *late* by the others' mean wait.
 - **Stragglers**: ranks by late time (by excess busy time when there are no collectives), each
   with its evidence: the step and the host phase (``host.py``'s categories) in which it spent
-  the most time beyond the median of the other ranks.
+  the most time beyond the median of the other ranks.  Both compare busy time with busy time:
+  a rank's excess is its busy time beyond the median busy time of the *other* ranks, and the
+  phases compared leave out ``communication`` (where a rank waits for the others, and where
+  host.py puts the time the step's thread waits for a collective on another thread).
 """
 
 from __future__ import annotations
@@ -83,13 +86,19 @@ class Straggler:
     rank: int
     late_ns: int
     excess_ns: int
-    """Busy time beyond the median rank's, summed over steps."""
+    """Busy time beyond the median of the other ranks' busy times, summed over steps."""
     slowest_steps: int
     step: int | None
+    """The step in which ``phase`` was longest beyond the other ranks'."""
     phase: str
-    """The host phase (``data_loading``, ``forward``...) of ``step`` with the largest excess."""
+    """The host phase (``data_loading``, ``forward``...) longest beyond the other ranks'
+    (the median over steps of its time minus the other ranks' median)."""
     phase_ns: int
+    """The phase's time per step on this rank (median over steps)."""
     others_median_ns: int
+    """The phase's time per step on the other ranks (median over steps of their median)."""
+    excess_per_step_ns: int = 0
+    """Busy time beyond the other ranks' median, per step (median over steps)."""
 
 
 @dataclass(frozen=True)
@@ -114,6 +123,10 @@ class RanksReport:
     stragglers: list[Straggler]
     collectives: list[CollectiveWait]
     notes: list[str] = field(default_factory=list)
+
+
+_WAITING = "communication"
+"""The host phase a rank waits for the others in: never evidence of being slow."""
 
 
 def _median(values: Sequence[int]) -> int:
@@ -188,6 +201,7 @@ def analyze_ranks(
     # steps across ranks
     across: list[StepAcrossRanks] = []
     excess: dict[int, int] = dict.fromkeys(ranks, 0)
+    step_excess: dict[int, list[int]] = {r: [] for r in ranks}
     slowest_count: dict[int, int] = dict.fromkeys(ranks, 0)
     for step in sorted(step_ns):
         durs = step_ns[step]
@@ -197,9 +211,11 @@ def analyze_ranks(
         busy = {r: d - step_wait.get((step, r), 0) for r, d in durs.items()}
         slowest = max(busy, key=lambda r: (busy[r], -r))
         slowest_count[slowest] += 1
-        middle = _median(list(busy.values()))
         for r, b in busy.items():
-            excess[r] += max(0, b - middle)
+            others = [o for k, o in busy.items() if k != r]
+            beyond = max(0, b - _median(others))
+            excess[r] += beyond
+            step_excess[r].append(beyond)
         across.append(
             StepAcrossRanks(
                 step,
@@ -233,7 +249,7 @@ def analyze_ranks(
         )
     order = sorted(ranks, key=lambda r: (-late[r], -excess[r], r))
     stragglers = [
-        _straggler(r, int(late[r]), excess[r], slowest_count[r], phases, ranks)
+        _straggler(r, int(late[r]), excess[r], slowest_count[r], phases, ranks, step_excess[r])
         for r in order
         if late[r] > 0 or excess[r] > 0
     ]
@@ -258,17 +274,29 @@ def _straggler(
     slowest: int,
     phases: dict[tuple[int, int], dict[str, int]],
     ranks: Sequence[int],
+    step_excess: Sequence[int],
 ) -> Straggler:
-    best: tuple[int, int, str, int, int] | None = None
-    for (step, r), mine in phases.items():
+    """The rank's evidence: the phase whose time beyond the other ranks' is largest over the
+    steps (medians over steps, so one disturbed step does not decide), and its worst step."""
+    per_step = _median(step_excess)
+    by_phase: dict[str, list[tuple[int, int, int]]] = {}
+    for (step, r), mine in sorted(phases.items()):
         if r != rank:
             continue
         others = [phases.get((step, o), {}) for o in ranks if o != rank]
         for phase, ns in mine.items():
-            middle = _median([o.get(phase, 0) for o in others])
-            if best is None or ns - middle > best[0]:
-                best = (ns - middle, step, phase, ns, middle)
-    if best is None:
-        return Straggler(rank, late, excess, slowest, None, "", 0, 0)
-    _, step, phase, ns, middle = best
-    return Straggler(rank, late, excess, slowest, step, phase, ns, middle)
+            if phase != _WAITING:
+                middle = _median([o.get(phase, 0) for o in others])
+                by_phase.setdefault(phase, []).append((step, ns, middle))
+    if not by_phase:
+        return Straggler(rank, late, excess, slowest, None, "", 0, 0, per_step)
+
+    def beyond(rows: list[tuple[int, int, int]]) -> int:
+        return _median([ns - middle for _, ns, middle in rows])
+
+    phase = max(sorted(by_phase), key=lambda p: beyond(by_phase[p]))
+    rows = by_phase[phase]
+    worst = max(rows, key=lambda row: (row[1] - row[2], -row[0]))[0]
+    own = _median([ns for _, ns, _ in rows])
+    theirs = _median([middle for _, _, middle in rows])
+    return Straggler(rank, late, excess, slowest, worst, phase, own, theirs, per_step)

@@ -276,6 +276,11 @@ class TraceSummary:
     """The numbers the recommendation rules read (``stepscope.analysis.rules``)."""
     memory: MemorySummary | None = None
     """Memory per step, the peak table, the timeline and the leak hint (``profile_memory``)."""
+    cut_short: list[StepTime] = field(default_factory=list)
+    """Steps the profile stopped inside (``analysis.steps``): shown, never in a statistic."""
+    windows: dict[str, str] = field(default_factory=dict)
+    """File -> the name of the profile window it holds (``window 1 (steps 2-4)``), when the
+    trace says (stepscope's ``stepscope_window``)."""
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON values."""
@@ -322,8 +327,16 @@ class StepDiff:
     a_steps: int
     b_steps: int
     noise_ns: int
-    """The spread the change is compared with (the larger of A's and B's p95 minus median)."""
+    """The drift within a run the change is compared with (``analysis.noise``)."""
     within_noise: bool
+    """The change is not beyond the run-to-run spread (``analysis.noise``)."""
+    a_mean_ns: int = 0
+    b_mean_ns: int = 0
+    shift_ns: int = 0
+    """Hodges-Lehmann shift of the step times (the median of the differences B - A)."""
+    shift_low_ns: int = 0
+    shift_high_ns: int = 0
+    """The shift's interval (``analysis.noise.CONFIDENCE``)."""
 
 
 @dataclass(frozen=True)
@@ -355,6 +368,8 @@ class DiffResult:
     rows: list[DiffRow]
     """Operators, kernels and functions, largest impact first."""
     notes: list[str]
+    mismatches: list[str] = field(default_factory=list)
+    """Ways the runs were recorded differently (``analysis.comparable``)."""
 
     def to_dict(self) -> dict[str, Any]:
         """The diff as plain JSON values (schema ``stepscope.diff``)."""

@@ -6,7 +6,8 @@ Each rule reads ``summary.measures`` (computed by ``analyze``) and the breakdown
 ==========================  =================================================================
 rule                        fires when
 ==========================  =================================================================
-``data_loading``            data loading takes > 5 % of the step time (host breakdown)
+``data_loading``            data loading takes > 5 % of the step time (host breakdown); the
+                            DataLoader options only when the trace shows a DataLoader
 ``gpu_idle``                the device is idle > 30 % of the steps' wall time
 ``host_bound``              the device is idle > 10 % of the steps and more than half of that
                             idle time is spent waiting for the host to launch the next kernel
@@ -56,12 +57,23 @@ def data_loading(summary: TraceSummary) -> Recommendation | None:
     pct = _category_pct(summary, "data_loading")
     if pct <= DATA_LOADING_PCT:
         return None
+    loader = summary.measures.get("dataloader_spans", 0.0) > 0
+    advice = (
+        "Load batches ahead of the step: DataLoader(num_workers>0, pin_memory=True, "
+        "persistent_workers=True, prefetch_factor=2+), and keep per-batch work out of the loop."
+        if loader
+        else "Prepare the next batch while the step runs (a background thread or process, or "
+        "a torch DataLoader with worker processes), and keep per-batch work out of the loop."
+    )
     return Recommendation(
         "data_loading",
         f"Data loading takes {pct:.1f}% of the step time",
-        "Load batches ahead of the step: DataLoader(num_workers>0, pin_memory=True, "
-        "persistent_workers=True, prefetch_factor=2+), and keep per-batch work out of the loop.",
-        {"data_loading_pct": round(pct, 2), "threshold_pct": DATA_LOADING_PCT},
+        advice,
+        {
+            "data_loading_pct": round(pct, 2),
+            "threshold_pct": DATA_LOADING_PCT,
+            "dataloader": loader,
+        },
     )
 
 

@@ -1,13 +1,15 @@
 """Steps: the ``ProfilerStep#N`` spans of a trace, or the whole trace as one step.
 
 A step is a host span named ``ProfilerStep#N`` (not its device-side copy, category
-``gpu_user_annotation``); a span stepscope closed at the window end
-(``stepscope.open_at_window_end``) is a partial step and left out, and so is the last step of a
-window stepscope marks cut short (``stepscope_window_complete: false``: the profile stopped
-before that step's own ``step()``, e.g. the step ``profile.step()`` opened after the loop's last
-iteration) when the window has other steps.  When one step number
-appears on several threads, the longest span is the step.  A trace without steps is analysed
-as one step spanning its host events, on the thread that was busy longest.
+``gpu_user_annotation``).  A *cut-short* step is left out of the steps (and so of every
+statistic, diff and straggler ranking) and listed by ``cut_short_steps``: a span stepscope closed
+at the window end (``stepscope.open_at_window_end``), and the last step of a window stepscope
+marks cut short (``stepscope_window_complete: false``: the profile stopped before that step's own
+``step()`` — the step ``profile.step()`` opened after the loop's last iteration, a window flushed
+at exit, a crash, a rank stopped early), even when it is the window's only step — unless that
+is step 0, the one step of a profile that never called ``step()``.  When one
+step number appears on several threads, the longest span is the step.  A trace without steps is
+analysed as one step spanning its host events, on the thread that was busy longest.
 """
 
 from __future__ import annotations
@@ -23,8 +25,8 @@ from stepscope.trace.nesting import DEVICE_CATEGORIES
 
 __all__ = [
     "StepWindow",
+    "cut_short_steps",
     "find_steps",
-    "left_out_last_step",
     "parse_step_range",
     "select_steps",
     "step_stats",
@@ -60,10 +62,9 @@ def host_span_mask(trace: Trace) -> list[bool]:
     return [c not in not_host for c in cats]
 
 
-def find_steps(trace: Trace, host: Sequence[bool] | None = None) -> tuple[list[StepWindow], bool]:
-    """The steps of a trace, by start time; the flag says whether it had ``ProfilerStep`` spans."""
+def _step_spans(trace: Trace, host: Sequence[bool]) -> tuple[list[StepWindow], list[StepWindow]]:
+    """(complete steps, cut-short steps), each by start time."""
     spans = trace.spans
-    host = host_span_mask(trace) if host is None else host
     names, argrefs = spans["name"], spans["args"]
     pids, tids, starts, durs = spans["pid"], spans["tid"], spans["start_ns"], spans["dur_ns"]
     step_ids: dict[int, int] = {}
@@ -72,14 +73,13 @@ def find_steps(trace: Trace, host: Sequence[bool] | None = None) -> tuple[list[S
         if m:
             step_ids[sid] = int(m.group(1))
     found: dict[int, StepWindow] = {}
+    partial: dict[int, StepWindow] = {}
     if step_ids:
         for i in range(len(spans)):
             number = step_ids.get(names[i])
             if number is None or not host[i] or durs[i] < 0:  # a negative span is no step
                 continue
             args = trace.args_at(argrefs[i])
-            if args and args.get("stepscope.open_at_window_end"):
-                continue
             window = StepWindow(
                 number,
                 trace.strings[names[i]],
@@ -89,12 +89,35 @@ def find_steps(trace: Trace, host: Sequence[bool] | None = None) -> tuple[list[S
                 starts[i],
                 starts[i] + durs[i],
             )
-            if number not in found or window.dur_ns > found[number].dur_ns:
-                found[number] = window
-    if found:
-        ordered = sorted(found.values(), key=lambda w: (w.start_ns, w.step or 0))
-        if len(ordered) > 1 and trace.metadata.get("stepscope_window_complete") is False:
-            ordered.pop()
+            into = partial if args and args.get("stepscope.open_at_window_end") else found
+            if number not in into or window.dur_ns > into[number].dur_ns:
+                into[number] = window
+    ordered = sorted(found.values(), key=lambda w: (w.start_ns, w.step or 0))
+    cut = [w for n, w in partial.items() if n not in found]
+    never_stepped = len(ordered) == 1 and ordered[0].step == 0  # ``with profile(): ...``
+    if ordered and trace.metadata.get("stepscope_window_complete") is False and not never_stepped:
+        last = ordered.pop()
+        if not any(
+            w.step is not None and last.step is not None and w.step > last.step for w in cut
+        ):
+            cut.append(last)
+    cut.sort(key=lambda w: (w.start_ns, w.step or 0))
+    return ordered, cut
+
+
+def cut_short_steps(trace: Trace, host: Sequence[bool] | None = None) -> list[StepWindow]:
+    """The steps of a trace that were cut short (see the module docstring), by start time."""
+    return _step_spans(trace, host_span_mask(trace) if host is None else host)[1]
+
+
+def find_steps(trace: Trace, host: Sequence[bool] | None = None) -> tuple[list[StepWindow], bool]:
+    """The complete steps of a trace, by start time; the flag says whether it had
+    ``ProfilerStep`` spans (a trace with none is one whole-trace step)."""
+    spans = trace.spans
+    host = host_span_mask(trace) if host is None else host
+    pids, tids, starts, durs = spans["pid"], spans["tid"], spans["start_ns"], spans["dur_ns"]
+    ordered, cut = _step_spans(trace, host)
+    if ordered or cut:
         return ordered, True
     busy: dict[tuple[int, int], int] = {}
     lo, hi = math.inf, -math.inf
@@ -107,16 +130,6 @@ def find_steps(trace: Trace, host: Sequence[bool] | None = None) -> tuple[list[S
         return [], False
     pid, tid = max(busy, key=lambda k: busy[k])
     return [StepWindow(None, "whole trace", -1, pid, tid, int(lo), int(hi))], False
-
-
-def left_out_last_step(trace: Trace, steps: Sequence[StepWindow]) -> bool:
-    """Whether :func:`find_steps` left out the cut-short last step of this trace's window."""
-    if trace.metadata.get("stepscope_window_complete") is not False or not steps:
-        return False
-    last = max((s.step for s in steps if s.step is not None), default=None)
-    return last is not None and any(
-        int(m.group(1)) > last for m in map(_STEP.match, trace.strings) if m is not None
-    )
 
 
 def parse_step_range(text: str) -> tuple[int, int]:

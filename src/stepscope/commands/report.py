@@ -9,8 +9,10 @@ same numbers in the versioned ``stepscope.report`` schema (docs/report-schema.md
 from __future__ import annotations
 
 import argparse
+import gzip
 import importlib
 import importlib.util
+import re
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -67,6 +69,21 @@ def trace_files(path: Path) -> list[Path]:
     return found
 
 
+_TIMELINE_START = re.compile(rb"^\s*\[\s*\[")
+"""A memory timeline file (``export_memory_timeline``): a JSON array of arrays, never a trace."""
+
+
+def is_memory_timeline(path: Path) -> bool:
+    """Whether ``path`` holds a memory timeline (``[times, sizes]`` or raw rows)."""
+    try:
+        opener = gzip.open if path.name.endswith(".gz") else open
+        with opener(path, "rb") as fh:
+            head = fh.read(64)
+    except (OSError, EOFError):
+        return False
+    return _TIMELINE_START.match(head) is not None
+
+
 def _read(path: Path) -> Trace:
     try:
         return read_chrome_trace(path)
@@ -88,6 +105,13 @@ def load_traces(
     listed as failures (one line each) and the others are read.
     """
     files = trace_files(path)
+    if path.is_dir():
+        timelines = [f for f in files if is_memory_timeline(f)]
+        if timelines:
+            files = [f for f in files if f not in timelines]
+            print(f"left out {len(timelines)} memory timeline file(s): not traces", file=stderr)
+            if not files:
+                raise ValueError(f"{path}: no trace files, only memory timelines")
     if keep is not None:
         files = [f for f in files if keep(f)]
         if not files:

@@ -22,6 +22,7 @@ from stepscope.commands.command import Command
 from stepscope.profiler.step_trigger import StepTrigger, names_program_function
 from stepscope.profiler.summary import SORT_KEYS
 from stepscope.program import Program, find_program, first_import, print_program_traceback
+from stepscope.steps import window_label
 
 AUTO = "auto"
 NO_STEPS = "none"
@@ -278,11 +279,9 @@ def _summary(
         trace = prof.trace()
         window = trace.metadata.get("stepscope_window", {})
         count = len(prof.trace_files)
-        where = f"window {window.get('index', count - 1) + 1} of {count}"
-        if step_on is not None:
-            first, last = window.get("first_step", 0), window.get("last_step", 1) - 1
-            where += f", step {first}" if first >= last else f", steps {first}-{last}"
-        header = f"stepscope run: {name}: top {args.top} by {args.sort} ({where})"
+        index = window.get("index", count - 1)
+        where = window_label(index, window.get("first_step", 0), window.get("last_step", 1))
+        header = f"stepscope run: {name}: top {args.top} by {args.sort}, {where} of {count}"
         print(
             prof.key_averages().table(sort_by=args.sort, row_limit=args.top, header=header),
             file=out,

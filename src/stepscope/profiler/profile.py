@@ -465,9 +465,8 @@ class profile:
             self._traces = [trace]
         self._window_index += 1
         self._ctx = None
-        summary = (
-            f"stepscope: window {ctx.window} (steps {self._window_first_step}-{self.step_num}): "
-        )
+        label = steps.window_label(ctx.window, self._window_first_step, self.step_num)
+        summary = f"stepscope: {label}: "
         summary += f"{len(trace.spans)} spans"
         if ctx.summary:
             summary += "; " + "; ".join(ctx.summary)

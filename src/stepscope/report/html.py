@@ -25,6 +25,7 @@ from stepscope.analysis.steps import find_steps, host_span_mask, select_steps
 from stepscope.atomic import atomic_output
 from stepscope.jsonenc import json_bytes
 from stepscope.report.collapsed import collapsed_from_samples, span_stacks_ns
+from stepscope.report.labels import source_labels
 from stepscope.text import clean_text
 from stepscope.trace.model import Trace
 
@@ -257,6 +258,8 @@ def _data_json(report: Report, traces: Sequence[tuple[str, Trace]]) -> str:
         from stepscope.report.ranks import heatmap_data
 
         data["heatmap"] = heatmap_data(report.ranks)
+    combined = report.combined
+    data["source_labels"] = source_labels(combined.files, combined.windows)
     data["views"] = [
         {"title": s.source, "flames": f} for s, f in zip(summaries, flames, strict=True)
     ]

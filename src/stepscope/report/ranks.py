@@ -27,19 +27,20 @@ def _stragglers(r: RanksReport) -> RenderableType:
     if not r.stragglers:
         return Text("No straggler: no rank kept the others waiting.", style="green")
     table = Table(title="Stragglers (the others waited for them)", title_justify="left")
-    for col in ("rank", "others waited ms", "excess busy ms", "slowest in", "evidence"):
+    columns = ("rank", "others waiting ms", "busy excess ms/step", "slowest in", "evidence")
+    for col in columns:
         table.add_column(col, justify="left" if col == "evidence" else "right")
     for s in r.stragglers:
         evidence = (
-            f"step {s.step}: {s.phase} {_ms(s.phase_ns)} ms vs {_ms(s.others_median_ns)} ms "
-            "(median of the other ranks)"
+            f"{s.phase} {_ms(s.phase_ns)} ms per step vs {_ms(s.others_median_ns)} ms on the "
+            f"other ranks (medians over steps), most in step {s.step}"
             if s.step is not None
             else "-"
         )
         table.add_row(
             str(s.rank),
             _ms(s.late_ns),
-            _ms(s.excess_ns),
+            _ms(s.excess_per_step_ns),
             f"{s.slowest_steps}/{len(r.steps)} steps",
             evidence,
         )
@@ -48,7 +49,8 @@ def _stragglers(r: RanksReport) -> RenderableType:
 
 def _per_rank(r: RanksReport) -> Table:
     table = Table(title="Per rank (host time over the analysed steps)", title_justify="left")
-    columns = ["rank", "steps", "median step ms", "compute %", "comm %", "idle %", "waiting ms"]
+    columns = ["rank", "steps", "median step ms", "computation %", "communication %", "idle %"]
+    columns += ["waiting at collectives ms"]
     columns += ["clock offset us"]
     with_device = any(row.device is not None for row in r.ranks)
     if with_device:
@@ -101,6 +103,7 @@ def _steps(r: RanksReport) -> Table:
 def _collectives(r: RanksReport) -> Table:
     ranks = [str(row.rank) for row in r.ranks]
     table = Table(title="Waiting at collectives (ms, per rank)", title_justify="left")
+    table.caption = "waiting at collectives is part of communication in every breakdown"
     for col in ("collective", "group", "elements", "calls", *[f"rank {k}" for k in ranks]):
         table.add_column(col, justify="left" if col in ("collective", "group") else "right")
     for c in r.collectives[:20]:

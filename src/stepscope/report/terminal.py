@@ -8,22 +8,26 @@ import sys
 from collections.abc import Iterable
 from typing import Any
 
-from rich.console import Console, Group, RenderableType
+from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
+from rich.measure import Measurement
 from rich.panel import Panel
 from rich.segment import Segment
 from rich.table import Table
 from rich.text import Text
 
+from stepscope.analysis.noise import CONFIDENCE, MIN_STEPS
 from stepscope.analysis.result import (
     Category,
     CounterInfo,
     DiffResult,
+    DiffRow,
     Report,
+    StepDiff,
     TraceSummary,
 )
+from stepscope.report.labels import source_label
 from stepscope.report.memory import human_bytes, memory_renderables
 from stepscope.text import printable
-from stepscope.trace.merge import rank_in_name
 
 __all__ = ["SafeConsole", "render_diff", "render_report", "render_summary"]
 
@@ -49,29 +53,70 @@ def ms(ns: float) -> str:
     return f"{ns / 1e6:,.3f}"
 
 
-def breakdown_bar(categories: list[Category], width: int = 60) -> Text:
-    """One line of coloured blocks, a block per category in proportion to its time."""
-    total = sum(c.ns for c in categories)
-    bar = Text()
-    if not total:
+GLYPHS = {
+    "data_loading": "D",
+    "forward": "F",
+    "backward": "B",
+    "optimizer": "O",
+    "communication": "C",
+    "other_annotated": "A",
+    "other_operators": "X",
+    "python": "P",
+    "idle_other": ".",
+}
+"""A letter per host category: bars and legends without colour (piped) still tell them apart."""
+
+
+class BreakdownBar:
+    """One line of blocks, a block per category in proportion to its time: coloured on a
+    terminal, each category's letter (``GLYPHS``) when the output has no colour."""
+
+    def __init__(self, categories: list[Category], width: int = 60) -> None:
+        self.categories = categories
+        self.width = width
+
+    def text(self, plain: bool) -> Text:
+        """The bar: coloured blocks, or letters when ``plain``."""
+        total = sum(c.ns for c in self.categories)
+        bar = Text()
+        used = 0
+        shown = [c for c in self.categories if c.ns > 0] if total else []
+        for n, c in enumerate(shown):
+            cells = self.width - used if n == len(shown) - 1 else round(self.width * c.ns / total)
+            cells = max(cells, 1)
+            glyph = GLYPHS.get(c.name, "#") if plain else "█"
+            bar.append(glyph * cells, style=COLORS.get(c.name, "white"))
+            used += cells
         return bar
-    used = 0
-    shown = [c for c in categories if c.ns > 0]
-    for n, c in enumerate(shown):
-        cells = width - used if n == len(shown) - 1 else round(width * c.ns / total)
-        cells = max(cells, 1 if c.ns else 0)
-        bar.append("█" * cells, style=COLORS.get(c.name, "white"))
-        used += cells
-    return bar
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        yield self.text(console.color_system is None)
+
+    def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
+        length = self.text(plain=True).cell_len
+        return Measurement(length, length)
 
 
-def _legend(categories: list[Category]) -> Text:
-    legend = Text()
-    for c in categories:
-        if c.ns:
-            legend.append("■ ", style=COLORS.get(c.name, "white"))
-            legend.append(f"{c.name} {c.pct:.1f}%  ")
-    return legend
+def breakdown_bar(categories: list[Category], width: int = 60) -> BreakdownBar:
+    """The bar of ``categories`` (see ``BreakdownBar``)."""
+    return BreakdownBar(categories, width)
+
+
+class _Legend:
+    """The categories' shares, each with its colour (or its letter without colour)."""
+
+    def __init__(self, categories: list[Category]) -> None:
+        self.categories = categories
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        plain = console.color_system is None
+        legend = Text()
+        for c in self.categories:
+            if c.ns:
+                key = f"{GLYPHS.get(c.name, '#')} " if plain else "■ "
+                legend.append(key, style=COLORS.get(c.name, "white"))
+                legend.append(f"{c.name} {c.pct:.1f}%  ")
+        yield legend
 
 
 def _table(title: str, columns: list[str], left: tuple[str, ...] = ("name",)) -> Table:
@@ -85,10 +130,13 @@ def _head(s: TraceSummary) -> Table:
     st = s.step_stats
     head = Table.grid(padding=(0, 2))
     whole = "" if s.has_steps else " (no ProfilerStep spans: the whole trace as one step)"
-    head.add_row("steps", f"{st.count}{whole}")
+    cut = f" (and {len(s.cut_short)} cut short, left out)" if s.cut_short else ""
+    head.add_row("steps", f"{st.count}{whole}{cut}")
     head.add_row(
         "step time (ms)",
-        f"min {ms(st.min_ns)}  median {ms(st.median_ns)}  p95 {ms(st.p95_ns)}  max {ms(st.max_ns)}",
+        f"min {ms(st.min_ns)}  median {ms(st.median_ns)}  p95 {ms(st.p95_ns)}  max {ms(st.max_ns)}"
+        if st.count
+        else "- (no complete step)",
     )
     if st.slowest:
         several = len({t.source for t in s.steps}) > 1
@@ -96,28 +144,25 @@ def _head(s: TraceSummary) -> Table:
             "slowest",
             ", ".join(
                 (f"#{x.step} {ms(x.dur_ns)} ms" if x.step is not None else f"{ms(x.dur_ns)} ms")
-                + (f" ({_source_label(x.source)})" if several else "")
+                + (f" ({source_label(x.source, s.windows)})" if several else "")
                 for x in st.slowest
             ),
         )
     return head
 
 
-def _source_label(source: str) -> str:
-    """A short name for the file a step came from: its rank when the name has one."""
-    rank = rank_in_name(source)
-    if rank is not None:
-        return f"rank {rank}"
-    return source if len(source) <= 32 else "…" + source[-31:]
-
-
 def _steps(s: TraceSummary) -> Table:
     several = len({t.source for t in s.steps}) > 1  # a combined view: say which file
     first = ["file"] if several else []
+    windows = s.windows if len(set(s.windows.values())) == len(s.windows) else None
     table = _table("Steps", [*first, "step", "ms", "host breakdown"], ("file", "host breakdown"))
     for t, b in zip(s.steps[:50], s.host_steps[:50], strict=False):
-        label = [_source_label(t.source)] if several else []
+        label = [source_label(t.source, windows)] if several else []
         table.add_row(*label, str(t.step), ms(t.dur_ns), breakdown_bar(b.categories, 40))
+    for t in s.cut_short[:10]:
+        label = [source_label(t.source, windows)] if several else []
+        cut = Text("cut short: the profile stopped inside it (not counted)", style="dim")
+        table.add_row(*label, str(t.step), Text(ms(t.dur_ns), style="dim"), cut)
     if len(s.steps) > 50:
         table.caption = f"{len(s.steps) - 50} more steps in the JSON output"
     return table
@@ -187,6 +232,8 @@ def _tops(s: TraceSummary) -> list[RenderableType]:
         for f in s.functions:
             calls = f"~{f.calls}" if f.sampled else str(f.calls)
             funcs.add_row(f.name[:70], calls, ms(f.self_ns), ms(f.total_ns))
+        if any(f.sampled for f in s.functions):
+            funcs.caption = "~N: stack samples that saw the function, not a count of its calls"
         parts.append(funcs)
     return parts
 
@@ -217,11 +264,12 @@ def _recommendations(s: TraceSummary) -> RenderableType:
 def render_summary(s: TraceSummary) -> RenderableType:
     """Everything about one summary, as one group of rich renderables."""
     parts: list[RenderableType] = [_head(s)]
-    if len(s.steps) > 1:
+    if len(s.steps) > 1 or s.cut_short:
         parts.append(_steps(s))
-    parts.append(Text("Host time per step", style="bold"))
-    parts.append(breakdown_bar(s.host_total.categories))
-    parts.append(_legend(s.host_total.categories))
+    if s.host_total.total_ns:
+        parts.append(Text("Host time per step", style="bold"))
+        parts.append(breakdown_bar(s.host_total.categories))
+        parts.append(_Legend(s.host_total.categories))
     parts += _devices(s)
     parts += _tops(s)
     if s.launch_delay:
@@ -248,46 +296,90 @@ def render_summary(s: TraceSummary) -> RenderableType:
     return Group(*parts)
 
 
+def windows_of_one_run(report: Report) -> bool:
+    """Whether the files are the windows of one run (``--repeat 0``): each names a different
+    window and none comes from another rank."""
+    files = report.files
+    labels = [report.combined.windows.get(s.source, "") for s in files]
+    return (
+        len(files) > 1 and report.ranks is None and all(labels) and len(set(labels)) == len(labels)
+    )
+
+
+def _windows(report: Report) -> Table:
+    table = _table("Windows", ["window", "file", "steps", "median step ms"], ("window", "file"))
+    for s in report.files:
+        table.add_row(
+            report.combined.windows[s.source],
+            s.source,
+            str(s.step_stats.count),
+            ms(s.step_stats.median_ns) if s.step_stats.count else "-",
+        )
+    return table
+
+
 def render_report(report: Report, console: Console) -> None:
-    """Print a report: each file (when several), then the summary of all of them."""
-    if len(report.files) > 1:
+    """Print a report: each file (when several, unless they are the windows of one run: then
+    a table of them), then the summary of all of them."""
+    title = report.combined.source
+    body = render_summary(report.combined)
+    if windows_of_one_run(report):
+        title = f"all {len(report.files)} windows"
+        body = Group(_windows(report), body)
+    elif len(report.files) > 1:
         for s in report.files:
             console.print(Panel(render_summary(s), title=Text(s.source), title_align="left"))
-    title = Text(report.combined.source)
-    console.print(Panel(render_summary(report.combined), title=title, title_align="left"))
+    console.print(Panel(body, title=Text(title), title_align="left"))
     if report.ranks is not None:
         from stepscope.report.ranks import render_ranks
 
         console.print(Panel(render_ranks(report.ranks), title="Across ranks", title_align="left"))
 
 
+def _change_pct(row: DiffRow) -> str:
+    """A row's relative change; none for a change under the diff's threshold (``same``)."""
+    if row.pct is None:
+        return "new"
+    return "same" if row.status == "same" else f"{row.pct:+.1f}"
+
+
+def step_verdict(s: StepDiff) -> str:
+    """The step change in one line: medians, the shift's interval and whether it is noise."""
+    text = f"median step: {ms(s.a_median_ns)} ms -> {ms(s.b_median_ns)} ms ({s.pct:+.1f}%)"
+    if s.a_steps < MIN_STEPS or s.b_steps < MIN_STEPS:
+        return text + f"; too few steps ({s.a_steps} and {s.b_steps}) to tell noise from change"
+    text += (
+        f"; shift {s.shift_ns / 1e6:+,.3f} ms ({CONFIDENCE:.0%} interval "
+        f"{s.shift_low_ns / 1e6:+,.3f} to {s.shift_high_ns / 1e6:+,.3f}; drift within a run "
+        f"{ms(s.noise_ns)} ms)"
+    )
+    return text + ("  within noise" if s.within_noise else "  beyond the run-to-run spread")
+
+
 def render_diff(diff: DiffResult, console: Console, top: int = 10) -> None:
     """Print a diff: the median step, categories, and the rows with the most impact."""
     s = diff.step
-    color = (
-        "red" if s.delta_ns > 0 and not s.within_noise else "green" if s.delta_ns < 0 else "white"
-    )
-    console.print(
-        Text(
-            f"median step: {ms(s.a_median_ns)} ms -> {ms(s.b_median_ns)} ms "
-            f"({s.pct:+.1f}%, {ms(s.delta_ns)} ms)" + ("  within noise" if s.within_noise else ""),
-            style=f"bold {color}",
-        )
-    )
-    t = Table(title="Per step, by category", title_justify="left")
+    color = "white" if s.within_noise else "red" if s.delta_ns > 0 else "green"
+    for line in diff.mismatches:
+        console.print(Text(f"Not comparable: {line}", style="bold yellow"))
+    console.print(Text(step_verdict(s), style=f"bold {color}"))
+    t = Table(title="Mean per step, by category", title_justify="left")
     for col in ("category", "A ms", "B ms", "change ms", "change %"):
         t.add_column(col, justify="right" if col != "category" else "left")
     for r in diff.categories:
         if r.a_ns or r.b_ns:
-            t.add_row(
-                r.name,
-                ms(r.a_ns),
-                ms(r.b_ns),
-                ms(r.delta_ns),
-                "new" if r.pct is None else f"{r.pct:+.1f}",
-            )
+            t.add_row(r.name, ms(r.a_ns), ms(r.b_ns), ms(r.delta_ns), _change_pct(r))
+    mean_delta = s.b_mean_ns - s.a_mean_ns
+    t.add_row(
+        "mean step",
+        ms(s.a_mean_ns),
+        ms(s.b_mean_ns),
+        ms(mean_delta),
+        f"{100.0 * mean_delta / s.a_mean_ns:+.1f}" if s.a_mean_ns else "-",
+        style="bold",
+    )
     console.print(t)
-    t = Table(title="Largest changes (per step)", title_justify="left")
+    t = Table(title="Largest changes (mean per step)", title_justify="left")
     for col in ("kind", "name", "status", "A ms", "B ms", "change ms", "change %", "% of step"):
         t.add_column(col, justify="left" if col in ("kind", "name", "status") else "right")
     for r in [r for r in diff.rows if r.status != "same"][:top]:
@@ -298,7 +390,7 @@ def render_diff(diff: DiffResult, console: Console, top: int = 10) -> None:
             ms(r.a_ns),
             ms(r.b_ns),
             ms(r.delta_ns),
-            "new" if r.pct is None else f"{r.pct:+.1f}",
+            _change_pct(r),
             f"{r.impact_pct:+.2f}",
         )
     console.print(t)

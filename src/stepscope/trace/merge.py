@@ -106,6 +106,14 @@ def _max_flow_id(ranked: Sequence[RankTrace]) -> int:
     return top
 
 
+def _unnamed_process(label: str) -> str:
+    """A name for a process the trace did not name: its pid, or for the non-numeric tracks
+    torch's profiler adds (``Spans``, ``Traces``, ``""``) what they hold."""
+    if label.lstrip("-").isdigit():
+        return f"pid {label}"
+    return f"profiler session ({label})" if label else "profiler markers"
+
+
 def merge_ranks(traces: Sequence[tuple[str, Trace]]) -> Trace:
     """Merge per-rank traces into one (see the module docstring); metadata says what was done."""
     ranked = group_by_rank(traces)
@@ -148,7 +156,7 @@ def merge_ranks(traces: Sequence[tuple[str, Trace]]) -> Trace:
     for rank, labels in sorted(per_rank_pids.items()):
         for label, k in labels.items():
             pid = rank * stride + k
-            original = names.get((rank, k)) or f"pid {label}"
+            original = names.get((rank, k)) or _unnamed_process(str(label))
             builder.process_name(pid, f"rank {rank} · {original}")
             builder.meta_event("process_sort_index", pid, 0, {"sort_index": pid})
     builder.metadata = {"stepscope_merged_ranks": merged}

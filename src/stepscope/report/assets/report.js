@@ -61,6 +61,10 @@
   const us = (ns) => (ns === null || ns === undefined ? "–" : NF1.format(ns / 1e3));
   const pct = (p) => (p === null || p === undefined ? "–" : NF1.format(p) + " %");
   const stepLabel = (s) => (s.step === null ? "whole trace" : "#" + s.step);
+  // a step of the combined view of several files: its rank or window first ("rank 1 #3")
+  const sourceLabel = (source) => (DATA.source_labels || {})[source] || source;
+  const fullStepLabel = (st) =>
+    (DATA.files.length > 1 && state.view === 0 ? sourceLabel(st.source) + " " : "") + stepLabel(st);
   const prettyName = (name) => name.replace(/_/g, " ");
   function shortKernel(name) {
     let s = name;
@@ -187,8 +191,7 @@
   function stepChart(target, s) {
     const n = s.steps.length;
     const xs = s.steps.map((_, i) => i + 1);
-    const labels = s.steps.map(stepLabel);
-    const sources = s.steps.map((st) => st.source);
+    const labels = s.steps.map(fullStepLabel);
     const durs = s.steps.map((st) => st.dur_ns / 1e6);
     const median = s.steps.map(() => s.step_stats.median_ns / 1e6);
     const opts = {
@@ -199,7 +202,7 @@
         {
           label: "step",
           value: (u, v) =>
-            v === null ? "–" : (sources.length > 1 && DATA.files.length > 1 ? sources[v - 1] + " " : "") + (labels[v - 1] || ""),
+            v === null ? "–" : labels[v - 1] || "",
         },
         {
           label: "step time (ms)",
@@ -270,7 +273,11 @@
   function summaryCards(s) {
     const st = s.step_stats;
     const cards = [
-      ["steps", s.has_steps ? NF0.format(st.count) : "1 (whole trace)"],
+      [
+        "steps",
+        (s.has_steps ? NF0.format(st.count) : "1 (whole trace)") +
+          ((s.cut_short || []).length ? ` (+${s.cut_short.length} cut short, not counted)` : ""),
+      ],
       ["median step", ms(st.median_ns) + " ms"],
       ["p95 step", ms(st.p95_ns) + " ms"],
       ["min / max", ms(st.min_ns) + " / " + ms(st.max_ns) + " ms"],
@@ -289,7 +296,7 @@
           {},
           "Slowest steps: ",
           st.slowest
-            .map((x) => `${stepLabel(x)} ${ms(x.dur_ns)} ms` + (DATA.files.length > 1 ? ` (${x.source})` : ""))
+            .map((x) => `${stepLabel(x)} ${ms(x.dur_ns)} ms` + (DATA.files.length > 1 ? ` (${sourceLabel(x.source)})` : ""))
             .join(", "),
         )
       : null;
@@ -336,7 +343,7 @@
     );
     after.push(() => {
       stepChart(chart, s);
-      const labels = s.host_steps.map((b) => (b.step === null ? "whole trace" : "#" + b.step));
+      const labels = s.host_steps.map((b, i) => (s.steps[i] ? fullStepLabel(s.steps[i]) : stepLabel(b)));
       const perStep = s.host_steps.map((b) => Object.fromEntries(b.categories.map((c) => [c.name, c.ns])));
       const names = Object.keys(HOST_COLORS);
       stackedChart(host, labels, perStep, names, HOST_COLORS, "ms");
@@ -623,7 +630,7 @@
 
   function memorySection(s, after) {
     const m = s.memory;
-    if (!m) return null;
+    if (!m) return [];  // spread into the page: nothing, never the text "null"
     const parts = [];
     for (const leak of m.leaks) {
       const what = leak.kind === "python" ? "Python heap" : leak.kind + " tensors";
@@ -668,7 +675,7 @@
       );
     }
     for (const note of m.notes) parts.push(h("p", { class: "dim" }, note));
-    return section("memory", "Memory", parts);
+    return [section("memory", "Memory", parts)];
   }
 
   // ---- across ranks: stragglers, per-rank table, ranks x steps heat map --------------------
@@ -685,8 +692,9 @@
           `Straggler: rank ${s.rank} — the others waited ${ms(s.late_ns)} ms for it` +
             (s.step === null
               ? "."
-              : `; step ${s.step}: ${prettyName(s.phase)} ${ms(s.phase_ns)} ms vs ` +
-                `${ms(s.others_median_ns)} ms on the other ranks (median).`),
+              : `; busy ${ms(s.excess_per_step_ns)} ms per step longer than the other ranks; ` +
+                `${prettyName(s.phase)} ${ms(s.phase_ns)} ms per step vs ` +
+                `${ms(s.others_median_ns)} ms on the other ranks (medians over steps), most in step ${s.step}.`),
         ),
       );
     } else parts.push(empty("No straggler: no rank kept the others waiting."));
@@ -697,11 +705,11 @@
         [
           { title: "rank", value: (x) => x.rank, num: true },
           { title: "median step ms", value: (x) => x.step_median_ns, text: (x) => ms(x.step_median_ns), num: true },
-          { title: "compute", value: (x) => share(x, "computation_ns"), text: (x) => pct(share(x, "computation_ns")), num: true },
+          { title: "computation", value: (x) => share(x, "computation_ns"), text: (x) => pct(share(x, "computation_ns")), num: true },
           { title: "communication", value: (x) => share(x, "communication_ns"), text: (x) => pct(share(x, "communication_ns")), num: true },
           { title: "idle", value: (x) => share(x, "idle_ns"), text: (x) => pct(share(x, "idle_ns")), num: true },
-          { title: "waiting ms", value: (x) => x.collective_wait_ns, text: (x) => ms(x.collective_wait_ns), num: true },
-          { title: "others waited ms", value: (x) => x.late_ns, text: (x) => ms(x.late_ns), num: true },
+          { title: "waiting at collectives ms", value: (x) => x.collective_wait_ns, text: (x) => ms(x.collective_wait_ns), num: true },
+          { title: "others waiting ms", value: (x) => x.late_ns, text: (x) => ms(x.late_ns), num: true },
         ],
         r.ranks,
         "Per rank (host time over the analysed steps)",
@@ -751,7 +759,7 @@
       deviceSection(s, after),
       topsSection(s),
       flameSection(view, after),
-      memorySection(s, after),
+      ...memorySection(s, after),
       extrasSection(s),
       h(
         "footer",

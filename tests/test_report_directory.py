@@ -1,0 +1,105 @@
+"""``stepscope report DIR`` on the windows of one run: one panel with the windows named as the
+profile names them, memory per step in the combined view, memory timelines beside the traces
+left out, and bars that tell categories apart without colour."""
+
+from __future__ import annotations
+
+import io
+import logging
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+import stepscope
+from stepscope.analysis.analyze import analyze
+from stepscope.cli import main
+from stepscope.commands.report import load_traces
+from stepscope.report.terminal import GLYPHS, render_report
+from tests.test_report_cli import spin
+
+WINDOWS = 3
+
+
+def record_windows(out: Path) -> list[str]:
+    """Three windows of 3 steps (``--repeat``-style), memory on, each with its memory timeline
+    written beside its trace; returns the profile's own log lines about its windows."""
+    held: list[bytes] = []
+
+    def handler(prof: stepscope.profile) -> None:
+        stepscope.trace_handler(str(out))(prof)
+        prof.export_memory_timeline(str(out / f"memory_{prof.step_num}.json"))
+        prof.export_memory_timeline(str(out / f"memory_{prof.step_num}.raw.json.gz"))
+
+    logged: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            logged.append(record.getMessage())
+
+    keep = Keep(logging.INFO)
+    log = logging.getLogger("stepscope")
+    log.addHandler(keep)
+    old_level = log.level
+    log.setLevel(logging.INFO)
+    try:
+        schedule = stepscope.schedule(wait=1, warmup=1, active=3, repeat=WINDOWS)
+        with stepscope.profile(
+            profile_memory=True, torch_ops=False, schedule=schedule, on_trace_ready=handler
+        ) as prof:
+            for _ in range(5 * WINDOWS):
+                with stepscope.record_function("data_loading"):
+                    held.append(bytes(20_000))
+                    spin(0.001)
+                with stepscope.record_function("forward"):
+                    spin(0.002)
+                prof.step()
+    finally:
+        log.removeHandler(keep)
+        log.setLevel(old_level)
+    return [line for line in logged if line.startswith("stepscope: window")]
+
+
+def test_a_directory_of_windows_reads_as_one_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    logged = record_windows(tmp_path)
+    assert len(list(tmp_path.glob("memory_*"))) == 2 * WINDOWS
+    assert main(["report", str(tmp_path)]) == 0  # the timelines are left out, not failures
+    captured = capsys.readouterr()
+    assert f"left out {2 * WINDOWS} memory timeline file(s)" in captured.err
+    text = captured.out
+    assert text.count("╭─") == 1 and f"all {WINDOWS} windows" in text
+    # each window is named as the profile named it when it ended
+    for line in logged:
+        name = line.removeprefix("stepscope: ").split(":")[0]
+        assert name in text, (name, logged)
+    assert "window 1 (steps 2-4)" in text and "window 3 (steps 12-14)" in text
+
+
+def test_the_combined_view_has_every_windows_memory_per_step(tmp_path: Path) -> None:
+    record_windows(tmp_path)
+    traces, failures = load_traces(tmp_path, io.StringIO())
+    assert not failures and len(traces) == WINDOWS
+    report = analyze(traces)
+    per_file = [row for s in report.files if s.memory for row in s.memory.steps]
+    combined = report.combined.memory
+    assert combined is not None and len(per_file) == 3 * WINDOWS
+    assert sorted(per_file, key=lambda r: r.step) == combined.steps
+    assert combined.peak_bytes == max(s.memory.peak_bytes for s in report.files if s.memory)
+
+
+def test_piped_bars_name_their_categories(tmp_path: Path) -> None:
+    record_windows(tmp_path)
+    traces, _ = load_traces(tmp_path, io.StringIO())
+    report = analyze(traces)
+    out = io.StringIO()
+    render_report(report, Console(file=out, width=120, color_system=None))
+    text = out.getvalue()
+    shown = [c for c in report.combined.host_total.categories if c.pct >= 2]
+    assert len(shown) >= 2
+    for c in shown:
+        glyph = GLYPHS[c.name]
+        assert f"{glyph} {c.name} " in text  # the legend's key
+        assert glyph * 2 in text  # and the bar's run of it
+    assert "█" not in text
