@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, cast, overloa
 from stepscope import clock
 from stepscope._ext import NativeModule, native
 from stepscope.collectors.base import Collector, WindowContext
+from stepscope.collectors.compiled import register_with_dynamo
 from stepscope.trace.model import TraceBuilder
 
 if TYPE_CHECKING:
@@ -153,6 +154,10 @@ class PyRecordFunction:
         self._tid = 0
         self._bridge_handle: Any = None
 
+    def __new__(cls, name: str, args: Any = None) -> PyRecordFunction:
+        # A __new__ of its own, for torch.compile to substitute (collectors/compiled.py).
+        return object.__new__(cls)
+
     def __enter__(self) -> PyRecordFunction:
         backend = _python_backend
         if backend.active and not self._open:
@@ -259,6 +264,7 @@ else:
     record_function = PyRecordFunction
     default_backend = _python_backend
 python_backend: _Backend = _python_backend
+register_with_dynamo(record_function, PyRecordFunction)
 
 
 def is_recording() -> bool:
