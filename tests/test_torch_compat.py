@@ -23,6 +23,7 @@ torch = pytest.importorskip("torch")
 
 import stepscope  # noqa: E402
 from stepscope import profile, record_function, schedule  # noqa: E402
+from stepscope.profiler.activity import EVENT_TYPES  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -304,6 +305,23 @@ def test_dict_activity_filters() -> None:
         profile(activities=[{stepscope.ProfilerActivity.SAMPLING: ["x"]}])
     with pytest.raises(TypeError, match="Expected ProfilerActivity or dict"):
         profile(activities=[3])
+
+
+def test_unknown_filter_type_raises_at_construction_as_torch_does() -> None:
+    """torch raises when it starts; stepscope when the profile is built (before any loop)."""
+    with pytest.raises(RuntimeError, match="'bogus_type'") as torch_error:
+        with torch.profiler.profile(activities=[{TorchActivity.CPU: ["bogus_type"]}]):
+            pass
+    with pytest.raises(RuntimeError, match="the event types of CPU are") as ours:
+        profile(activities=[{TorchActivity.CPU: ["bogus_type"]}])
+    assert str(ours.value).startswith(str(torch_error.value).split("\n")[0])
+    # every CPU type torch accepts is accepted
+    accepted = []
+    for name in sorted(EVENT_TYPES["CPU"]):
+        with torch.profiler.profile(activities=[{TorchActivity.CPU: [name]}]):
+            accepted.append(name)
+        profile(activities=[{TorchActivity.CPU: [name]}])
+    assert accepted == sorted(EVENT_TYPES["CPU"])
 
 
 def test_record_python_gc_info_records_gc_spans() -> None:

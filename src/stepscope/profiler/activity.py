@@ -7,7 +7,42 @@ import sys
 from stepscope.activity import ProfilerActivity, coerce_activities
 from stepscope.collectors.torch import torch_installed
 
-__all__ = ["ProfilerActivity", "coerce_activities", "kineto_available", "supported_activities"]
+__all__ = [
+    "EVENT_TYPES",
+    "ProfilerActivity",
+    "coerce_activities",
+    "kineto_available",
+    "supported_activities",
+]
+
+_DEVICE_TYPES = ("GPU_MEMCPY", "GPU_MEMSET", "CONCURRENT_KERNEL")
+EVENT_TYPES: dict[str, frozenset[str]] = {
+    "CPU": frozenset(
+        {
+            "CPU_OP",
+            "CPU_INSTANT_EVENT",
+            "USER_ANNOTATION",
+            "EXTERNAL_CORRELATION",
+            "XPU_RUNTIME",
+            "XPU_DRIVER",
+            "CUDA_RUNTIME",
+            "CUDA_DRIVER",
+            "PYTHON_FUNCTION",
+            "PRIVATEUSE1_RUNTIME",
+            "PRIVATEUSE1_DRIVER",
+        }
+    ),
+    "CUDA": frozenset(
+        {*_DEVICE_TYPES, "GPU_USER_ANNOTATION", "CUDA_RUNTIME", "CUDA_DRIVER", "OVERHEAD"}
+    ),
+    "XPU": frozenset({*_DEVICE_TYPES, "XPU_RUNTIME", "XPU_DRIVER"}),
+    "MTIA": frozenset({"MTIA_CCP_EVENTS", "MTIA_RUNTIME", "MTIA_INSIGHT", "MTIA_COUNTERS"}),
+    "HPU": frozenset({"HPU_OP"}),
+    "PrivateUse1": frozenset(
+        {*_DEVICE_TYPES, "GPU_USER_ANNOTATION", "PRIVATEUSE1_RUNTIME", "PRIVATEUSE1_DRIVER"}
+    ),
+}
+"""The event types torch's profiler records for each activity: what a dict filter may name."""
 
 
 def kineto_available() -> bool:

@@ -33,6 +33,7 @@ from stepscope.collectors.torch import (
 )
 from stepscope.distributed import distributed_info
 from stepscope.failures import failure_log
+from stepscope.profiler.activity import EVENT_TYPES
 from stepscope.profiler.events import EventList, function_events
 from stepscope.profiler.execution_trace import ExecutionTraceCollector
 from stepscope.profiler.ranks import RankSync
@@ -741,11 +742,23 @@ def split_activity_filters(
                         f"the filter of {name} must be a list of activity type names, got {types!r}"
                     )
                 filters[name] = [str(t) for t in types]
+                _check_event_types(name, filters[name])
                 plain.append(activity)
         else:
             note(item)
             plain.append(item)
     return plain, filters
+
+
+def _check_event_types(activity: str, types: list[str]) -> None:
+    """torch's check of a dict filter, made when the profile is built (not when it starts)."""
+    known = EVENT_TYPES.get(activity, frozenset())
+    for name in types:
+        if name not in known:
+            raise RuntimeError(
+                f"Unknown or non-member activity type name: {name!r}; the event types of "
+                f"{activity} are {', '.join(sorted(known))}"
+            )
 
 
 def _checked_experimental_config(config: Any, with_stack: bool) -> Any:
