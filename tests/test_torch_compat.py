@@ -267,10 +267,22 @@ def test_post_processing_timeout_zero_gives_partial_events(caplog: Any) -> None:
     with profile(post_processing_timeout_s=0.0) as prof:
         for _ in range(10):
             torch.mm(torch.randn(10, 10), torch.randn(10, 10))
-    with caplog.at_level(logging.WARNING, logger="stepscope"):
+    with caplog.at_level(logging.WARNING, logger="torch.autograd.profiler"):
         events = prof.events()
-    assert any("timed out" in m and "partial results" in m for m in caplog.messages)
+    # on torch's logger, as torch's own warning (a program's handler there sees both)
+    warned = [r for r in caplog.records if r.name == "torch.autograd.profiler"]
+    assert any("timed out" in r.message and "partial results" in r.message for r in warned)
     assert len(events) < len(prof.trace().spans)
+
+
+def test_metadata_json_is_deprecated_and_holds_the_args() -> None:
+    with profile(record_shapes=True) as prof:
+        torch.mm(torch.randn(3, 3), torch.randn(3, 3))
+    mm = next(e for e in prof.events() if e.name == "aten::mm")
+    with pytest.warns(FutureWarning, match="metadata_json"):
+        text = mm.metadata_json
+    assert json.loads("{" + text + "}") == dict(mm.args or {})
+    assert mm.event_metadata is None
 
 
 def test_custom_trace_id_callback_names_each_window(tmp_path: Path) -> None:
@@ -309,9 +321,12 @@ def test_dict_activity_filters() -> None:
 
 def test_unknown_filter_type_raises_at_construction_as_torch_does() -> None:
     """torch raises when it starts; stepscope when the profile is built (before any loop)."""
-    with pytest.raises(RuntimeError, match="'bogus_type'") as torch_error:
-        with torch.profiler.profile(activities=[{TorchActivity.CPU: ["bogus_type"]}]):
-            pass
+    torch_filter = [{TorchActivity.CPU: ["bogus_type"]}]
+    with (
+        pytest.raises(RuntimeError, match="'bogus_type'") as torch_error,
+        torch.profiler.profile(activities=torch_filter),
+    ):
+        pass
     with pytest.raises(RuntimeError, match="the event types of CPU are") as ours:
         profile(activities=[{TorchActivity.CPU: ["bogus_type"]}])
     assert str(ours.value).startswith(str(torch_error.value).split("\n")[0])
