@@ -201,6 +201,7 @@ def test_events_have_torch_function_event_attributes() -> None:
     x = torch.rand(2, 6)
     with profile(record_shapes=True) as prof:
         x.as_strided([4, 3], [1, 4])
+        prof.step()  # without a schedule, a step taken is what records ProfilerStep#0
     events = prof.events()
     (strided,) = [e for e in events if e.name == "aten::as_strided"]
     assert strided.input_shapes[0] == [2, 6]
@@ -479,3 +480,16 @@ def test_memory_columns_match_torch_profiler() -> None:
     with profile(profile_memory=True) as unscheduled:
         torch.ones(8)
     assert "CPU Mem" in unscheduled.key_averages().table()
+
+
+def test_no_schedule_and_no_step_gives_torchs_rows() -> None:
+    """torch writes no ProfilerStep without a schedule: nor does stepscope when no step is taken
+    (the upstream test_user_annotation_cpu row counts)."""
+    a, b = torch.randn(8, 8), torch.randn(8, 8)
+    with torch.profiler.profile() as theirs, torch.profiler.record_function("user_1"):
+        torch.mm(a, b).relu()
+    with profile() as ours, record_function("user_1"):
+        torch.mm(a, b).relu()
+    torch_keys = Counter(row.key for row in theirs.key_averages())
+    assert Counter(row.key for row in ours.key_averages()) == torch_keys
+    assert not any(key.startswith("ProfilerStep") for key in torch_keys)

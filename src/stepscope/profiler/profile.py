@@ -23,7 +23,7 @@ from typing import Any
 from stepscope import __version__, clock, forks, steps
 from stepscope.activity import ProfilerActivity, coerce_activities
 from stepscope.collectors import import_watch
-from stepscope.collectors.annotations import AnnotationCollector, record_function
+from stepscope.collectors.annotations import AnnotationCollector, emit_span, record_function
 from stepscope.collectors.base import Collector, WindowContext
 from stepscope.collectors.torch import (
     DEVICE_NAMES,
@@ -124,6 +124,11 @@ class profile:
         if on_trace_ready is not None and not callable(on_trace_ready):
             raise TypeError(f"on_trace_ready must be callable, got {on_trace_ready!r}")
         self.schedule: Schedule = schedule or default_schedule
+        self._step_zero_at: int | None = None
+        """Without a schedule, when step 0 began: its span is kept only once ``step()`` is
+        called (torch records no ``ProfilerStep`` without a schedule; a loop that steps gets
+        its steps)."""
+        self._mark_steps_from_start = schedule is not None
         self.on_trace_ready = on_trace_ready
         self.record_shapes = record_shapes
         self.profile_memory = profile_memory
@@ -332,7 +337,8 @@ class profile:
         """Mark the end of the current step and the start of the next one."""
         if self._left_in_child:
             return
-        self._close_step_span()
+        self._close_step_span(stepping=True)
+        self._mark_steps_from_start = True
         previous = self.current_action
         self.step_num += 1
         action = self.schedule(self.step_num)
@@ -374,15 +380,22 @@ class profile:
             action()
 
     def _open_step_span(self) -> None:
-        if self.current_action in RECORDING:
-            span = record_function(f"{STEP_SPAN_PREFIX}{self.step_num}")
-            span.__enter__()
-            self._step_span = span
+        if self.current_action not in RECORDING:
+            return
+        if not self._mark_steps_from_start:
+            self._step_zero_at = clock.now_ns()
+            return
+        span = record_function(f"{STEP_SPAN_PREFIX}{self.step_num}")
+        span.__enter__()
+        self._step_span = span
 
-    def _close_step_span(self) -> None:
+    def _close_step_span(self, stepping: bool = False) -> None:
         span, self._step_span = self._step_span, None
         if span is not None:
             span.__exit__(None, None, None)
+        started, self._step_zero_at = self._step_zero_at, None
+        if started is not None and stepping:
+            emit_span(f"{STEP_SPAN_PREFIX}{self.step_num}", started, clock.now_ns())
 
     # -- window actions ------------------------------------------------------------------------
     def _guarded(self, collector: Collector, phase: str, fn: Callable[[], Any]) -> None:
