@@ -39,7 +39,8 @@ OPEN_FLAG = "stepscope.open_at_window_end"
 SpanTuple = tuple[str, Any, int, int, int]
 
 
-Bridge = tuple[Callable[[str], Any], Callable[[Any], Any]]
+Bridge = tuple[Callable[[str, Any], Any], Callable[[Any], Any]]
+"""Another profiler's span per block: ``enter(name, args) -> handle`` and ``exit(handle)``."""
 
 
 class _Backend(Protocol):
@@ -170,7 +171,7 @@ class PyRecordFunction:
         # record_function too, whether or not a stepscope window records.
         if backend.bridge is not None and self._bridge_handle is None:
             try:
-                self._bridge_handle = backend.bridge[0](self.name)
+                self._bridge_handle = backend.bridge[0](self.name, self.args)
             except Exception:
                 backend.bridge_failed()
         return self

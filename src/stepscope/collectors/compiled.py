@@ -14,15 +14,20 @@ from typing import Any
 
 from stepscope.collectors import import_watch
 
-__all__ = ["register_with_dynamo"]
+__all__ = ["register_with_dynamo", "torch_args"]
 
 _registered: set[int] = set()
 _torch_profiler: Any = None
 """``torch.profiler``, once registered; a global (not a closure) so Dynamo resolves it."""
 
 
+def torch_args(args: Any) -> str | None:
+    """A ``record_function`` args value as torch's takes it (a string, or None)."""
+    return None if args is None else args if isinstance(args, str) else str(args)
+
+
 def _as_torch_record_function(cls: type, name: str, args: Any = None) -> Any:
-    return _torch_profiler.record_function(name, None if args is None else str(args))
+    return _torch_profiler.record_function(name, torch_args(args))
 
 
 def _register(classes: tuple[type, ...]) -> None:

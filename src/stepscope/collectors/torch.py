@@ -25,15 +25,19 @@ from stepscope.activity import ProfilerActivity
 from stepscope.collectors import import_watch
 from stepscope.collectors.annotations import default_backend
 from stepscope.collectors.base import Collector, WindowContext
+from stepscope.collectors.compiled import torch_args
 from stepscope.trace.chrome_reader import read_chrome_trace
 from stepscope.trace.model import Trace, TraceBuilder
 
 __all__ = [
     "TorchCollector",
     "advance_kineto_step",
+    "bridged_names",
     "install_torch_profiler_hooks",
+    "take_bridge_errors",
     "torch_available",
     "torch_installed",
+    "want_bridge",
 ]
 
 DEVICE_NAMES = {
@@ -138,7 +142,6 @@ class TorchCollector(Collector):
         )
         self._prof: Any = None
         self._offset_ns = 0
-        self._bridged: set[str] = set()
         self._ctx: WindowContext | None = None
         self._phase = "idle"  # idle -> prepared -> recording -> idle (stop)
         self._waiting = False  # for the program to import torch
@@ -211,19 +214,9 @@ class TorchCollector(Collector):
             _own_session = False
         self._started = True
         self._offset_ns = _wall_offset_ns()
-        self._bridged = set()
+        bridged_names.clear()
         if self.bridge_annotations:
-            default_backend.set_bridge((self._bridge_enter, self._bridge_exit))
-
-    def _bridge_enter(self, name: str) -> Any:
-        self._bridged.add(name)
-        handle: Any = self._autograd_profiler.record_function(name)
-        handle.__enter__()
-        return handle
-
-    @staticmethod
-    def _bridge_exit(handle: Any) -> None:
-        handle.__exit__(None, None, None)
+            want_bridge(BRIDGE_FOR_COLLECTOR, True)
 
     def stop(self, ctx: WindowContext) -> None:
         """Stop torch's profiler (synchronizing the device, as torch does)."""
@@ -233,9 +226,10 @@ class TorchCollector(Collector):
             self._note_torch_never_came(ctx)
             return
         if self.bridge_annotations:
-            errors = default_backend.set_bridge(None)
-            if errors:
-                ctx.metadata["stepscope_torch_bridge_errors"] = errors
+            want_bridge(BRIDGE_FOR_COLLECTOR, False)
+        errors = take_bridge_errors()
+        if errors:
+            ctx.metadata["stepscope_torch_bridge_errors"] = errors
         if self._prof is not None:
             self._prof.__exit__(None, None, None)
 
@@ -252,7 +246,9 @@ class TorchCollector(Collector):
             trace = read_chrome_trace(tmp, drop_kineto_bookkeeping=True)
         finally:
             os.unlink(tmp)
-        skip_spans = self._duplicate_annotations(trace) if self._bridged else set()
+        skip_spans = self._duplicate_annotations(trace) if bridged_names else set()
+        if skip_spans:
+            self._take_torch_ids(builder, trace, skip_spans)
         skip_meta = self._own_names(trace, ctx.pid)
         builder.add_trace(
             trace, time_offset_ns=-self._offset_ns, skip_spans=skip_spans, skip_meta=skip_meta
@@ -270,8 +266,35 @@ class TorchCollector(Collector):
         return {
             i
             for i in range(len(trace.spans))
-            if strings[cats[i]] == "user_annotation" and strings[names[i]] in self._bridged
+            if strings[cats[i]] == "user_annotation" and strings[names[i]] in bridged_names
         }
+
+    def _take_torch_ids(self, builder: TraceBuilder, trace: Trace, copies: set[int]) -> None:
+        """Give each stepscope annotation the args of torch's copy of it (``Record function id``,
+        ``External id``, shapes): the ids the execution trace and torch's events know it by."""
+        shift = trace.base_time_ns - builder.base_time_ns - self._offset_ns
+        annotation = builder.intern("user_annotation")
+        own: dict[tuple[int, int], list[int]] = {}
+        cats, names, tids = (builder.span_column(c) for c in ("cat", "name", "tid"))
+        starts, durs = builder.span_column("start_ns"), builder.span_column("dur_ns")
+        for row in range(builder.span_rows):
+            if cats[row] == annotation:
+                own.setdefault((names[row], tids[row]), []).append(row)
+        spans, strings = trace.spans, trace.strings
+        for i in sorted(copies, key=lambda k: spans["start_ns"][k]):
+            args = trace.args_at(spans["args"][i])
+            key = (
+                builder.intern(strings[spans["name"][i]]),
+                builder.encode_label(trace.label(spans["tid"][i])),
+            )
+            rows = own.get(key)
+            if not args or not rows:
+                continue
+            start = spans["start_ns"][i] + shift
+            end = start + spans["dur_ns"][i]
+            row = min(rows, key=lambda r: abs(starts[r] - start) + abs(starts[r] + durs[r] - end))
+            rows.remove(row)
+            builder.set_span_args(row, {**args, **(builder.span_args(row) or {})})
 
     @staticmethod
     def _own_names(trace: Trace, pid: int) -> set[int]:
@@ -308,23 +331,28 @@ class TorchCollector(Collector):
         self._stop_waiting()
         self._phase = "idle"
         if self._prof is not None:
-            default_backend.set_bridge(None)
+            want_bridge(BRIDGE_FOR_COLLECTOR, False)
             try:
                 self._prof.__exit__(None, None, None)
             finally:
                 self._prof = None
 
 
-# -- torch's own profiler (torch.profiler.profile, dynolog on-demand tracing) -------------------
-_own_session = False  # True while a TorchCollector starts torch's profiler
-_hooked_bridge = False  # the record_function bridge is set for torch's own profiler
-STEP_TRACKER_NAME = "stepscope.profile"
+# -- the record_function bridge: stepscope's annotations opened in torch too --------------------
+BRIDGE_FOR_COLLECTOR = "a stepscope window records torch with a device"
+BRIDGE_FOR_TORCH_PROFILER = "torch's own profiler records"
+BRIDGE_FOR_EXECUTION_TRACE = "torch's execution trace observer records"
+_bridge_reasons: set[str] = set()
+_bridge_errors = 0
+bridged_names: set[str] = set()
+"""Names of the blocks opened in torch too (their copies in torch's trace are duplicates)."""
 
 
-def _torch_bridge_enter(name: str) -> Any:
+def _torch_bridge_enter(name: str, args: Any) -> Any:
     import torch.autograd.profiler as autograd_profiler
 
-    handle: Any = autograd_profiler.record_function(name)
+    bridged_names.add(name)
+    handle: Any = autograd_profiler.record_function(name, torch_args(args))
     handle.__enter__()
     return handle
 
@@ -333,20 +361,40 @@ def _torch_bridge_exit(handle: Any) -> None:
     handle.__exit__(None, None, None)
 
 
+def want_bridge(reason: str, on: bool) -> None:
+    """Turn one reason to bridge on or off; the bridge is set while any reason holds."""
+    global _bridge_errors
+    if on:
+        _bridge_reasons.add(reason)
+    else:
+        _bridge_reasons.discard(reason)
+    bridge = (_torch_bridge_enter, _torch_bridge_exit) if _bridge_reasons else None
+    _bridge_errors += default_backend.set_bridge(bridge)
+
+
+def take_bridge_errors() -> int:
+    """Bridge failures since the last call (each switched the bridge off until set again)."""
+    global _bridge_errors
+    errors = default_backend.set_bridge(
+        (_torch_bridge_enter, _torch_bridge_exit) if _bridge_reasons else None
+    )
+    errors, _bridge_errors = errors + _bridge_errors, 0
+    return errors
+
+
+# -- torch's own profiler (torch.profiler.profile, dynolog on-demand tracing) -------------------
+_own_session = False  # True while a TorchCollector starts torch's profiler
+STEP_TRACKER_NAME = "stepscope.profile"
+
+
 def _on_torch_profiler_start() -> None:
     """torch's profiler started outside stepscope: stepscope's annotations join its trace."""
-    global _hooked_bridge
-    if _own_session:
-        return
-    default_backend.set_bridge((_torch_bridge_enter, _torch_bridge_exit))
-    _hooked_bridge = True
+    if not _own_session:
+        want_bridge(BRIDGE_FOR_TORCH_PROFILER, True)
 
 
 def _on_torch_profiler_stop() -> None:
-    global _hooked_bridge
-    if _hooked_bridge:
-        _hooked_bridge = False
-        default_backend.set_bridge(None)
+    want_bridge(BRIDGE_FOR_TORCH_PROFILER, False)
 
 
 def install_torch_profiler_hooks() -> None:
@@ -377,6 +425,34 @@ def install_torch_profiler_hooks() -> None:
     autograd_profiler._run_on_profiler_stop = hooked_stop
     if getattr(autograd_profiler, "_is_profiler_enabled", False):
         _on_torch_profiler_start()
+    _follow_execution_trace()
+
+
+def _follow_execution_trace() -> None:
+    """Bridge while torch's execution trace observer records, so that each
+    ``stepscope.record_function`` block is a node of the execution trace, as torch's are.
+
+    torch's ``ExecutionTraceObserver.start`` / ``stop`` call ``_enable_execution_trace_observer``
+    / ``_disable_execution_trace_observer`` of ``torch.profiler.profiler``: stepscope chains its
+    hooks after them, as for the profiler's start and stop.
+    """
+    module = sys.modules.get("torch.profiler.profiler")
+    enable = getattr(module, "_enable_execution_trace_observer", None)
+    disable = getattr(module, "_disable_execution_trace_observer", None)
+    if enable is None or disable is None or getattr(enable, "_stepscope_hook", False):
+        return
+
+    def hooked_enable() -> None:
+        enable()
+        want_bridge(BRIDGE_FOR_EXECUTION_TRACE, True)
+
+    def hooked_disable() -> None:
+        disable()
+        want_bridge(BRIDGE_FOR_EXECUTION_TRACE, False)
+
+    hooked_enable._stepscope_hook = True  # type: ignore[attr-defined]
+    module._enable_execution_trace_observer = hooked_enable  # type: ignore[union-attr]
+    module._disable_execution_trace_observer = hooked_disable  # type: ignore[union-attr]
 
 
 def advance_kineto_step(phase: str) -> None:

@@ -33,9 +33,9 @@ from stepscope.collectors.torch import (
 )
 from stepscope.distributed import distributed_info
 from stepscope.failures import failure_log
-from stepscope.profiler.activity import EVENT_TYPES
+from stepscope.profiler.activity import split_activity_filters
 from stepscope.profiler.events import EventList, function_events
-from stepscope.profiler.execution_trace import ExecutionTraceCollector
+from stepscope.profiler.execution_trace import ExecutionTraceCollector, ExecutionTraceObserver
 from stepscope.profiler.ranks import RankSync
 from stepscope.profiler.schedule import ProfilerAction, Schedule, default_schedule
 from stepscope.profiler.step_trigger import StepTrigger
@@ -136,7 +136,10 @@ class profile:
         self.with_flops = with_flops
         self.with_modules = with_modules
         self.experimental_config = experimental_config
-        self.execution_trace_observer = execution_trace_observer
+        self.execution_trace_observer = (
+            execution_trace_observer or ExecutionTraceObserver.build_execution_trace_obs_from_env()
+        )
+        """The observer given, or (as torch) one from ``ENABLE_PYTORCH_EXECUTION_TRACE=1``."""
         if not isinstance(acc_events, bool):
             raise TypeError(f"acc_events must be a bool, got {acc_events!r}")
         self.acc_events = acc_events
@@ -712,66 +715,6 @@ def _parse_json(key: str, value: str) -> Any:
             f"metadata {key!r}: value is not valid JSON ({exc.msg} at column {exc.colno}): "
             f"{value!r:.80}; use add_metadata() for plain strings"
         ) from None
-
-
-def split_activity_filters(
-    activities: Iterable[object] | None,
-) -> tuple[list[object] | None, dict[str, list[str]]]:
-    """torch's mixed activity list: plain activities, and ``{activity: [type names]}`` filters.
-
-    Returns the activities and the filters keyed by activity name; an activity named twice is
-    a ``ValueError`` (as in torch).
-    """
-    if activities is None or isinstance(activities, (str, bytes)):
-        return (None if activities is None else list(activities)), {}  # type: ignore[arg-type]
-    if not isinstance(activities, Iterable):
-        raise TypeError(
-            f"activities must be an iterable of ProfilerActivity values, got {activities!r}"
-        )
-    plain: list[object] = []
-    filters: dict[str, list[str]] = {}
-    seen: set[str] = set()
-
-    def note(activity: object) -> str:
-        name = activity if isinstance(activity, str) else getattr(activity, "name", None)
-        if not isinstance(name, str):
-            raise TypeError(f"Expected ProfilerActivity or dict, got {type(activity)}")
-        if name in seen:
-            raise ValueError(f"Activity {activity} specified more than once")
-        seen.add(name)
-        return name
-
-    for item in activities:
-        if isinstance(item, Mapping):
-            for activity, types in item.items():
-                name = note(activity)
-                if name not in ("CPU", *(a.name for a in DEVICE_ACTIVITIES)):
-                    raise ValueError(
-                        f"activity filters select torch's event types; {name} is recorded by "
-                        "stepscope itself and takes no filter: list it without a dict"
-                    )
-                if isinstance(types, (str, bytes)) or not isinstance(types, Iterable):
-                    raise TypeError(
-                        f"the filter of {name} must be a list of activity type names, got {types!r}"
-                    )
-                filters[name] = [str(t) for t in types]
-                _check_event_types(name, filters[name])
-                plain.append(activity)
-        else:
-            note(item)
-            plain.append(item)
-    return plain, filters
-
-
-def _check_event_types(activity: str, types: list[str]) -> None:
-    """torch's check of a dict filter, made when the profile is built (not when it starts)."""
-    known = EVENT_TYPES.get(activity, frozenset())
-    for name in types:
-        if name not in known:
-            raise RuntimeError(
-                f"Unknown or non-member activity type name: {name!r}; the event types of "
-                f"{activity} are {', '.join(sorted(known))}"
-            )
 
 
 def _checked_experimental_config(config: Any, with_stack: bool) -> Any:
