@@ -50,8 +50,16 @@ def test_hta_validator_accepts_every_file(tmp_path: Path) -> None:
     assert heap and all(isinstance(b, int) for b in heap)
 
 
-def tensorboard_views(folder: Path, profile: Any, schedule: Any, handler: Any) -> list[str]:
-    """The views TensorBoard's profiler plugin offers for one profiled window."""
+def module_tree(stats: Any) -> list[Any]:
+    """The Module view's rows without their times: (name, calls, operators, children)."""
+    return [
+        (row.name, row.occurences, row.operators, module_tree(row.children)) for row in stats or ()
+    ]
+
+
+def tensorboard_views(folder: Path, profile: Any, schedule: Any, handler: Any) -> Any:
+    """The views TensorBoard's profiler plugin offers for one profiled window, and the rows of
+    its Module view."""
     plugin_data = pytest.importorskip("torch_tb_profiler.profiler.data")
     generator = pytest.importorskip("torch_tb_profiler.profiler.run_generator")
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
@@ -70,10 +78,10 @@ def tensorboard_views(folder: Path, profile: Any, schedule: Any, handler: Any) -
     cache.mkdir()
     data = plugin_data.RunProfileData.parse("worker", None, str(path), str(cache))
     run = generator.RunGenerator("worker", None, data).generate_run_profile()
-    return [view.display_name for view in run.views]
+    return [view.display_name for view in run.views], module_tree(run.module_stats)
 
 
-def torch_and_stepscope_views(tmp_path: Path) -> tuple[list[str], list[str]]:
+def torch_and_stepscope_views(tmp_path: Path) -> tuple[Any, Any]:
     theirs = tensorboard_views(
         tmp_path / "torch",
         torch.profiler.profile,
@@ -90,15 +98,9 @@ def torch_and_stepscope_views(tmp_path: Path) -> tuple[list[str], list[str]]:
 
 
 def test_tensorboard_plugin_reads_stepscope_files(tmp_path: Path) -> None:
-    theirs, ours = torch_and_stepscope_views(tmp_path)
-    assert {"Overview", "Operator", "Trace"} <= set(ours)
-    assert set(ours) <= set(theirs)
-
-
-@pytest.mark.xfail(
-    strict=True, reason="with_modules writes no nn.Module frames yet (docs/torch-compat.md)"
-)
-def test_tensorboard_module_view(tmp_path: Path) -> None:
-    theirs, ours = torch_and_stepscope_views(tmp_path)
-    assert "Module" in theirs
-    assert "Module" in ours
+    (their_views, their_modules), (views, modules) = torch_and_stepscope_views(tmp_path)
+    assert {"Overview", "Operator", "Trace", "Module"} <= set(views)
+    assert set(views) <= set(their_views)
+    # the Module view (with_modules and with_stack): the same modules, calls and operators
+    assert modules == their_modules
+    assert modules[0][0] == "Sequential_0" and len(modules[0][3]) == 3

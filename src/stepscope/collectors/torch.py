@@ -51,6 +51,11 @@ DEVICE_NAMES = {
 TORCH_OWN_KEYS = frozenset({"trace_id", "traceName"})
 
 
+PYTHON_CATEGORY = "python_function"
+MODULE_PREFIX = "nn.Module: "
+MODULE_ID_BASE = 1 << 40
+"""Added to the ``Python id`` of torch's module frames (stepscope's tracer counts from 1)."""
+
 FLOPS_KEY = "stepscope_flops"
 """Trace metadata: ``{External id: flops}`` of torch's ops (Kineto's JSON leaves FLOPs out)."""
 
@@ -112,13 +117,17 @@ class TorchCollector(Collector):
         profile_memory: bool = False,
         with_flops: bool = False,
         with_modules: bool = False,
+        module_frames: bool = False,
         experimental_config: Any = None,
         bridge_annotations: bool | None = None,
         activity_filters: dict[str, list[str]] | None = None,
         post_processing_timeout_s: float | None = None,
         implied: Iterable[str] = (),
     ) -> None:
-        """``implied``: options stepscope turned on for its own needs, not the user's."""
+        """``implied``: options stepscope turned on for its own needs, not the user's.
+        ``module_frames``: torch's Python tracer runs too, for its ``nn.Module: X_n`` frames
+        (TensorBoard's Module view); its other frames are dropped (stepscope's tracer has them).
+        """
         self._autograd_profiler: Any = None
         self._implied = frozenset(implied)
         acts = set(activities)
@@ -134,6 +143,7 @@ class TorchCollector(Collector):
             "with_modules": with_modules,
             "experimental_config": experimental_config,
         }
+        self.module_frames = module_frames
         self.activity_filters = dict(activity_filters or {})
         """``{activity name: [event type names]}``: torch records only those types."""
         self.post_processing_timeout_s = post_processing_timeout_s
@@ -190,7 +200,8 @@ class TorchCollector(Collector):
             use_cpu=self.use_cpu,
             use_device=self.use_device,
             use_kineto=True,
-            with_stack=False,  # Python frames come from stepscope's own tracer
+            # Python frames come from stepscope's own tracer; torch's only for module frames
+            with_stack=self.module_frames,
             acc_events=False,
             post_processing_timeout_s=self.post_processing_timeout_s,
             activity_filters=self._torch_filters(),
@@ -249,6 +260,8 @@ class TorchCollector(Collector):
         skip_spans = self._duplicate_annotations(trace) if bridged_names else set()
         if skip_spans:
             self._take_torch_ids(builder, trace, skip_spans)
+        if self.module_frames:
+            skip_spans |= self._add_module_frames(builder, trace)
         skip_meta = self._own_names(trace, ctx.pid)
         builder.add_trace(
             trace, time_offset_ns=-self._offset_ns, skip_spans=skip_spans, skip_meta=skip_meta
@@ -268,6 +281,45 @@ class TorchCollector(Collector):
             for i in range(len(trace.spans))
             if strings[cats[i]] == "user_annotation" and strings[names[i]] in bridged_names
         }
+
+    def _add_module_frames(self, builder: TraceBuilder, trace: Trace) -> set[int]:
+        """Add torch's ``nn.Module`` frames, each the child of the module that called it (the
+        tree TensorBoard's Module view walks); returns every torch Python frame to leave out.
+
+        Their ``Python id`` is offset so that it cannot collide with stepscope's tracer's ids.
+        """
+        spans, strings = trace.spans, trace.strings
+        frames = [i for i in range(len(spans)) if strings[spans["cat"][i]] == PYTHON_CATEGORY]
+        parent: dict[int, int | None] = {}
+        modules: list[tuple[int, Any]] = []
+        for i in frames:
+            args = trace.args_at(spans["args"][i]) or {}
+            py_id = args.get("Python id")
+            if not isinstance(py_id, int):
+                continue
+            parent[py_id] = args.get("Python parent id")
+            if strings[spans["name"][i]].startswith(MODULE_PREFIX):
+                modules.append((i, args))
+        module_ids = {args["Python id"] for _, args in modules}
+        shift = trace.base_time_ns - builder.base_time_ns - self._offset_ns
+        for i, args in modules:
+            above = parent.get(args["Python id"])
+            while above is not None and above not in module_ids:
+                above = parent.get(above)
+            builder.span(
+                strings[spans["name"][i]],
+                PYTHON_CATEGORY,
+                trace.label(spans["pid"][i]),
+                trace.label(spans["tid"][i]),
+                spans["start_ns"][i] + shift,
+                spans["dur_ns"][i],
+                {
+                    "Python id": MODULE_ID_BASE + args["Python id"],
+                    "Python parent id": None if above is None else MODULE_ID_BASE + above,
+                    "Python module id": args.get("Python module id"),
+                },
+            )
+        return set(frames)
 
     def _take_torch_ids(self, builder: TraceBuilder, trace: Trace, copies: set[int]) -> None:
         """Give each stepscope annotation the args of torch's copy of it (``Record function id``,

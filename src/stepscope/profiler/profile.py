@@ -207,6 +207,7 @@ class profile:
                     profile_memory=self.profile_memory,
                     with_flops=self.with_flops,
                     with_modules=self.with_modules,
+                    module_frames=self.with_modules and self.with_stack,
                     experimental_config=self.experimental_config,
                     activity_filters=self.activity_filters,
                     post_processing_timeout_s=self.post_processing_timeout_s,
