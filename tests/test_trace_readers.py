@@ -25,7 +25,8 @@ def profiled_files(folder: Path) -> list[Path]:
         record_shapes=True,
         profile_memory=True,
         with_flops=True,
-        with_modules=True,
+        with_modules=True,  # with PYTHON: torch's module frames too
+        with_stack=True,
     ) as prof:
         for _ in range(3):
             with stepscope.record_function("## step body ##", "1, 2"):
@@ -48,6 +49,7 @@ def test_hta_validator_accepts_every_file(tmp_path: Path) -> None:
     events: list[dict[str, Any]] = json.loads((tmp_path / "plain.json").read_text())["traceEvents"]
     heap = [e["args"]["bytes"] for e in events if e.get("ph") == "C" and "bytes" in e["args"]]
     assert heap and all(isinstance(b, int) for b in heap)
+    assert any(e.get("name", "").startswith("nn.Module: ") for e in events)  # validated too
 
 
 def module_tree(stats: Any) -> list[Any]:
