@@ -20,7 +20,7 @@ def profiled_files(folder: Path) -> list[Path]:
     activities = [ProfilerActivity.CPU, ProfilerActivity.PYTHON, ProfilerActivity.SAMPLING]
     with stepscope.profile(
         activities=activities,
-        schedule=stepscope.schedule(wait=0, warmup=1, active=2),
+        schedule=stepscope.schedule(wait=0, warmup=1, active=2, repeat=1),
         on_trace_ready=stepscope.profiler.tensorboard_trace_handler(str(folder / "tb")),
         record_shapes=True,
         profile_memory=True,
