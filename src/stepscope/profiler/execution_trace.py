@@ -160,6 +160,11 @@ class ExecutionTraceObserver:
         """Whether the observer is recording now."""
         return self._running
 
+    @property
+    def _execution_trace_running(self) -> bool:
+        """torch's name of ``is_running()`` (torch's own tests read it)."""
+        return self._running
+
     def start(self) -> None:
         """Begin recording (called by the profile when a window starts recording)."""
         if self._registered and not self._running:
