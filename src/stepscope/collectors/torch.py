@@ -6,9 +6,10 @@ into the window's trace on stepscope's clock.  Kineto stamps events with the wal
 (``CLOCK_REALTIME``); the offset between that and stepscope's clock is measured when recording
 starts, so torch ops land inside the stepscope spans that enclosed them.
 
-While torch records with a device activity, ``stepscope.record_function`` also opens torch's
-``record_function``, so annotations appear on the GPU timeline; their CPU-side copies in torch's
-result are dropped in the merge (stepscope's own spans stand for them).
+While torch records with a device activity, or torch's own profiler or execution trace observer
+records, ``stepscope.record_function`` also opens torch's ``record_function`` (the bridge), so
+annotations appear on the GPU timeline and in the execution trace; their CPU-side copies in
+torch's result are dropped in the merge, and their ids go onto stepscope's own spans.
 """
 
 from __future__ import annotations
