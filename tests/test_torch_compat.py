@@ -23,6 +23,7 @@ torch = pytest.importorskip("torch")
 
 import stepscope  # noqa: E402
 from stepscope import profile, record_function, schedule  # noqa: E402
+from stepscope.profiler.activity import EVENT_TYPES  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -200,6 +201,7 @@ def test_events_have_torch_function_event_attributes() -> None:
     x = torch.rand(2, 6)
     with profile(record_shapes=True) as prof:
         x.as_strided([4, 3], [1, 4])
+        prof.step()  # without a schedule, a step taken is what records ProfilerStep#0
     events = prof.events()
     (strided,) = [e for e in events if e.name == "aten::as_strided"]
     assert strided.input_shapes[0] == [2, 6]
@@ -266,10 +268,22 @@ def test_post_processing_timeout_zero_gives_partial_events(caplog: Any) -> None:
     with profile(post_processing_timeout_s=0.0) as prof:
         for _ in range(10):
             torch.mm(torch.randn(10, 10), torch.randn(10, 10))
-    with caplog.at_level(logging.WARNING, logger="stepscope"):
+    with caplog.at_level(logging.WARNING, logger="torch.autograd.profiler"):
         events = prof.events()
-    assert any("timed out" in m and "partial results" in m for m in caplog.messages)
+    # on torch's logger, as torch's own warning (a program's handler there sees both)
+    warned = [r for r in caplog.records if r.name == "torch.autograd.profiler"]
+    assert any("timed out" in r.message and "partial results" in r.message for r in warned)
     assert len(events) < len(prof.trace().spans)
+
+
+def test_metadata_json_is_deprecated_and_holds_the_args() -> None:
+    with profile(record_shapes=True) as prof:
+        torch.mm(torch.randn(3, 3), torch.randn(3, 3))
+    mm = next(e for e in prof.events() if e.name == "aten::mm")
+    with pytest.warns(FutureWarning, match="metadata_json"):
+        text = mm.metadata_json
+    assert json.loads("{" + text + "}") == dict(mm.args or {})
+    assert mm.event_metadata is None
 
 
 def test_custom_trace_id_callback_names_each_window(tmp_path: Path) -> None:
@@ -304,6 +318,26 @@ def test_dict_activity_filters() -> None:
         profile(activities=[{stepscope.ProfilerActivity.SAMPLING: ["x"]}])
     with pytest.raises(TypeError, match="Expected ProfilerActivity or dict"):
         profile(activities=[3])
+
+
+def test_unknown_filter_type_raises_at_construction_as_torch_does() -> None:
+    """torch raises when it starts; stepscope when the profile is built (before any loop)."""
+    torch_filter = [{TorchActivity.CPU: ["bogus_type"]}]
+    with (
+        pytest.raises(RuntimeError, match="'bogus_type'") as torch_error,
+        torch.profiler.profile(activities=torch_filter),
+    ):
+        pass
+    with pytest.raises(RuntimeError, match="the event types of CPU are") as ours:
+        profile(activities=[{TorchActivity.CPU: ["bogus_type"]}])
+    assert str(ours.value).startswith(str(torch_error.value).split("\n")[0])
+    # every CPU type torch accepts is accepted
+    accepted = []
+    for name in sorted(EVENT_TYPES["CPU"]):
+        with torch.profiler.profile(activities=[{TorchActivity.CPU: [name]}]):
+            accepted.append(name)
+        profile(activities=[{TorchActivity.CPU: [name]}])
+    assert accepted == sorted(EVENT_TYPES["CPU"])
 
 
 def test_record_python_gc_info_records_gc_spans() -> None:
@@ -446,3 +480,16 @@ def test_memory_columns_match_torch_profiler() -> None:
     with profile(profile_memory=True) as unscheduled:
         torch.ones(8)
     assert "CPU Mem" in unscheduled.key_averages().table()
+
+
+def test_no_schedule_and_no_step_gives_torchs_rows() -> None:
+    """torch writes no ProfilerStep without a schedule: nor does stepscope when no step is taken
+    (the upstream test_user_annotation_cpu row counts)."""
+    a, b = torch.randn(8, 8), torch.randn(8, 8)
+    with torch.profiler.profile() as theirs, torch.profiler.record_function("user_1"):
+        torch.mm(a, b).relu()
+    with profile() as ours, record_function("user_1"):
+        torch.mm(a, b).relu()
+    torch_keys = Counter(row.key for row in theirs.key_averages())
+    assert Counter(row.key for row in ours.key_averages()) == torch_keys
+    assert not any(key.startswith("ProfilerStep") for key in torch_keys)

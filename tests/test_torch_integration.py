@@ -160,6 +160,31 @@ def test_bridged_annotations_are_not_duplicated() -> None:
     assert "forward" in torch_names  # torch recorded our annotation (GPU annotations need this)
     names = [s.name for s in prof.events()]
     assert names.count("forward") == 2
+    # each span kept torch's ids: torch's own events for the block have the same External ids
+    ours = {e.args["External id"] for e in prof.events() if e.name == "forward" and e.args}
+    theirs = {e.id for e in collector.last_result.function_events if e.name == "forward"}
+    assert len(ours) == 2 and ours == theirs
+
+
+def test_a_failing_bridge_is_counted_and_never_raised(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch.autograd.profiler as autograd_profiler
+
+    from stepscope.collectors.torch import take_bridge_errors, want_bridge
+
+    def broken(name: str, args: Any = None) -> Any:
+        raise RuntimeError("torch's record_function failed")
+
+    monkeypatch.setattr(autograd_profiler, "record_function", broken)
+    take_bridge_errors()
+    want_bridge("test", True)
+    try:
+        with record_function("## block ##"):
+            done = True
+        with record_function("## second block ##"):  # the bridge is off after a failure
+            pass
+    finally:
+        want_bridge("test", False)
+    assert done and take_bridge_errors() == 1
 
 
 def test_step_on_a_function_without_torch_optimizer() -> None:
@@ -222,7 +247,8 @@ def test_execution_trace_without_torch_writes_the_span_call_graph(tmp_path: Path
     assert set(doc) >= {"schema", "pid", "nodes", "start_ts", "finish_ts"}
     nodes = {n["name"]: n for n in doc["nodes"]}
     assert nodes["inner"]["ctrl_deps"] == nodes["outer"]["id"]
-    assert nodes["outer"]["ctrl_deps"] == nodes["ProfilerStep#0"]["id"]
+    root = nodes["[pytorch|profiler|execution_trace|process]"]
+    assert nodes["outer"]["ctrl_deps"] == root["id"]  # no schedule, no step: no ProfilerStep
 
 
 def test_trace_loads_in_hta(tmp_path: Path, monkeypatch: Any) -> None:

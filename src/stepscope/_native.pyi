@@ -137,7 +137,7 @@ def _annotations_emit(name: str, args: Any, start_ns: int, end_ns: int, /) -> bo
     """Add an already-timed span on the calling thread; whether a window took it."""
 
 def _annotations_set_bridge(
-    enter: Callable[[str], Any] | None, exit: Callable[[Any], Any] | None, /
+    enter: Callable[[str, Any], Any] | None, exit: Callable[[Any], Any] | None, /
 ) -> int:
     """Also open another profiler's span per recorded block (None, None: stop); the bridge
     errors since the last call."""

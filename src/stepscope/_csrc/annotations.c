@@ -29,7 +29,7 @@ static Py_ssize_t max_spans = 0;    /* 0 = unbounded */
 static Py_ssize_t dropped = 0;
 static RecordFunction open_head = {0};  /* sentinel of the open-span list */
 static PyObject *decorate = NULL;   /* Python callable(name, args, fn) -> wrapper */
-static PyObject *bridge_enter = NULL; /* callable(name) -> handle, set while torch records */
+static PyObject *bridge_enter = NULL; /* callable(name, args) -> handle, set while torch records */
 static PyObject *bridge_exit = NULL;  /* callable(handle) */
 static Py_ssize_t bridge_errors = 0;
 
@@ -140,7 +140,8 @@ static PyObject *rf_enter(RecordFunction *self, PyObject *unused) {
     /* Another profiler records (torch's, see collectors/torch.py): open its record_function
        too, whether or not a stepscope window records. */
     if (bridge_enter != NULL && self->bridge_handle == NULL) {
-        self->bridge_handle = PyObject_CallOneArg(bridge_enter, self->name);
+        PyObject *bridge_args[2] = {self->name, self->args != NULL ? self->args : Py_None};
+        self->bridge_handle = PyObject_Vectorcall(bridge_enter, bridge_args, 2, NULL);
         if (self->bridge_handle == NULL) {
             bridge_failed();
         }

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, cast, overloa
 from stepscope import clock
 from stepscope._ext import NativeModule, native
 from stepscope.collectors.base import Collector, WindowContext
+from stepscope.collectors.compiled import register_with_dynamo
 from stepscope.trace.model import TraceBuilder
 
 STEP_SPAN = "ProfilerStep#"
@@ -41,7 +42,8 @@ OPEN_FLAG = "stepscope.open_at_window_end"
 SpanTuple = tuple[str, Any, int, int, int]
 
 
-Bridge = tuple[Callable[[str], Any], Callable[[Any], Any]]
+Bridge = tuple[Callable[[str, Any], Any], Callable[[Any], Any]]
+"""Another profiler's span per block: ``enter(name, args) -> handle`` and ``exit(handle)``."""
 
 
 class _Backend(Protocol):
@@ -156,6 +158,10 @@ class PyRecordFunction:
         self._tid = 0
         self._bridge_handle: Any = None
 
+    def __new__(cls, name: str, args: Any = None) -> PyRecordFunction:
+        # A __new__ of its own, for torch.compile to substitute (collectors/compiled.py).
+        return object.__new__(cls)
+
     def __enter__(self) -> PyRecordFunction:
         backend = _python_backend
         if backend.active and not self._open:
@@ -168,7 +174,7 @@ class PyRecordFunction:
         # record_function too, whether or not a stepscope window records.
         if backend.bridge is not None and self._bridge_handle is None:
             try:
-                self._bridge_handle = backend.bridge[0](self.name)
+                self._bridge_handle = backend.bridge[0](self.name, self.args)
             except Exception:
                 backend.bridge_failed()
         return self
@@ -262,6 +268,7 @@ else:
     record_function = PyRecordFunction
     default_backend = _python_backend
 python_backend: _Backend = _python_backend
+register_with_dynamo(record_function, PyRecordFunction)
 
 
 def is_recording() -> bool:

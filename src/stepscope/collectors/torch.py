@@ -6,9 +6,10 @@ into the window's trace on stepscope's clock.  Kineto stamps events with the wal
 (``CLOCK_REALTIME``); the offset between that and stepscope's clock is measured when recording
 starts, so torch ops land inside the stepscope spans that enclosed them.
 
-While torch records with a device activity, ``stepscope.record_function`` also opens torch's
-``record_function``, so annotations appear on the GPU timeline; their CPU-side copies in torch's
-result are dropped in the merge (stepscope's own spans stand for them).
+While torch records with a device activity, or torch's own profiler or execution trace observer
+records, ``stepscope.record_function`` also opens torch's ``record_function`` (the bridge), so
+annotations appear on the GPU timeline and in the execution trace; their CPU-side copies in
+torch's result are dropped in the merge, and their ids go onto stepscope's own spans.
 """
 
 from __future__ import annotations
@@ -25,15 +26,19 @@ from stepscope.activity import ProfilerActivity
 from stepscope.collectors import import_watch
 from stepscope.collectors.annotations import default_backend
 from stepscope.collectors.base import Collector, WindowContext
+from stepscope.collectors.compiled import torch_args
 from stepscope.trace.chrome_reader import read_chrome_trace
 from stepscope.trace.model import Trace, TraceBuilder
 
 __all__ = [
     "TorchCollector",
     "advance_kineto_step",
+    "bridged_names",
     "install_torch_profiler_hooks",
+    "take_bridge_errors",
     "torch_available",
     "torch_installed",
+    "want_bridge",
 ]
 
 DEVICE_NAMES = {
@@ -46,6 +51,11 @@ DEVICE_NAMES = {
 # Metadata torch writes that stepscope writes itself (or must not take from torch).
 TORCH_OWN_KEYS = frozenset({"trace_id", "traceName"})
 
+
+PYTHON_CATEGORY = "python_function"
+MODULE_PREFIX = "nn.Module: "
+MODULE_ID_BASE = 1 << 40
+"""Added to the ``Python id`` of torch's module frames (stepscope's tracer counts from 1)."""
 
 FLOPS_KEY = "stepscope_flops"
 """Trace metadata: ``{External id: flops}`` of torch's ops (Kineto's JSON leaves FLOPs out)."""
@@ -108,13 +118,17 @@ class TorchCollector(Collector):
         profile_memory: bool = False,
         with_flops: bool = False,
         with_modules: bool = False,
+        module_frames: bool = False,
         experimental_config: Any = None,
         bridge_annotations: bool | None = None,
         activity_filters: dict[str, list[str]] | None = None,
         post_processing_timeout_s: float | None = None,
         implied: Iterable[str] = (),
     ) -> None:
-        """``implied``: options stepscope turned on for its own needs, not the user's."""
+        """``implied``: options stepscope turned on for its own needs, not the user's.
+        ``module_frames``: torch's Python tracer runs too, for its ``nn.Module: X_n`` frames
+        (TensorBoard's Module view); its other frames are dropped (stepscope's tracer has them).
+        """
         self._autograd_profiler: Any = None
         self._implied = frozenset(implied)
         acts = set(activities)
@@ -130,6 +144,7 @@ class TorchCollector(Collector):
             "with_modules": with_modules,
             "experimental_config": experimental_config,
         }
+        self.module_frames = module_frames
         self.activity_filters = dict(activity_filters or {})
         """``{activity name: [event type names]}``: torch records only those types."""
         self.post_processing_timeout_s = post_processing_timeout_s
@@ -138,7 +153,6 @@ class TorchCollector(Collector):
         )
         self._prof: Any = None
         self._offset_ns = 0
-        self._bridged: set[str] = set()
         self._ctx: WindowContext | None = None
         self._phase = "idle"  # idle -> prepared -> recording -> idle (stop)
         self._waiting = False  # for the program to import torch
@@ -187,7 +201,8 @@ class TorchCollector(Collector):
             use_cpu=self.use_cpu,
             use_device=self.use_device,
             use_kineto=True,
-            with_stack=False,  # Python frames come from stepscope's own tracer
+            # Python frames come from stepscope's own tracer; torch's only for module frames
+            with_stack=self.module_frames,
             acc_events=False,
             post_processing_timeout_s=self.post_processing_timeout_s,
             activity_filters=self._torch_filters(),
@@ -211,19 +226,9 @@ class TorchCollector(Collector):
             _own_session = False
         self._started = True
         self._offset_ns = _wall_offset_ns()
-        self._bridged = set()
+        bridged_names.clear()
         if self.bridge_annotations:
-            default_backend.set_bridge((self._bridge_enter, self._bridge_exit))
-
-    def _bridge_enter(self, name: str) -> Any:
-        self._bridged.add(name)
-        handle: Any = self._autograd_profiler.record_function(name)
-        handle.__enter__()
-        return handle
-
-    @staticmethod
-    def _bridge_exit(handle: Any) -> None:
-        handle.__exit__(None, None, None)
+            want_bridge(BRIDGE_FOR_COLLECTOR, True)
 
     def stop(self, ctx: WindowContext) -> None:
         """Stop torch's profiler (synchronizing the device, as torch does)."""
@@ -233,9 +238,10 @@ class TorchCollector(Collector):
             self._note_torch_never_came(ctx)
             return
         if self.bridge_annotations:
-            errors = default_backend.set_bridge(None)
-            if errors:
-                ctx.metadata["stepscope_torch_bridge_errors"] = errors
+            want_bridge(BRIDGE_FOR_COLLECTOR, False)
+        errors = take_bridge_errors()
+        if errors:
+            ctx.metadata["stepscope_torch_bridge_errors"] = errors
         if self._prof is not None:
             self._prof.__exit__(None, None, None)
 
@@ -252,7 +258,11 @@ class TorchCollector(Collector):
             trace = read_chrome_trace(tmp, drop_kineto_bookkeeping=True)
         finally:
             os.unlink(tmp)
-        skip_spans = self._duplicate_annotations(trace) if self._bridged else set()
+        skip_spans = self._duplicate_annotations(trace) if bridged_names else set()
+        if skip_spans:
+            self._take_torch_ids(builder, trace, skip_spans)
+        if self.module_frames:
+            skip_spans |= self._add_module_frames(builder, trace)
         skip_meta = self._own_names(trace, ctx.pid)
         builder.add_trace(
             trace, time_offset_ns=-self._offset_ns, skip_spans=skip_spans, skip_meta=skip_meta
@@ -270,8 +280,74 @@ class TorchCollector(Collector):
         return {
             i
             for i in range(len(trace.spans))
-            if strings[cats[i]] == "user_annotation" and strings[names[i]] in self._bridged
+            if strings[cats[i]] == "user_annotation" and strings[names[i]] in bridged_names
         }
+
+    def _add_module_frames(self, builder: TraceBuilder, trace: Trace) -> set[int]:
+        """Add torch's ``nn.Module`` frames, each the child of the module that called it (the
+        tree TensorBoard's Module view walks); returns every torch Python frame to leave out.
+
+        Their ``Python id`` is offset so that it cannot collide with stepscope's tracer's ids.
+        """
+        spans, strings = trace.spans, trace.strings
+        frames = [i for i in range(len(spans)) if strings[spans["cat"][i]] == PYTHON_CATEGORY]
+        parent: dict[int, int | None] = {}
+        modules: list[tuple[int, Any]] = []
+        for i in frames:
+            args = trace.args_at(spans["args"][i]) or {}
+            py_id = args.get("Python id")
+            if not isinstance(py_id, int):
+                continue
+            parent[py_id] = args.get("Python parent id")
+            if strings[spans["name"][i]].startswith(MODULE_PREFIX):
+                modules.append((i, args))
+        module_ids = {args["Python id"] for _, args in modules}
+        shift = trace.base_time_ns - builder.base_time_ns - self._offset_ns
+        for i, args in modules:
+            above = parent.get(args["Python id"])
+            while above is not None and above not in module_ids:
+                above = parent.get(above)
+            builder.span(
+                strings[spans["name"][i]],
+                PYTHON_CATEGORY,
+                trace.label(spans["pid"][i]),
+                trace.label(spans["tid"][i]),
+                spans["start_ns"][i] + shift,
+                spans["dur_ns"][i],
+                {
+                    "Python id": MODULE_ID_BASE + args["Python id"],
+                    "Python parent id": None if above is None else MODULE_ID_BASE + above,
+                    "Python module id": args.get("Python module id"),
+                },
+            )
+        return set(frames)
+
+    def _take_torch_ids(self, builder: TraceBuilder, trace: Trace, copies: set[int]) -> None:
+        """Give each stepscope annotation the args of torch's copy of it (``Record function id``,
+        ``External id``, shapes): the ids the execution trace and torch's events know it by."""
+        shift = trace.base_time_ns - builder.base_time_ns - self._offset_ns
+        annotation = builder.intern("user_annotation")
+        own: dict[tuple[int, int], list[int]] = {}
+        cats, names, tids = (builder.span_column(c) for c in ("cat", "name", "tid"))
+        starts, durs = builder.span_column("start_ns"), builder.span_column("dur_ns")
+        for row in range(builder.span_rows):
+            if cats[row] == annotation:
+                own.setdefault((names[row], tids[row]), []).append(row)
+        spans, strings = trace.spans, trace.strings
+        for i in sorted(copies, key=lambda k: spans["start_ns"][k]):
+            args = trace.args_at(spans["args"][i])
+            key = (
+                builder.intern(strings[spans["name"][i]]),
+                builder.encode_label(trace.label(spans["tid"][i])),
+            )
+            rows = own.get(key)
+            if not args or not rows:
+                continue
+            start = spans["start_ns"][i] + shift
+            end = start + spans["dur_ns"][i]
+            row = min(rows, key=lambda r: abs(starts[r] - start) + abs(starts[r] + durs[r] - end))
+            rows.remove(row)
+            builder.set_span_args(row, {**args, **(builder.span_args(row) or {})})
 
     @staticmethod
     def _own_names(trace: Trace, pid: int) -> set[int]:
@@ -308,23 +384,28 @@ class TorchCollector(Collector):
         self._stop_waiting()
         self._phase = "idle"
         if self._prof is not None:
-            default_backend.set_bridge(None)
+            want_bridge(BRIDGE_FOR_COLLECTOR, False)
             try:
                 self._prof.__exit__(None, None, None)
             finally:
                 self._prof = None
 
 
-# -- torch's own profiler (torch.profiler.profile, dynolog on-demand tracing) -------------------
-_own_session = False  # True while a TorchCollector starts torch's profiler
-_hooked_bridge = False  # the record_function bridge is set for torch's own profiler
-STEP_TRACKER_NAME = "stepscope.profile"
+# -- the record_function bridge: stepscope's annotations opened in torch too --------------------
+BRIDGE_FOR_COLLECTOR = "a stepscope window records torch with a device"
+BRIDGE_FOR_TORCH_PROFILER = "torch's own profiler records"
+BRIDGE_FOR_EXECUTION_TRACE = "torch's execution trace observer records"
+_bridge_reasons: set[str] = set()
+_bridge_errors = 0
+bridged_names: set[str] = set()
+"""Names of the blocks opened in torch too (their copies in torch's trace are duplicates)."""
 
 
-def _torch_bridge_enter(name: str) -> Any:
+def _torch_bridge_enter(name: str, args: Any) -> Any:
     import torch.autograd.profiler as autograd_profiler
 
-    handle: Any = autograd_profiler.record_function(name)
+    bridged_names.add(name)
+    handle: Any = autograd_profiler.record_function(name, torch_args(args))
     handle.__enter__()
     return handle
 
@@ -333,20 +414,40 @@ def _torch_bridge_exit(handle: Any) -> None:
     handle.__exit__(None, None, None)
 
 
+def want_bridge(reason: str, on: bool) -> None:
+    """Turn one reason to bridge on or off; the bridge is set while any reason holds."""
+    global _bridge_errors
+    if on:
+        _bridge_reasons.add(reason)
+    else:
+        _bridge_reasons.discard(reason)
+    bridge = (_torch_bridge_enter, _torch_bridge_exit) if _bridge_reasons else None
+    _bridge_errors += default_backend.set_bridge(bridge)
+
+
+def take_bridge_errors() -> int:
+    """Bridge failures since the last call (each switched the bridge off until set again)."""
+    global _bridge_errors
+    errors = default_backend.set_bridge(
+        (_torch_bridge_enter, _torch_bridge_exit) if _bridge_reasons else None
+    )
+    errors, _bridge_errors = errors + _bridge_errors, 0
+    return errors
+
+
+# -- torch's own profiler (torch.profiler.profile, dynolog on-demand tracing) -------------------
+_own_session = False  # True while a TorchCollector starts torch's profiler
+STEP_TRACKER_NAME = "stepscope.profile"
+
+
 def _on_torch_profiler_start() -> None:
     """torch's profiler started outside stepscope: stepscope's annotations join its trace."""
-    global _hooked_bridge
-    if _own_session:
-        return
-    default_backend.set_bridge((_torch_bridge_enter, _torch_bridge_exit))
-    _hooked_bridge = True
+    if not _own_session:
+        want_bridge(BRIDGE_FOR_TORCH_PROFILER, True)
 
 
 def _on_torch_profiler_stop() -> None:
-    global _hooked_bridge
-    if _hooked_bridge:
-        _hooked_bridge = False
-        default_backend.set_bridge(None)
+    want_bridge(BRIDGE_FOR_TORCH_PROFILER, False)
 
 
 def install_torch_profiler_hooks() -> None:
@@ -377,6 +478,34 @@ def install_torch_profiler_hooks() -> None:
     autograd_profiler._run_on_profiler_stop = hooked_stop
     if getattr(autograd_profiler, "_is_profiler_enabled", False):
         _on_torch_profiler_start()
+    _follow_execution_trace()
+
+
+def _follow_execution_trace() -> None:
+    """Bridge while torch's execution trace observer records, so that each
+    ``stepscope.record_function`` block is a node of the execution trace, as torch's are.
+
+    torch's ``ExecutionTraceObserver.start`` / ``stop`` call ``_enable_execution_trace_observer``
+    / ``_disable_execution_trace_observer`` of ``torch.profiler.profiler``: stepscope chains its
+    hooks after them, as for the profiler's start and stop.
+    """
+    module = sys.modules.get("torch.profiler.profiler")
+    enable = getattr(module, "_enable_execution_trace_observer", None)
+    disable = getattr(module, "_disable_execution_trace_observer", None)
+    if enable is None or disable is None or getattr(enable, "_stepscope_hook", False):
+        return
+
+    def hooked_enable() -> None:
+        enable()
+        want_bridge(BRIDGE_FOR_EXECUTION_TRACE, True)
+
+    def hooked_disable() -> None:
+        disable()
+        want_bridge(BRIDGE_FOR_EXECUTION_TRACE, False)
+
+    hooked_enable._stepscope_hook = True  # type: ignore[attr-defined]
+    module._enable_execution_trace_observer = hooked_enable  # type: ignore[union-attr]
+    module._disable_execution_trace_observer = hooked_disable  # type: ignore[union-attr]
 
 
 def advance_kineto_step(phase: str) -> None:

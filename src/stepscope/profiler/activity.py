@@ -3,11 +3,48 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterable, Mapping
 
 from stepscope.activity import ProfilerActivity, coerce_activities
 from stepscope.collectors.torch import torch_installed
 
-__all__ = ["ProfilerActivity", "coerce_activities", "kineto_available", "supported_activities"]
+__all__ = [
+    "EVENT_TYPES",
+    "ProfilerActivity",
+    "coerce_activities",
+    "kineto_available",
+    "split_activity_filters",
+    "supported_activities",
+]
+
+_DEVICE_TYPES = ("GPU_MEMCPY", "GPU_MEMSET", "CONCURRENT_KERNEL")
+EVENT_TYPES: dict[str, frozenset[str]] = {
+    "CPU": frozenset(
+        {
+            "CPU_OP",
+            "CPU_INSTANT_EVENT",
+            "USER_ANNOTATION",
+            "EXTERNAL_CORRELATION",
+            "XPU_RUNTIME",
+            "XPU_DRIVER",
+            "CUDA_RUNTIME",
+            "CUDA_DRIVER",
+            "PYTHON_FUNCTION",
+            "PRIVATEUSE1_RUNTIME",
+            "PRIVATEUSE1_DRIVER",
+        }
+    ),
+    "CUDA": frozenset(
+        {*_DEVICE_TYPES, "GPU_USER_ANNOTATION", "CUDA_RUNTIME", "CUDA_DRIVER", "OVERHEAD"}
+    ),
+    "XPU": frozenset({*_DEVICE_TYPES, "XPU_RUNTIME", "XPU_DRIVER"}),
+    "MTIA": frozenset({"MTIA_CCP_EVENTS", "MTIA_RUNTIME", "MTIA_INSIGHT", "MTIA_COUNTERS"}),
+    "HPU": frozenset({"HPU_OP"}),
+    "PrivateUse1": frozenset(
+        {*_DEVICE_TYPES, "GPU_USER_ANNOTATION", "PRIVATEUSE1_RUNTIME", "PRIVATEUSE1_DRIVER"}
+    ),
+}
+"""The event types torch's profiler records for each activity: what a dict filter may name."""
 
 
 def kineto_available() -> bool:
@@ -28,3 +65,63 @@ def supported_activities() -> set[ProfilerActivity]:
             if name in ProfilerActivity.__members__:
                 found.add(ProfilerActivity[name])
     return found
+
+
+def split_activity_filters(
+    activities: Iterable[object] | None,
+) -> tuple[list[object] | None, dict[str, list[str]]]:
+    """torch's mixed activity list: plain activities, and ``{activity: [type names]}`` filters.
+
+    Returns the activities and the filters keyed by activity name; an activity named twice is
+    a ``ValueError`` (as in torch).
+    """
+    if activities is None or isinstance(activities, (str, bytes)):
+        return activities, {}  # type: ignore[return-value]  # coerce_activities says why
+    if not isinstance(activities, Iterable):
+        raise TypeError(
+            f"activities must be an iterable of ProfilerActivity values, got {activities!r}"
+        )
+    plain: list[object] = []
+    filters: dict[str, list[str]] = {}
+    seen: set[str] = set()
+
+    def note(activity: object) -> str:
+        name = activity if isinstance(activity, str) else getattr(activity, "name", None)
+        if not isinstance(name, str):
+            raise TypeError(f"Expected ProfilerActivity or dict, got {type(activity)}")
+        if name in seen:
+            raise ValueError(f"Activity {activity} specified more than once")
+        seen.add(name)
+        return name
+
+    for item in activities:
+        if isinstance(item, Mapping):
+            for activity, types in item.items():
+                name = note(activity)
+                if name not in EVENT_TYPES:  # CPU and the devices
+                    raise ValueError(
+                        f"activity filters select torch's event types; {name} is recorded by "
+                        "stepscope itself and takes no filter: list it without a dict"
+                    )
+                if isinstance(types, (str, bytes)) or not isinstance(types, Iterable):
+                    raise TypeError(
+                        f"the filter of {name} must be a list of activity type names, got {types!r}"
+                    )
+                filters[name] = [str(t) for t in types]
+                _check_event_types(name, filters[name])
+                plain.append(activity)
+        else:
+            note(item)
+            plain.append(item)
+    return plain, filters
+
+
+def _check_event_types(activity: str, types: list[str]) -> None:
+    """torch's check of a dict filter, made when the profile is built (not when it starts)."""
+    known = EVENT_TYPES.get(activity, frozenset())
+    for name in types:
+        if name not in known:
+            raise RuntimeError(
+                f"Unknown or non-member activity type name: {name!r}; the event types of "
+                f"{activity} are {', '.join(sorted(known))}"
+            )

@@ -21,6 +21,7 @@ import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from stepscope.jsonenc import json_bytes
 from stepscope.trace.model import Trace
 from stepscope.trace.nesting import DEVICE_CATEGORIES, Nesting, group_name, nest_spans
 
@@ -28,6 +29,8 @@ if TYPE_CHECKING:
     from stepscope.profiler.summary import KeyAverages, RowAverage
 
 log = logging.getLogger("stepscope")
+torch_log = logging.getLogger("torch.autograd.profiler")
+"""Where torch logs its post-processing timeout: programs watching it see stepscope's too."""
 
 __all__ = [
     "DeviceType",
@@ -311,6 +314,20 @@ class FunctionEvent(TorchTimeNames):
         self._self_ns = dur_ns
         self.span_index = -1
         """The span's row in its window's ``Trace`` (-1 for ``[memory]`` events)."""
+        self.event_metadata: Any = None
+        """torch's structured collective metadata (stepscope keeps it in ``args``)."""
+
+    @property
+    def metadata_json(self) -> str:
+        """Deprecated (as in torch): the event's args as JSON members, as Kineto writes them."""
+        warnings.warn(
+            "`metadata_json` is deprecated. Use `event_metadata` instead.",
+            FutureWarning,
+            stacklevel=2,
+        )
+        if not self.args:
+            return ""
+        return json_bytes(dict(self.args)).decode()[1:-1]
 
     # -- times (µs), as torch computes them ------------------------------------------------
     @property
@@ -569,9 +586,9 @@ def function_events(
         by_external: dict[int, FunctionEvent] = {}
         for i in range(len(spans)):
             if deadline is not None and time.monotonic() >= deadline:
-                log.warning(
-                    "stepscope: events() timed out after %ss (post_processing_timeout_s); "
-                    "returning partial results: %d events",
+                torch_log.warning(
+                    "stepscope: events() timed out after %.3f seconds "
+                    "(post_processing_timeout_s), returning partial results with %d events",
                     timeout_s,
                     len(out),
                 )

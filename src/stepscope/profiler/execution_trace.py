@@ -12,6 +12,8 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import tempfile
+import warnings
 from typing import Any
 
 from stepscope import clock
@@ -24,6 +26,8 @@ from stepscope.trace.nesting import nest_spans
 __all__ = ["ExecutionTraceCollector", "ExecutionTraceObserver"]
 
 SCHEMA = "1.1.1-chakra.0.0.4"
+ENV_ENABLE = "ENABLE_PYTORCH_EXECUTION_TRACE"
+ENV_EXTRAS = "ENABLE_PYTORCH_EXECUTION_TRACE_EXTRAS"
 ROOT_NAME = "[pytorch|profiler|execution_trace|process]"
 
 
@@ -45,6 +49,72 @@ class ExecutionTraceObserver:
         self._torch_observer: Any = None
         self._nodes: list[dict[str, Any]] = []
         self._start_ts = 0
+        self.extra_resources_collection = False
+        """Whether the files that make the trace replayable (generated kernels) are kept in
+        ``get_resources_dir()``."""
+        self.resources_dir = ""
+
+    @staticmethod
+    def build_execution_trace_obs_from_env() -> ExecutionTraceObserver | None:
+        """An observer writing to a new temporary file when ``ENABLE_PYTORCH_EXECUTION_TRACE=1``
+        (with extra resources when ``ENABLE_PYTORCH_EXECUTION_TRACE_EXTRAS=1``), else None."""
+        if os.environ.get(ENV_ENABLE, "0") != "1":
+            return None
+        try:
+            fd, path = tempfile.mkstemp(suffix=".et.json")
+            os.close(fd)
+        except OSError as exc:
+            warnings.warn(
+                f"{ENV_ENABLE}=1 but no temporary file for the execution trace could be made "
+                f"({exc}); set TMPDIR to a writable folder",
+                stacklevel=2,
+            )
+            return None
+        observer = ExecutionTraceObserver().register_callback(path)
+        observer.set_extra_resource_collection(os.environ.get(ENV_EXTRAS, "0") == "1")
+        return observer
+
+    def set_extra_resource_collection(self, val: bool) -> None:
+        """Keep the generated kernels and other replay resources next to the trace file."""
+        self.extra_resources_collection = bool(val)
+        if self._torch_observer is not None:
+            self._torch_observer.set_extra_resource_collection(self.extra_resources_collection)
+        if self.extra_resources_collection:
+            self.get_resources_dir(can_create=True)
+
+    def get_resources_dir(self, can_create: bool = False) -> str | None:
+        """The folder of the replay resources (``<trace name>_resources`` beside the trace), or
+        None without ``set_extra_resource_collection(True)`` or when it cannot be made."""
+        if self._torch_observer is not None:
+            found: str | None = self._torch_observer.get_resources_dir(can_create=can_create)
+            return found
+        if not self.extra_resources_collection:
+            return None
+        if not self.resources_dir:
+            made = self.get_resources_dir_for_et_path(self._output_file_path, can_create)
+            if made is None:
+                return None
+            self.resources_dir = made
+        return self.resources_dir
+
+    @staticmethod
+    def get_resources_dir_for_et_path(trace_path: str, create_dir: bool = False) -> str | None:
+        """``<trace name>_resources`` beside ``trace_path`` if it exists (or was made)."""
+        folder, name = os.path.split(trace_path)
+        resources = os.path.join(folder, os.path.splitext(name)[0] + "_resources")
+        if os.path.isdir(resources):
+            return resources
+        if not create_dir:
+            return None
+        try:
+            os.mkdir(resources)
+        except OSError as exc:
+            warnings.warn(
+                f"the execution trace resources folder {resources} could not be made ({exc})",
+                stacklevel=2,
+            )
+            return None
+        return resources
 
     def __del__(self) -> None:
         with contextlib.suppress(Exception):  # never raise from a finalizer
@@ -64,6 +134,8 @@ class ExecutionTraceObserver:
             from torch.profiler import ExecutionTraceObserver as TorchObserver
 
             self._torch_observer = TorchObserver().register_callback(output_file_path)
+            if self.extra_resources_collection:
+                self._torch_observer.set_extra_resource_collection(True)
         self._registered = True
         return self
 
@@ -88,6 +160,11 @@ class ExecutionTraceObserver:
         """Whether the observer is recording now."""
         return self._running
 
+    @property
+    def _execution_trace_running(self) -> bool:
+        """torch's name of ``is_running()`` (torch's own tests read it)."""
+        return self._running
+
     def start(self) -> None:
         """Begin recording (called by the profile when a window starts recording)."""
         if self._registered and not self._running:
@@ -109,8 +186,8 @@ class ExecutionTraceObserver:
         self.unregister_callback()
 
     def get_output_file_path(self) -> str:
-        """The output path; an error before ``register_callback``."""
-        if self.is_registered:
+        """The output path (also once unregistered); an error before ``register_callback``."""
+        if self._output_file_path:
             return self._output_file_path
         raise RuntimeError(
             "A callback to the execution trace observer needs to be registered first "

@@ -25,7 +25,7 @@ from stepscope import clock, forks, steps
 from stepscope._version import __version__
 from stepscope.activity import ProfilerActivity, coerce_activities
 from stepscope.collectors import import_watch
-from stepscope.collectors.annotations import AnnotationCollector, record_function
+from stepscope.collectors.annotations import AnnotationCollector, emit_span, record_function
 from stepscope.collectors.base import Collector, WindowContext
 from stepscope.collectors.torch import (
     DEVICE_NAMES,
@@ -35,8 +35,9 @@ from stepscope.collectors.torch import (
 )
 from stepscope.distributed import distributed_info
 from stepscope.failures import failure_log
+from stepscope.profiler.activity import split_activity_filters
 from stepscope.profiler.events import EventList, function_events
-from stepscope.profiler.execution_trace import ExecutionTraceCollector
+from stepscope.profiler.execution_trace import ExecutionTraceCollector, ExecutionTraceObserver
 from stepscope.profiler.ranks import RankSync
 from stepscope.profiler.schedule import ProfilerAction, Schedule, action_at, default_schedule
 from stepscope.profiler.step_trigger import StepTrigger
@@ -126,6 +127,11 @@ class profile:
         if on_trace_ready is not None and not callable(on_trace_ready):
             raise TypeError(f"on_trace_ready must be callable, got {on_trace_ready!r}")
         self.schedule: Schedule = schedule or default_schedule
+        self._step_zero_at: int | None = None
+        """Without a schedule, when step 0 began: its span is kept only once ``step()`` is
+        called (torch records no ``ProfilerStep`` without a schedule; a loop that steps gets
+        its steps)."""
+        self._mark_steps_from_start = schedule is not None
         self.on_trace_ready = on_trace_ready
         self.record_shapes = record_shapes
         self.profile_memory = profile_memory
@@ -133,7 +139,10 @@ class profile:
         self.with_flops = with_flops
         self.with_modules = with_modules
         self.experimental_config = experimental_config
-        self.execution_trace_observer = execution_trace_observer
+        self.execution_trace_observer = (
+            execution_trace_observer or ExecutionTraceObserver.build_execution_trace_obs_from_env()
+        )
+        """The observer given, or (as torch) one from ``ENABLE_PYTORCH_EXECUTION_TRACE=1``."""
         if not isinstance(acc_events, bool):
             raise TypeError(f"acc_events must be a bool, got {acc_events!r}")
         self.acc_events = acc_events
@@ -202,6 +211,7 @@ class profile:
                     profile_memory=self.profile_memory,
                     with_flops=self.with_flops,
                     with_modules=self.with_modules,
+                    module_frames=self.with_modules and self.with_stack,
                     experimental_config=self.experimental_config,
                     activity_filters=self.activity_filters,
                     post_processing_timeout_s=self.post_processing_timeout_s,
@@ -342,7 +352,8 @@ class profile:
         """Mark the end of the current step and the start of the next one."""
         if self._left_in_child:
             return
-        self._close_step_span()
+        self._close_step_span(stepping=True)
+        self._mark_steps_from_start = True
         previous = self.current_action
         self.step_num += 1
         action = action_at(self.schedule, self.step_num)
@@ -382,15 +393,22 @@ class profile:
             action()
 
     def _open_step_span(self) -> None:
-        if self.current_action in RECORDING:
-            span = record_function(f"{STEP_SPAN_PREFIX}{self.step_num}")
-            span.__enter__()
-            self._step_span = span
+        if self.current_action not in RECORDING:
+            return
+        if not self._mark_steps_from_start:
+            self._step_zero_at = clock.now_ns()
+            return
+        span = record_function(f"{STEP_SPAN_PREFIX}{self.step_num}")
+        span.__enter__()
+        self._step_span = span
 
-    def _close_step_span(self) -> None:
+    def _close_step_span(self, stepping: bool = False) -> None:
         span, self._step_span = self._step_span, None
         if span is not None:
             span.__exit__(None, None, None)
+        started, self._step_zero_at = self._step_zero_at, None
+        if started is not None and stepping:
+            emit_span(f"{STEP_SPAN_PREFIX}{self.step_num}", started, clock.now_ns())
 
     # -- window actions ------------------------------------------------------------------------
     def _guarded(self, collector: Collector, phase: str, fn: Callable[[], Any]) -> None:
@@ -706,54 +724,6 @@ def _parse_json(key: str, value: str) -> Any:
             f"metadata {key!r}: value is not valid JSON ({exc.msg} at column {exc.colno}): "
             f"{value!r:.80}; use add_metadata() for plain strings"
         ) from None
-
-
-def split_activity_filters(
-    activities: Iterable[object] | None,
-) -> tuple[list[object] | None, dict[str, list[str]]]:
-    """torch's mixed activity list: plain activities, and ``{activity: [type names]}`` filters.
-
-    Returns the activities and the filters keyed by activity name; an activity named twice is
-    a ``ValueError`` (as in torch).
-    """
-    if activities is None or isinstance(activities, (str, bytes)):
-        return activities, {}  # type: ignore[return-value]  # coerce_activities says why
-    if not isinstance(activities, Iterable):
-        raise TypeError(
-            f"activities must be an iterable of ProfilerActivity values, got {activities!r}"
-        )
-    plain: list[object] = []
-    filters: dict[str, list[str]] = {}
-    seen: set[str] = set()
-
-    def note(activity: object) -> str:
-        name = activity if isinstance(activity, str) else getattr(activity, "name", None)
-        if not isinstance(name, str):
-            raise TypeError(f"Expected ProfilerActivity or dict, got {type(activity)}")
-        if name in seen:
-            raise ValueError(f"Activity {activity} specified more than once")
-        seen.add(name)
-        return name
-
-    for item in activities:
-        if isinstance(item, Mapping):
-            for activity, types in item.items():
-                name = note(activity)
-                if name not in ("CPU", *(a.name for a in DEVICE_ACTIVITIES)):
-                    raise ValueError(
-                        f"activity filters select torch's event types; {name} is recorded by "
-                        "stepscope itself and takes no filter: list it without a dict"
-                    )
-                if isinstance(types, (str, bytes)) or not isinstance(types, Iterable):
-                    raise TypeError(
-                        f"the filter of {name} must be a list of activity type names, got {types!r}"
-                    )
-                filters[name] = [str(t) for t in types]
-                plain.append(activity)
-        else:
-            note(item)
-            plain.append(item)
-    return plain, filters
 
 
 def _checked_experimental_config(config: Any, with_stack: bool) -> Any:

@@ -39,6 +39,7 @@ __all__ = [
 ]
 
 CHUNK_EVENTS = 32768
+MAX_EXACT_INT = 2**53  # the largest float whose integer part is exact
 RESERVED_KEYS = frozenset(
     {
         "schemaVersion",
@@ -61,6 +62,14 @@ class WriteStats:
     path: str
     events: int
     bytes_written: int
+
+
+def _counter_values(values: Mapping[str, float]) -> dict[str, float | int]:
+    """Whole-number series as JSON integers (byte counts): readers such as HTA's validator
+    reject a float where the format has an integer, and accept an integer anywhere."""
+    return {
+        k: int(v) if v.is_integer() and abs(v) <= MAX_EXACT_INT else v for k, v in values.items()
+    }
 
 
 def _micros(ns: int) -> str:
@@ -260,7 +269,7 @@ def _event_chunks(
                 json_bytes(event.pid),
                 json_bytes(event.tid),
                 _micros(event.ts_ns + shift).encode(),
-                json_bytes(event.values),
+                json_bytes(_counter_values(event.values)),
             )
         )
         if len(out) >= CHUNK_EVENTS:

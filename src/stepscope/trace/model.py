@@ -456,6 +456,19 @@ class TraceBuilder:
         for dst, column in staged:
             dst.extend(column)
 
+    def span_column(self, column: str) -> array[Any]:
+        """One column of the spans appended so far (read it; append through ``span``)."""
+        return self._cols["spans"][column]
+
+    def set_span_args(self, row: int, args: Mapping[str, Any]) -> None:
+        """Replace the args of an appended span (a collector adding what another one knows)."""
+        self._cols["spans"]["args"][row] = self._add_args(args)
+
+    def span_args(self, row: int) -> Mapping[str, Any] | None:
+        """The args of an appended span."""
+        ref = self._cols["spans"]["args"][row]
+        return self._args[ref] if ref >= 0 else None
+
     def add_args(self, args: Mapping[str, Any]) -> int:
         """Store an args mapping and return its ref (for ``extend_spans``)."""
         return self._add_args(args)

@@ -1,0 +1,81 @@
+"""stepscope annotations inside torch.compile: no graph break, as torch's record_function."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from tests.test_annotations import record_function_of
+
+torch = pytest.importorskip("torch")
+dynamo = pytest.importorskip("torch._dynamo")
+
+import stepscope  # noqa: E402
+
+
+def annotated_with(make: Callable[..., Any]) -> Callable[[Any], Any]:
+    def body(x: Any) -> Any:
+        with make("## block ##", "1, 2"):
+            y = x.sin() + 1
+        return y.cos()
+
+    return body
+
+
+def counts(fn: Callable[[Any], Any]) -> tuple[int, int, list[int]]:
+    """(graphs compiled, graph breaks, ops in each graph) of one Dynamo trace of ``fn``."""
+    dynamo.reset()
+    explained = dynamo.explain(fn)(torch.randn(4))
+    ops = [len(graph_ops) for graph_ops in explained.ops_per_graph or []]
+    return explained.graph_count, explained.graph_break_count, ops
+
+
+def test_context_manager_compiles_like_torch(implementation: str) -> None:
+    make = record_function_of(implementation)
+    reference = counts(annotated_with(torch.profiler.record_function))
+    assert reference[:2] == (1, 0)  # torch's own annotation: one graph, no break
+    assert counts(annotated_with(make)) == reference
+    with stepscope.profile(torch_ops=False):  # a recording window changes nothing
+        assert counts(annotated_with(make)) == reference
+
+
+def test_decorator_and_fullgraph(implementation: str) -> None:
+    make = record_function_of(implementation)
+
+    def double(x: Any) -> Any:
+        return x * 2
+
+    inner = make("## decorated ##")(double)
+
+    def outer(x: Any) -> Any:
+        return inner(x) + 1
+
+    dynamo.reset()
+    x = torch.randn(8)
+    compiled = torch.compile(outer, backend="eager", fullgraph=True)
+    assert torch.equal(compiled(x), outer(x))
+    compiled_cm = torch.compile(annotated_with(make), backend="aot_eager", fullgraph=True)
+    assert torch.allclose(compiled_cm(x), annotated_with(make)(x))
+
+
+def compiled_event_names(make: Callable[..., Any]) -> list[str]:
+    """torch.profiler's event names for one call of the inductor-compiled body."""
+    dynamo.reset()
+    compiled = torch.compile(annotated_with(make))
+    x = torch.randn(16)
+    compiled(x)  # compile outside the profile
+    with torch.profiler.profile() as prof:
+        out = compiled(x)
+    assert torch.allclose(out, annotated_with(make)(x))
+    # the compiled graph's name carries a hash of its code
+    return sorted(re.sub(r"CompiledFxGraph \w+", "CompiledFxGraph", e.name) for e in prof.events())
+
+
+def test_inductor_runs_the_annotated_body_as_torch_does() -> None:
+    """One real inductor compile: torch.profiler sees the same events as with torch's own."""
+    names = compiled_event_names(stepscope.record_function)
+    assert "Torch-Compiled Region: 0/0" in names
+    assert names == compiled_event_names(torch.profiler.record_function)
