@@ -24,6 +24,8 @@ from stepscope.profiler.control_protocol import ControlError, pid_alive, socket_
 
 RATE_PROBE_S = 0.3
 """Time between the two looks at every rank's step, to learn how fast steps go."""
+NOTICE_S = 2.0
+"""After this long with no step boundary, say that the window is delayed (once)."""
 SEND_BUDGET_S = 1.0
 """Time allowed for every rank to take the request: the first step is that far ahead (at least
 two steps: one to warm up)."""
@@ -110,7 +112,7 @@ def _one(args: argparse.Namespace) -> int:
             return _sample(args)
         raise
     session = Session(path, _request(args))
-    done = session.wait(args.timeout, min(5.0, args.timeout), _notify(pid))
+    done = session.wait(args.timeout, min(NOTICE_S, args.timeout / 2), _notify(pid))
     return 0 if _report(pid, done) else 1
 
 
@@ -134,7 +136,7 @@ def _rank_listeners(args: argparse.Namespace) -> list[tuple[Path, dict[str, Any]
     jobs = {info["job"] for _, info in found}
     if len(jobs) > 1:
         raise ControlError(f"{directory} holds listeners of {len(jobs)} jobs; name one rank's PID")
-    return sorted(found, key=lambda item: (item[1].get("rank") or 0))
+    return sorted(found, key=lambda item: item[1].get("rank") or 0)
 
 
 def _first_step(listeners: list[tuple[Path, dict[str, Any]]]) -> int:
@@ -155,7 +157,7 @@ def _all_ranks(args: argparse.Namespace) -> int:
     for info, session in sessions:
         pid = int(info["pid"])
         try:
-            done = session.wait(args.timeout, min(5.0, args.timeout), _notify(pid))
+            done = session.wait(args.timeout, min(NOTICE_S, args.timeout / 2), _notify(pid))
         except ControlError as exc:
             print(f"stepscope attach: rank {info.get('rank')} ({pid}): {exc}", file=sys.stderr)
             status = 1

@@ -5,6 +5,7 @@ Only the standard library and ``control_protocol``: the client never loads the p
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import time
@@ -83,9 +84,18 @@ def _connect(path: Path) -> LineChannel:
     return LineChannel(conn)
 
 
+def _ask(channel: LineChannel, path: Path, message: dict[str, Any]) -> dict[str, Any]:
+    """Send ``message`` and read the answer (a listener that refuses may close before reading)."""
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+        channel.send(message)  # on failure, its refusal is still there to read
+    return _answer(channel, path)
+
+
 def _answer(channel: LineChannel, path: Path) -> dict[str, Any]:
     try:
         message = channel.receive()
+    except ConnectionResetError:
+        message = None
     except TimeoutError:
         raise ControlError(
             f"the process behind {path} did not answer within {ANSWER_TIMEOUT_S:g} s (busy in C "
@@ -102,8 +112,7 @@ def hello(path: Path) -> dict[str, Any]:
     """The listener's ``hello``: pid, current step, rank, job key, directory."""
     channel = _connect(path)
     with channel.conn:
-        channel.send({"op": "hello"})
-        return _answer(channel, path)
+        return _ask(channel, path, {"op": "hello"})
 
 
 class Session:
@@ -112,8 +121,7 @@ class Session:
     def __init__(self, path: Path, request: dict[str, Any]) -> None:
         self.path = path
         self.channel = _connect(path)
-        self.channel.send({"op": "record", **request})
-        self.accepted = _answer(self.channel, path)
+        self.accepted = _ask(self.channel, path, {"op": "record", **request})
         self.started: dict[str, Any] | None = None
 
     def wait(

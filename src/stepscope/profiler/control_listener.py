@@ -150,6 +150,7 @@ class Listener:
             channel.send({"event": "accepted", "step": self.session.current_step})
             self._follow(channel, request)
         finally:
+            request.told.set()
             request.close()
 
     def _follow(self, channel: LineChannel, request: WindowRequest) -> None:

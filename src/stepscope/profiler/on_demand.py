@@ -33,6 +33,8 @@ __all__ = ["LISTEN_ENV", "MAX_WINDOW_STEPS", "OnDemand", "WindowRequest", "liste
 
 LISTEN_ENV = "STEPSCOPE_LISTEN"
 STEP_ON_ENV = "STEPSCOPE_STEP_ON"
+EXIT_NOTICE_S = 1.0
+"""How long an exiting process waits for its listener to tell a waiting client why."""
 MAX_WINDOW_STEPS = 1000
 """Longest window one request may ask for (each window is held in memory until written)."""
 _failures = failure_log("collectors")
@@ -69,6 +71,8 @@ class WindowRequest:
     complete: bool = True
     reason: str = ""
     built: profile | None = None
+    told: threading.Event = field(default_factory=threading.Event)
+    """Set by the listener's thread once the client has the final answer."""
     wake: tuple[socket.socket, socket.socket] = field(default_factory=socket.socketpair)
     """A byte on ``wake[1]`` tells the listener's thread (reading ``wake[0]``) the state moved."""
 
@@ -294,7 +298,11 @@ class OnDemand:
             self.listener.close()
         if pending is not None:
             pending.move_to("failed", "the process exited before the window started")
+            pending.told.wait(EXIT_NOTICE_S)  # the listener's thread is a daemon: let it answer
+        window = self._window
         self.profile.stop()
+        if window is not None:
+            window.told.wait(EXIT_NOTICE_S)
 
     def __enter__(self) -> OnDemand:
         return self.start()
@@ -330,7 +338,5 @@ def listen_from_environment() -> OnDemand | None:
     try:
         return listen(None if step_on == "none" else step_on)
     except Exception as exc:
-        _failures.report(
-            "listen_error", LISTEN_ENV, exc, then="this process cannot be attached to"
-        )
+        _failures.report("listen_error", LISTEN_ENV, exc, then="this process cannot be attached to")
         return None

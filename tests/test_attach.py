@@ -1,0 +1,249 @@
+"""``stepscope attach``: real targets under ``stepscope run --on-demand``, attached to from outside.
+
+Steps are checked against the target's own clock readings: it notes ``time.time_ns()`` around
+every loop iteration, and each recorded ``ProfilerStep#k`` must begin in iteration k - 1 and end
+in iteration k.  The target's output is recomputed by the test from its step count.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from stepscope.profiler.control_client import Session
+from stepscope.profiler.control_protocol import ControlError
+from stepscope.trace.chrome import read_chrome_trace
+from tests.attach_helpers import (
+    ROOT,
+    Target,
+    assert_whole_steps,
+    attach,
+    child_env,
+    output_line,
+    traced_steps,
+    wait_for,
+)
+
+
+def _attach_twice(target: Target, out: Path, steps: int) -> list[list[tuple[int, int, int]]]:
+    windows = []
+    for _ in range(2):
+        done = attach(str(target.pid), "--steps", str(steps), "-o", str(out))
+        assert done.returncode == 0, done.stdout + done.stderr
+        lines = done.stdout.strip().splitlines()
+        assert len(lines) == 1 and f"{target.pid}: steps " in lines[0], lines
+        windows.append(traced_steps(lines[0].rsplit(": ", 1)[1]))
+    return windows
+
+
+def test_plain_loop_two_windows_of_whole_steps(tmp_path: Path) -> None:
+    target = Target(tmp_path, "plain", "--step-on", "attach_target:train_step")
+    try:
+        first, second = _attach_twice(target, tmp_path / "out", 3)
+        out, err, times = target.finish()
+    finally:
+        target.kill()
+    assert_whole_steps(first, times, 3)
+    assert_whole_steps(second, times, 3)
+    assert second[0][0] > first[-1][0]  # the second attach gets steps after the first window
+    output_line(out)
+    assert "2 on-demand trace(s)" in err
+
+
+def test_torch_loop_two_windows_with_ops(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    target = Target(tmp_path, "torch")
+    try:
+        windows = _attach_twice(target, tmp_path / "out", 2)
+        out, _, times = target.finish()
+    finally:
+        target.kill()
+    for steps in windows:
+        assert_whole_steps(steps, times, 2)
+    assert windows[1][0][0] > windows[0][-1][0]
+    output_line(out)
+    traces = sorted((tmp_path / "out").glob("*.pt.trace.json"))
+    assert len(traces) == 2
+    for path in traces:
+        trace = read_chrome_trace(path)
+        names = [trace.strings[n] for n in trace.spans["name"]]
+        # one forward (aten::linear) and one optimizer step per step, two steps per window
+        assert names.count("aten::linear") == 2, sorted(set(names))
+        assert sum(n.startswith("Optimizer.step#SGD.step") for n in names) == 2
+
+
+def test_second_request_while_recording_is_refused(tmp_path: Path) -> None:
+    target = Target(tmp_path, "plain", "--step-on", "attach_target:train_step")
+    try:
+        path = target.listen_dir / f"{target.pid}.sock"
+        request = {"steps": 40, "out": str(tmp_path / "out")}
+        first = Session(path, request)
+        with pytest.raises(ControlError, match="already recording"):
+            Session(path, request)
+        done = first.wait(120, 60, lambda text: None)
+        assert len(done["files"]) == 1
+        out, _, times = target.finish()
+    finally:
+        target.kill()
+    assert_whole_steps(traced_steps(done["files"][0]), times, 40)
+    output_line(out)
+
+
+def test_process_without_stepscope_one_line_then_py_spy(tmp_path: Path) -> None:
+    script = tmp_path / "plain.py"
+    script.write_text(
+        "import time\n"
+        "def spin_forever():\n"
+        "    while True:\n"
+        "        sum(i * i for i in range(10000))\n"
+        "print('ready', flush=True)\n"
+        "spin_forever()\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=child_env(tmp_path)
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+        done = attach(str(proc.pid), "--steps", "2", "-o", str(tmp_path / "out"))
+        assert done.returncode == 1
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and "is not attachable" in lines[0] and "--sample" in lines[0]
+        sampled = attach(str(proc.pid), "--sample", "1", "-o", str(tmp_path / "out"))
+        assert proc.poll() is None  # py-spy never stopped it
+    finally:
+        proc.kill()
+        proc.communicate()
+    if sampled.returncode != 0 and "py-spy" in sampled.stderr:
+        pytest.skip(f"py-spy cannot sample here: {sampled.stderr.strip()}")
+    assert sampled.returncode == 0, sampled.stderr
+    path = sampled.stdout.strip().rsplit(": ", 1)[1]
+    trace = read_chrome_trace(path)
+    samples = list(trace.iter_samples())
+    # the program does nothing but spin: nearly every sample of its main thread is in there
+    inside = [any("spin_forever" in f for f in s.stack) for s in samples if s.stack]
+    assert len(inside) >= 20 and sum(inside) >= 0.9 * len(inside), samples[:3]
+
+
+def test_delayed_and_timed_out_request_is_withdrawn(tmp_path: Path) -> None:
+    # the step source never fires (a function the loop never calls): nothing ever starts
+    target = Target(tmp_path, "plain", "--step-on", "attach_target:main_never_called")
+    try:
+        done = attach(str(target.pid), "--steps", "2", "--timeout", "3")
+        assert done.returncode == 1
+        notice, final = done.stderr.strip().splitlines()
+        assert "no step boundary for 1.5 s" in notice
+        assert "timed out after 3 s" in final and "withdrawn" in final
+        again = attach(str(target.pid), "--steps", "2", "--timeout", "2")  # not "already recording"
+        assert "timed out" in again.stderr
+        out, _, _ = target.finish()
+    finally:
+        target.kill()
+    output_line(out)
+
+
+def test_process_exit_during_wait_is_told(tmp_path: Path) -> None:
+    target = Target(tmp_path, "plain", "--step-on", "attach_target:main_never_called")
+    try:
+        path = target.listen_dir / f"{target.pid}.sock"
+        session = Session(path, {"steps": 2, "out": str(tmp_path / "out")})
+        target.stop_file.touch()
+        with pytest.raises(ControlError, match="exited before the window started"):
+            session.wait(60, 60, lambda text: None)
+        target.finish()
+    finally:
+        target.kill()
+    assert not path.exists()  # the listener removed its socket
+
+
+def _nobody_python() -> str:
+    """An interpreter user nobody can run: this one if it can, else the system's."""
+    for python in (sys.executable, "/usr/bin/python3"):
+        probe = subprocess.run(
+            ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", python, "-c", "1"],
+            capture_output=True,
+        )
+        if probe.returncode == 0:
+            return python
+    pytest.skip("no interpreter that user nobody can run")
+
+
+def test_other_user_is_refused_and_target_unaffected(tmp_path: Path) -> None:
+    if os.getuid() != 0:
+        pytest.skip("needs root to run a client as another user")
+    import shutil
+
+    if shutil.which("setpriv") is None:
+        pytest.skip("setpriv is not installed")
+    python = _nobody_python()
+    target = Target(tmp_path, "plain", "--step-on", "attach_target:train_step")
+    nobody = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", python]
+    env = {"PYTHONPATH": str(ROOT / "src"), "PATH": os.environ.get("PATH", "")}
+    # The tree is readable by all; the test's temporary directory is opened to let nobody reach
+    # the socket, so the listener's own check (SO_PEERCRED) is what refuses it.
+    for part in (tmp_path, *tmp_path.parents):
+        if part == Path("/"):
+            break
+        part.chmod(part.stat().st_mode | 0o011)
+    target.listen_dir.chmod(0o755)
+    (target.listen_dir / f"{target.pid}.sock").chmod(0o777)
+    try:
+        by_pid = subprocess.run(
+            [*nobody, "-m", "stepscope", "attach", str(target.pid), "--steps", "1"],
+            capture_output=True, text=True, env=env, timeout=120,
+        )  # fmt: skip
+        by_socket = subprocess.run(
+            [*nobody, "-m", "stepscope", "attach", "--job", str(target.listen_dir)],
+            capture_output=True, text=True, env=env, timeout=120,
+        )  # fmt: skip
+        target.listen_dir.chmod(0o700)
+        after = attach(str(target.pid), "--steps", "2", "-o", str(tmp_path / "out"))
+        out, _, times = target.finish()
+    finally:
+        target.kill()
+    for done, says in ((by_pid, "belongs to another user"), (by_socket, "uid 65534 may not")):
+        assert done.returncode == 1, done.stdout + done.stderr
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and says in lines[0], done.stderr
+    assert after.returncode == 0, after.stderr
+    assert_whole_steps(traced_steps(after.stdout.strip().rsplit(": ", 1)[1]), times, 2)
+    output_line(out)
+
+
+def test_listener_directory_open_to_others_is_refused(tmp_path: Path) -> None:
+    open_dir = tmp_path / "open"
+    open_dir.mkdir(mode=0o755)
+    open_dir.chmod(0o755)
+    script = tmp_path / "listen.py"
+    script.write_text("import stepscope\nprint('imported')\n")
+    env = child_env(open_dir, STEPSCOPE_LISTEN="1", STEPSCOPE_STEP_ON="none")
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert done.returncode == 0 and done.stdout == "imported\n"  # the program runs on
+    assert "is open to other users" in done.stderr and "cannot be attached" in done.stderr
+    assert not list(open_dir.iterdir())
+
+
+def test_stale_sockets_are_removed(tmp_path: Path) -> None:
+    import socket
+
+    listen_dir = tmp_path / "ctl"
+    listen_dir.mkdir(mode=0o700)
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    stale = listen_dir / f"{int(dead.stdout)}.sock"
+    with socket.socket(socket.AF_UNIX) as s:
+        s.bind(str(stale))
+    target = Target(tmp_path, "plain", "--step-on", "attach_target:train_step")
+    try:
+        assert not stale.exists()
+        wait_for(listen_dir / f"{target.pid}.sock", target.proc)
+        target.finish()
+    finally:
+        target.kill()
