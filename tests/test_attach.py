@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -247,3 +248,42 @@ def test_stale_sockets_are_removed(tmp_path: Path) -> None:
         target.finish()
     finally:
         target.kill()
+
+
+def test_two_rank_job_records_the_same_steps_on_every_rank(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    torchrun = Path(sys.executable).with_name("torchrun")
+    if not torchrun.exists():
+        pytest.skip(f"{torchrun} is not installed with torch here")
+    from stepscope.trace.merge import rank_in_name
+    from tests.metrics_fixtures import free_port
+
+    listen_dir, stop = tmp_path / "ctl", tmp_path / "stop"
+    job = subprocess.Popen(
+        [
+            str(torchrun), "--nproc-per-node=2", "--master-addr=127.0.0.1",
+            f"--master-port={free_port()}", str(ROOT / "tests" / "attach_ranks_job.py"), str(stop),
+        ],
+        env=child_env(listen_dir), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while len(list(listen_dir.glob("*.sock"))) < 2 and time.monotonic() < deadline:
+            assert job.poll() is None, job.communicate()
+            time.sleep(0.1)
+        one_rank = sorted(listen_dir.glob("*.sock"))[0].name.split(".")[0]
+        done = attach(one_rank, "--all-ranks", "--steps", "3", "-o", str(tmp_path / "out"))
+        stop.touch()
+        out, err = job.communicate(timeout=120)
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.communicate()
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert job.returncode == 0, out[-2000:] + err[-2000:]
+    files = [line.rsplit(": ", 1)[1] for line in done.stdout.strip().splitlines()]
+    assert sorted(rank_in_name(Path(f).name) for f in files) == [0, 1], files
+    numbers = [[s for s, _, _ in traced_steps(f)] for f in files]
+    assert numbers[0] == numbers[1] and len(numbers[0]) == 3, numbers
+    assert numbers[0] == list(range(numbers[0][0], numbers[0][0] + 3))
+    assert not list(listen_dir.glob("*.sock"))  # each rank removed its socket
