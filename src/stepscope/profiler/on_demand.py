@@ -37,7 +37,7 @@ EXIT_NOTICE_S = 1.0
 """How long an exiting process waits for its listener to tell a waiting client why."""
 MAX_WINDOW_STEPS = 1000
 """Longest window one request may ask for (each window is held in memory until written)."""
-_failures = failure_log("collectors")
+_failures = failure_log("listener")
 # What a window request may set on the profile: moved from a profile built for the request.
 _WINDOW_OPTIONS = (
     "activities",
