@@ -1,6 +1,8 @@
 """A long-running loop for the attach tests: ``plain`` (Python only) or ``torch`` (optimizer steps).
 
-argv: MODE STOP_FILE TIMES_FILE.  Each step is one call of ``train_step`` (plain) or one
+argv: MODE STOP_FILE TIMES_FILE.  MODE ``listen`` is ``plain`` with ``import stepscope`` once
+``train_step`` is defined (for ``STEPSCOPE_LISTEN=1``, ``STEPSCOPE_STEP_ON=__main__:train_step``).
+Each step is one call of ``train_step`` (plain) or one
 optimizer step (torch), ~5 ms; the loop runs until STOP_FILE exists, then writes every step's
 (start, end) ``time.time_ns()`` to TIMES_FILE and prints a line the test recomputes.
 """
@@ -31,6 +33,8 @@ def main() -> None:
     mode, stop_file, times_file = sys.argv[1], sys.argv[2], sys.argv[3]
     times: list[tuple[int, int]] = []
     total = 0
+    if mode == "listen":
+        import stepscope  # noqa: F401  (STEPSCOPE_LISTEN=1: listens from here on)
     if mode == "torch":
         import torch
 

@@ -7,6 +7,7 @@ in iteration k.  The target's output is recomputed by the test from its step cou
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -77,6 +78,32 @@ def test_torch_loop_two_windows_with_ops(tmp_path: Path) -> None:
         assert sum(n.startswith("Optimizer.step#SGD.step") for n in names) == 2
 
 
+def test_environment_listener_plain_loop(tmp_path: Path) -> None:
+    env = child_env(
+        tmp_path / "ctl", STEPSCOPE_LISTEN="1", STEPSCOPE_STEP_ON="__main__:train_step"
+    )
+    stop, times_file = tmp_path / "stop", tmp_path / "times.json"
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "tests" / "attach_target.py"), "listen", str(stop),
+         str(times_file)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        wait_for(tmp_path / "ctl" / f"{proc.pid}.sock", proc)
+        done = attach(str(proc.pid), "--steps", "2", "-o", str(tmp_path / "out"))
+        stop.touch()
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert done.returncode == 0, done.stderr
+    assert proc.returncode == 0 and err == "", err  # the program's own output only
+    times = [(a, b) for a, b in json.loads(times_file.read_text())]
+    assert_whole_steps(traced_steps(done.stdout.strip().rsplit(": ", 1)[1]), times, 2)
+    output_line(out)
+
+
 def test_second_request_while_recording_is_refused(tmp_path: Path) -> None:
     target = Target(tmp_path, "plain", "--step-on", "attach_target:train_step")
     try:
@@ -85,6 +112,13 @@ def test_second_request_while_recording_is_refused(tmp_path: Path) -> None:
         first = Session(path, request)
         with pytest.raises(ControlError, match="already recording"):
             Session(path, request)
+        for bad, says in (
+            ({"steps": 5000}, "over the limit of 1000"),
+            ({"activities": ["BOGUS"]}, "unknown profiler activity 'BOGUS'"),
+            ({"out": "relative/dir"}, "must be an absolute path"),
+        ):
+            with pytest.raises(ControlError, match=says):
+                Session(path, {**request, **bad})
         done = first.wait(120, 60, lambda text: None)
         assert len(done["files"]) == 1
         out, _, times = target.finish()
