@@ -224,15 +224,17 @@ class OnDemand:
             return
         try:
             path = trace_handler(request.out, use_gzip=request.gzip)(prof)
-        except OSError as exc:
-            path, request.reason = None, str(exc)
-        if path is None:
-            why = request.reason or f"could not write the trace to {request.out}"
-            request.move_to("failed", why)
+            complete = bool(prof.trace().metadata.get("stepscope_window_complete", True))
+        except Exception as exc:  # the window is lost, the program goes on
+            request.move_to("failed", f"could not write the trace to {request.out}: {exc}")
+            _failures.report("window_write_error", request.out, exc, then="the window is lost")
+            return
+        if path is None:  # trace_handler counted and logged why
+            request.move_to("failed", f"could not write the trace to {request.out}")
             return
         request.files.append(path)
         self.trace_files.append(path)
-        request.complete = bool(prof.trace().metadata.get("stepscope_window_complete", True))
+        request.complete = complete
         request.move_to("done")
 
     # -- the listener's thread -----------------------------------------------------------------
