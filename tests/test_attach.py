@@ -124,7 +124,7 @@ def test_second_request_while_recording_is_refused(tmp_path: Path) -> None:
         blocked = tmp_path / "a_file"
         blocked.write_text("")
         unwritable = Session(path, {"steps": 1, "out": str(blocked / "traces")})
-        with pytest.raises(ControlError, match="could not write the trace to .*a_file/traces"):
+        with pytest.raises(ControlError, match=r"could not write the trace to .*a_file/traces"):
             unwritable.wait(120, 60, lambda text: None)
         out, _, times = target.finish()
     finally:
