@@ -79,9 +79,7 @@ def test_torch_loop_two_windows_with_ops(tmp_path: Path) -> None:
 
 
 def test_environment_listener_plain_loop(tmp_path: Path) -> None:
-    env = child_env(
-        tmp_path / "ctl", STEPSCOPE_LISTEN="1", STEPSCOPE_STEP_ON="__main__:train_step"
-    )
+    env = child_env(tmp_path / "ctl", STEPSCOPE_LISTEN="1", STEPSCOPE_STEP_ON="__main__:train_step")
     stop, times_file = tmp_path / "stop", tmp_path / "times.json"
     proc = subprocess.Popen(
         [sys.executable, str(ROOT / "tests" / "attach_target.py"), "listen", str(stop),
