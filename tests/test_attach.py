@@ -54,6 +54,9 @@ def test_plain_loop_two_windows_of_whole_steps(tmp_path: Path) -> None:
     assert second[0][0] > first[-1][0]  # the second attach gets steps after the first window
     output_line(out)
     assert "2 on-demand trace(s)" in err
+    for path in (tmp_path / "out").glob("*.pt.trace.json"):
+        samples = list(read_chrome_trace(path).iter_samples())  # CPU,SAMPLING by default here
+        assert samples and {s.tid for s in samples} == {target.pid}  # no listener thread
 
 
 def test_torch_loop_two_windows_with_ops(tmp_path: Path) -> None:

@@ -150,6 +150,13 @@ def _first_step(listeners: list[tuple[Path, dict[str, Any]]]) -> int:
 
 def _all_ranks(args: argparse.Namespace) -> int:
     listeners = _rank_listeners(args)
+    world = listeners[0][1].get("world_size") or len(listeners)
+    if len(listeners) < world:
+        print(
+            f"stepscope attach: {len(listeners)} of {world} ranks listen on this host; only "
+            "those are recorded",
+            file=sys.stderr,
+        )
     start = _first_step(listeners)
     request = {**_request(args), "start_step": start}
     sessions = [(info, Session(path, request)) for path, info in listeners]

@@ -31,6 +31,7 @@ from stepscope.profiler.control_protocol import (
     socket_path,
 )
 from stepscope.profiler.on_demand import WindowRequest
+from stepscope.trace.names import hide_thread
 
 if TYPE_CHECKING:
     from stepscope.profiler.on_demand import OnDemand
@@ -83,6 +84,7 @@ class Listener:
                 self.path.unlink()
 
     def _serve(self) -> None:
+        hide_thread(threading.get_native_id())  # never sampled into the program's windows
         server = self._server
         while server is not None:
             try:
@@ -94,11 +96,15 @@ class Listener:
             ).start()
 
     def _handle(self, conn: socket.socket) -> None:
+        me = threading.get_native_id()
+        hide_thread(me)
         try:
             with conn:
                 self._serve_one(LineChannel(conn))
         except (OSError, ControlError) as exc:
             _failures.report("listener_error", "attach connection", exc)
+        finally:
+            hide_thread(me, hidden=False)
 
     def _serve_one(self, channel: LineChannel) -> None:
         uid = peer_uid(channel.conn)
