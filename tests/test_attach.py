@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -327,3 +328,25 @@ def test_two_rank_job_records_the_same_steps_on_every_rank(tmp_path: Path) -> No
     assert numbers[0] == numbers[1] and len(numbers[0]) == 3, numbers
     assert numbers[0] == list(range(numbers[0][0], numbers[0][0] + 3))
     assert not list(listen_dir.glob("*.sock"))  # each rank removed its socket
+
+
+def test_command_line_mistakes_are_one_line(tmp_path: Path) -> None:
+    script = tmp_path / "x.py"
+    script.write_text("print('ran')\n")
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], **_TEXT)
+    cases = [
+        (["run", "--on-demand", "--step-on", "none", str(script)], "needs a step source"),
+        (["attach"], "name the process"),
+        (["attach", "--all-ranks"], "--all-ranks needs the PID"),
+        (["attach", dead.stdout.strip()], f"there is no process {dead.stdout.strip()}"),
+        (["attach", "1", "--steps", "0"], "--steps must be 1 or more"),
+    ]
+    env = child_env(tmp_path / "ctl")
+    for args, says in cases:
+        done = subprocess.run([sys.executable, "-m", "stepscope", *args], env=env, **_TEXT)
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode != 0 and len(lines) == 1 and says in lines[0], (args, done.stderr)
+        assert "ran" not in done.stdout
+
+
+_TEXT: dict[str, Any] = {"capture_output": True, "text": True, "timeout": 120}

@@ -184,10 +184,10 @@ def _sample(args: argparse.Namespace) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``stepscope attach``."""
-    if args.pid is None and not args.job:
-        raise ValueError("name the process: stepscope attach PID (or --job DIR)")
     if args.all_ranks and args.pid is None:
         raise ValueError("--all-ranks needs the PID of one rank of the job")
+    if args.pid is None and not args.job:
+        raise ValueError("name the process: stepscope attach PID (or --job DIR)")
     if args.steps < 1:
         raise ValueError(f"--steps must be 1 or more, got {args.steps}")
     if args.timeout <= 0:

@@ -38,7 +38,7 @@ SOCKET_SUFFIX = ".sock"
 _UNIX_PATH_MAX = 107
 
 
-class ControlError(Exception):
+class ControlError(OSError):
     """Something on the control channel failed; the message is one line for the user."""
 
 
