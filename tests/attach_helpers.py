@@ -47,12 +47,14 @@ class Target:
     def __init__(self, tmp: Path, mode: str, *run_options: str) -> None:
         self.listen_dir = tmp / "ctl"
         self.stop_file = tmp / "stop"
+        self.block_file = tmp / "block"
+        """Touch it to block the next plain step in C code (time.sleep) for 3.5 s."""
         self.times_file = tmp / "times.json"
         command = [sys.executable, "-m", "stepscope", "run", "--on-demand", *run_options]
         command += [str(TARGET), mode, str(self.stop_file), str(self.times_file)]
         self.proc = subprocess.Popen(
             command,
-            env=child_env(self.listen_dir),
+            env=child_env(self.listen_dir, ATTACH_TARGET_BLOCK=str(self.block_file)),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

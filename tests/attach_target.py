@@ -23,7 +23,12 @@ def work(i: int) -> int:
 
 
 def train_step(i: int) -> int:
-    """One plain-Python step."""
+    """One plain-Python step (blocked in C for 3.5 s once the file ATTACH_TARGET_BLOCK names is
+    there: it is removed first)."""
+    block = os.environ.get("ATTACH_TARGET_BLOCK")
+    if block and os.path.exists(block):
+        os.remove(block)
+        time.sleep(3.5)
     time.sleep(0.005)
     return work(i)
 

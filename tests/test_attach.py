@@ -187,6 +187,26 @@ def test_delayed_and_timed_out_request_is_withdrawn(tmp_path: Path) -> None:
     output_line(out)
 
 
+def test_target_blocked_in_c_delays_the_window_and_the_client_says_so(tmp_path: Path) -> None:
+    target = Target(tmp_path, "plain", "--step-on", "attach_target:train_step")
+    try:
+        target.block_file.touch()
+        while target.block_file.exists():  # the target is now inside time.sleep(3.5)
+            time.sleep(0.01)
+        path = target.listen_dir / f"{target.pid}.sock"
+        notices: list[str] = []
+        done = Session(path, {"steps": 1, "out": str(tmp_path)}).wait(60, 1.0, notices.append)
+        out, _, times = target.finish()
+    finally:
+        target.kill()
+    assert len(notices) == 1 and "no step boundary for 1 s" in notices[0], notices
+    steps = traced_steps(done["files"][0])
+    assert_whole_steps(steps, times, 1)
+    blocked = next(k for k, (start, end) in enumerate(times) if end - start > 3e9)
+    assert steps[0][0] == blocked + 2  # the blocked step ended, one warm-up step, then the window
+    output_line(out)
+
+
 def test_process_exit_during_wait_is_told(tmp_path: Path) -> None:
     target = Target(tmp_path, "plain", "--step-on", "attach_target:main_never_called")
     try:
