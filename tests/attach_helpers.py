@@ -44,8 +44,10 @@ def wait_for(path: Path, proc: subprocess.Popen[str], timeout_s: float = 60.0) -
 class Target:
     """``stepscope run --on-demand`` of tests/attach_target.py, stopped by a stop file."""
 
-    def __init__(self, tmp: Path, mode: str, *run_options: str) -> None:
-        self.listen_dir = tmp / "ctl"
+    def __init__(
+        self, tmp: Path, mode: str, *run_options: str, listen_dir: Path | None = None
+    ) -> None:
+        self.listen_dir = listen_dir or tmp / "ctl"
         self.stop_file = tmp / "stop"
         self.block_file = tmp / "block"
         """Touch it to block the next plain step in C code (time.sleep) for 3.5 s."""

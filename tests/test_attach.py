@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -236,20 +238,18 @@ def _nobody_python() -> str:
 def test_other_user_is_refused_and_target_unaffected(tmp_path: Path) -> None:
     if os.getuid() != 0:
         pytest.skip("needs root to run a client as another user")
-    import shutil
-
     if shutil.which("setpriv") is None:
         pytest.skip("setpriv is not installed")
     python = _nobody_python()
-    target = Target(tmp_path, "plain", "--step-on", "attach_target:train_step")
+    # A directory of its own under /tmp (pytest keeps re-closing its base directory to 0700),
+    # opened so that nobody reaches the socket: the listener's SO_PEERCRED check must refuse.
+    shared = Path(tempfile.mkdtemp(prefix="stepscope-attach-test-"))
+    target = Target(
+        tmp_path, "plain", "--step-on", "attach_target:train_step", listen_dir=shared / "ctl"
+    )
     nobody = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", python]
     env = {"PYTHONPATH": str(ROOT / "src"), "PATH": os.environ.get("PATH", "")}
-    # The tree is readable by all; the test's temporary directory is opened to let nobody reach
-    # the socket, so the listener's own check (SO_PEERCRED) is what refuses it.
-    for part in (tmp_path, *tmp_path.parents):
-        if part == Path("/"):
-            break
-        part.chmod(part.stat().st_mode | 0o011)
+    shared.chmod(0o755)
     target.listen_dir.chmod(0o755)
     (target.listen_dir / f"{target.pid}.sock").chmod(0o777)
     try:
@@ -266,6 +266,7 @@ def test_other_user_is_refused_and_target_unaffected(tmp_path: Path) -> None:
         out, _, times = target.finish()
     finally:
         target.kill()
+        shutil.rmtree(shared, ignore_errors=True)
     for done, says in ((by_pid, "belongs to another user"), (by_socket, "uid 65534 may not")):
         assert done.returncode == 1, done.stdout + done.stderr
         lines = done.stderr.strip().splitlines()
