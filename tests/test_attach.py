@@ -125,6 +125,17 @@ def test_second_request_while_recording_is_refused(tmp_path: Path) -> None:
                 Session(path, {**request, **bad})
         done = first.wait(120, 60, lambda text: None)
         assert len(done["files"]) == 1
+        far = Session(path, {**request, "steps": 1, "start_step": 10**6})  # taken, waiting
+        far.channel.conn.close()  # the client leaves: the program drops it at its next step
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                again = Session(path, {"steps": 1, "out": str(tmp_path / "out")})
+                break
+            except ControlError as exc:
+                assert "already recording" in str(exc) and time.monotonic() < deadline
+                time.sleep(0.05)
+        assert len(again.wait(120, 60, lambda text: None)["files"]) == 1
         blocked = tmp_path / "a_file"
         blocked.write_text("")
         unwritable = Session(path, {"steps": 1, "out": str(blocked / "traces")})

@@ -159,7 +159,14 @@ def _all_ranks(args: argparse.Namespace) -> int:
         )
     start = _first_step(listeners)
     request = {**_request(args), "start_step": start}
-    sessions = [(info, Session(path, request)) for path, info in listeners]
+    sessions: list[tuple[dict[str, Any], Session]] = []
+    for path, info in listeners:
+        try:
+            sessions.append((info, Session(path, request)))
+        except ControlError as exc:
+            for _, asked in sessions:  # a request whose client leaves before it starts is dropped
+                asked.channel.conn.close()
+            raise ControlError(f"rank {info.get('rank')}: {exc}; no rank records") from None
     status = 0
     for info, session in sessions:
         pid = int(info["pid"])

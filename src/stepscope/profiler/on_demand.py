@@ -71,6 +71,8 @@ class WindowRequest:
     complete: bool = True
     reason: str = ""
     built: profile | None = None
+    withdrawn: bool = False
+    """The client left before the window's warm-up step: the program's thread drops it."""
     told: threading.Event = field(default_factory=threading.Event)
     """Set by the listener's thread once the client has the final answer."""
     wake: tuple[socket.socket, socket.socket] = field(default_factory=socket.socketpair)
@@ -166,7 +168,10 @@ class OnDemand:
                 return ProfilerAction.NONE
         first = window.first_step
         assert first is not None
-        if step < first - 1:
+        if step < first - 1 or (window.withdrawn and step == first - 1):
+            if window.withdrawn:
+                self._window = None
+                window.move_to("cancelled")
             return ProfilerAction.NONE
         if step == first - 1:
             return ProfilerAction.WARMUP
@@ -260,11 +265,15 @@ class OnDemand:
         return ""
 
     def cancel(self, request: WindowRequest) -> bool:
-        """Drop ``request`` if the program has not taken it yet; returns whether it was dropped."""
+        """Withdraw ``request`` unless its warm-up step has begun; returns whether it will be."""
         with self._lock:
-            if self._pending is not request:
-                return False  # taken by the program's thread: the window goes on
-            self._pending = None
+            if self._pending is request:
+                self._pending = None
+            elif self._window is request and request.state == "pending":
+                request.withdrawn = True  # the program's thread drops it before its warm-up
+                return True
+            else:
+                return False  # the window goes on
         request.move_to("cancelled")
         return True
 
