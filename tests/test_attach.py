@@ -34,21 +34,27 @@ from tests.attach_helpers import (
 )
 
 
-def _attach_twice(target: Target, out: Path, steps: int) -> list[list[tuple[int, int, int]]]:
+def _attach_twice(
+    target: Target, out: Path, steps: int, *second: str
+) -> list[tuple[str, list[tuple[int, int, int]]]]:
+    """Two attaches, one after the other (``second``: options of the second one)."""
     windows = []
-    for _ in range(2):
-        done = attach(str(target.pid), "--steps", str(steps), "-o", str(out))
+    for options in ((), second):
+        done = attach(str(target.pid), "--steps", str(steps), "-o", str(out), *options)
         assert done.returncode == 0, done.stdout + done.stderr
         lines = done.stdout.strip().splitlines()
         assert len(lines) == 1 and f"{target.pid}: steps " in lines[0], lines
-        windows.append(traced_steps(lines[0].rsplit(": ", 1)[1]))
+        path = lines[0].rsplit(": ", 1)[1]
+        windows.append((path, traced_steps(path)))
     return windows
 
 
 def test_plain_loop_two_windows_of_whole_steps(tmp_path: Path) -> None:
     target = Target(tmp_path, "plain", "--step-on", "attach_target:train_step")
     try:
-        first, second = _attach_twice(target, tmp_path / "out", 3)
+        (sampled, first), (traced, second) = _attach_twice(
+            target, tmp_path / "out", 3, "--with-stack"
+        )
         out, err, times = target.finish()
     finally:
         target.kill()
@@ -57,31 +63,37 @@ def test_plain_loop_two_windows_of_whole_steps(tmp_path: Path) -> None:
     assert second[0][0] > first[-1][0]  # the second attach gets steps after the first window
     output_line(out)
     assert "2 on-demand trace(s)" in err
-    for path in (tmp_path / "out").glob("*.pt.trace.json"):
-        samples = list(read_chrome_trace(path).iter_samples())  # CPU,SAMPLING by default here
-        assert samples and {s.tid for s in samples} == {target.pid}  # no listener thread
+    samples = list(read_chrome_trace(sampled).iter_samples())  # CPU,SAMPLING by default here
+    assert samples and {s.tid for s in samples} == {target.pid}  # no listener thread
+    trace = read_chrome_trace(traced)
+    names = [trace.strings[n] for n in trace.spans["name"]]
+    # the program calls train_step once per step; the window ends where it returns
+    assert sum(n.endswith(": train_step") for n in names) == 3, sorted(set(names))[:20]
 
 
 def test_torch_loop_two_windows_with_ops(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     target = Target(tmp_path, "torch")
     try:
-        windows = _attach_twice(target, tmp_path / "out", 2)
+        windows = _attach_twice(target, tmp_path / "out", 2, "--memory")
         out, _, times = target.finish()
     finally:
         target.kill()
-    for steps in windows:
+    for _, steps in windows:
         assert_whole_steps(steps, times, 2)
-    assert windows[1][0][0] > windows[0][-1][0]
+    assert windows[1][1][0][0] > windows[0][1][-1][0]
     output_line(out)
-    traces = sorted((tmp_path / "out").glob("*.pt.trace.json"))
-    assert len(traces) == 2
-    for path in traces:
+    for path, _ in windows:
         trace = read_chrome_trace(path)
         names = [trace.strings[n] for n in trace.spans["name"]]
         # one forward (aten::linear) and one optimizer step per step, two steps per window
         assert names.count("aten::linear") == 2, sorted(set(names))
         assert sum(n.startswith("Optimizer.step#SGD.step") for n in names) == 2
+    memory = read_chrome_trace(windows[1][0])
+    tracks = {memory.strings[n] for n in memory.counters["name"]}
+    assert {"RSS", "Python heap"} <= tracks, tracks  # --memory reached the second window only
+    plain = read_chrome_trace(windows[0][0])
+    assert "RSS" not in {plain.strings[n] for n in plain.counters["name"]}
 
 
 def test_environment_listener_plain_loop(tmp_path: Path) -> None:

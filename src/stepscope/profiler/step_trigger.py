@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import importlib
 import sys
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -100,6 +101,8 @@ class StepTrigger:
     ) -> None:
         self._step = step
         self._handle: Any = None
+        self._own_hooks: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+        """Each stepped optimizer's own post-hook (see ``_after_optimizer_step``)."""
         self.in_program: str | None = None
         """The qualname to wrap when the running program defines it (see ``program_module``)."""
         self._waiting = False
@@ -172,6 +175,18 @@ class StepTrigger:
         self._handle = register_optimizer_step_post_hook(self._after_optimizer_step)
 
     def _after_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        # torch calls an optimizer's own post-hooks, then the global ones, iterating each dict.
+        # A step may start or end a window whose collectors add or remove a global hook (the
+        # memory collector does), which torch refuses while it iterates the global ones; so
+        # from an optimizer's second step on, its steps come from a hook of its own, which runs
+        # before the global dict is iterated.  Adding that hook here is safe: the optimizer's
+        # own hooks have all run.
+        if optimizer in self._own_hooks:
+            return
+        self._own_hooks[optimizer] = optimizer.register_step_post_hook(self._after_own_step)
+        self._step()
+
+    def _after_own_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self._step()
 
     def remove(self) -> None:
@@ -182,6 +197,9 @@ class StepTrigger:
         if self._handle is not None:
             self._handle.remove()
             self._handle = None
+        for handle in list(self._own_hooks.values()):
+            handle.remove()
+        self._own_hooks.clear()
         if self._patched is not None:
             owner, attr, original = self._patched
             setattr(owner, attr, original)
