@@ -77,6 +77,23 @@ def test_optimizer_steps_drive_the_schedule_without_prof_step() -> None:
     assert windows == [["ProfilerStep#2", "ProfilerStep#3"], ["ProfilerStep#6", "ProfilerStep#7"]]
 
 
+def test_optimizer_steps_with_memory_leave_torch_hooks_alone() -> None:
+    # The memory collector adds and removes a global optimizer hook at each window's start and
+    # stop; from inside torch's loop over those hooks that raised "OrderedDict mutated during
+    # iteration" into the program.
+    model, opt = mlp()
+    with profile(
+        schedule=quiet_schedule(wait=1, warmup=1, active=2, repeat=2),
+        profile_memory=True,
+        acc_events=True,
+        step_on="optimizer",
+    ) as prof:
+        train(model, opt, 8)
+    assert prof.step_num == 8
+    steps = sorted(s.trace_name for s in prof.events() if s.trace_name.startswith("ProfilerStep#"))
+    assert steps == ["ProfilerStep#2", "ProfilerStep#3", "ProfilerStep#6", "ProfilerStep#7"]
+
+
 def test_torch_ops_are_merged_and_aligned_inside_annotations() -> None:
     model, opt = mlp()
     with profile(step_on="optimizer") as prof:

@@ -14,6 +14,7 @@ from stepscope.profiler import (
     tensorboard_trace_handler,
     trace_handler,
 )
+from stepscope.profiler.on_demand import listen, listen_from_environment
 from stepscope.steps import current_step, set_step
 
 __all__ = [
@@ -23,6 +24,7 @@ __all__ = [
     "ProfilerActivity",
     "__version__",
     "current_step",
+    "listen",
     "profile",
     "record_function",
     "schedule",
@@ -31,3 +33,5 @@ __all__ = [
     "trace_handler",
     "traced",
 ]
+
+listen_from_environment()  # STEPSCOPE_LISTEN=1: attachable from import on

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 
 from stepscope._version import __version__
-from stepscope.commands import diff, kernels, merge, report, run
+from stepscope.commands import attach, diff, kernels, merge, report, run
 from stepscope.commands.command import Command
 from stepscope.text import one_line
 from stepscope.trace.names import hide_launcher
@@ -20,6 +20,7 @@ COMMANDS: tuple[Command, ...] = (
     report.COMMAND,
     diff.COMMAND,
     merge.COMMAND,
+    attach.COMMAND,
 )
 """Every subcommand, in the order ``stepscope --help`` lists them."""
 

@@ -13,6 +13,7 @@ https://ui.perfetto.dev), and the top rows of the last window's table are printe
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -111,6 +112,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="KEY",
         help="sort the table by this torch.profiler key (default self_cpu_time_total)",
     )
+    parser.add_argument(
+        "--on-demand",
+        action="store_true",
+        help="record nothing until asked: 'stepscope attach PID --steps N' records the next N "
+        "steps (the schedule options are ignored)",
+    )
     parser.add_argument("-m", dest="module", metavar="MODULE", help="run a module, as python -m")
     parser.add_argument(
         "program", nargs=argparse.REMAINDER, help="SCRIPT [ARGS...] (or ARGS with -m)"
@@ -167,6 +174,10 @@ def _profile(args: argparse.Namespace, step_on: str | None, in_program: bool) ->
 
     if step_on == "optimizer":
         import torch  # noqa: F401  (the optimizer hook and torch's operators need it loaded)
+    if args.on_demand:
+        from stepscope.profiler.on_demand import OnDemand
+
+        return OnDemand(None if in_program else step_on)
     schedule = None
     if step_on is not None:
         schedule = stepscope.schedule(
@@ -216,11 +227,18 @@ def run(args: argparse.Namespace) -> int:
     )
     trigger = None
     status = 0
+    if args.on_demand and step_on is None:
+        raise ValueError(
+            "--on-demand needs a step source: --step-on module:qualname (the function that "
+            "ends a step), or a torch program's optimizer steps"
+        )
     with program.as_main():
         prof = _profile(args, step_on, in_program)  # here, so --step-on finds modules beside it
         if in_program:
             trigger = StepTrigger(str(step_on), prof.step, program_module=program.module_name)
         with prof:
+            if args.on_demand:
+                _announce(program)
             try:
                 if trigger is not None and trigger.in_program is not None:
                     program.run({trigger.in_program.split(".")[0]}, trigger.bound)
@@ -237,8 +255,26 @@ def run(args: argparse.Namespace) -> int:
             except BaseException as exc:  # the program's own error: report it as python would
                 print_program_traceback(exc)
                 status = 1
-    _summary(prof, program, step_on, args, trigger, status, chosen)
+    if args.on_demand:
+        _on_demand_summary(prof, program)
+    else:
+        _summary(prof, program, step_on, args, trigger, status, chosen)
     return status
+
+
+def _announce(program: Program) -> None:
+    print(
+        f"stepscope run: {program.display}: on demand: stepscope attach {os.getpid()} --steps N",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def _on_demand_summary(session: Any, program: Program) -> None:
+    files = session.trace_files
+    print(f"stepscope run: {program.display}: {len(files)} on-demand trace(s)", file=sys.stderr)
+    for path in files:
+        print(f"  {path}", file=sys.stderr)
 
 
 def _summary(

@@ -1,0 +1,353 @@
+"""On-demand windows: a profile whose step source runs all along and whose windows come on request.
+
+``OnDemand`` starts a ``profile`` that records nothing (its schedule answers NONE, only the
+always-on annotation collector exists, idle) and a listener thread (``control_listener``)
+that sleeps in ``accept``.  A request (``stepscope attach``) is checked and its collectors are
+built on the listener's thread; the program's own thread takes it at its next step boundary —
+the schedule call, the only place that looks — moves those collectors into the profile and
+answers WARMUP, then RECORD for the next N steps, the last one RECORD_AND_SAVE.  The window is
+written by ``trace_handler`` into the request's directory and the listener tells the client.
+A request for every rank names the first step (``start_step``) so that all ranks record the
+same step numbers.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import socket
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from stepscope.activity import coerce_activities
+from stepscope.failures import failure_log
+from stepscope.profiler.handlers import trace_handler
+from stepscope.profiler.profile import profile
+from stepscope.profiler.schedule import ProfilerAction
+
+__all__ = ["LISTEN_ENV", "MAX_WINDOW_STEPS", "OnDemand", "WindowRequest", "listen"]
+
+LISTEN_ENV = "STEPSCOPE_LISTEN"
+STEP_ON_ENV = "STEPSCOPE_STEP_ON"
+EXIT_NOTICE_S = 1.0
+"""How long an exiting process waits for its listener to tell a waiting client why."""
+MAX_WINDOW_STEPS = 1000
+"""Longest window one request may ask for (each window is held in memory until written)."""
+_failures = failure_log("listener")
+# What a window request may set on the profile: moved from a profile built for the request.
+_WINDOW_OPTIONS = (
+    "activities",
+    "activity_filters",
+    "record_shapes",
+    "profile_memory",
+    "with_stack",
+    "sampling_rate_hz",
+    "tracer_options",
+    "torch_ops",
+    "collectors",
+)
+
+
+@dataclass
+class WindowRequest:
+    """One ``attach``: what to record, and where it stands (updated by the program's thread)."""
+
+    steps: int
+    out: str
+    activities: list[str] | None = None
+    with_stack: bool = False
+    memory: bool = False
+    sampling_rate_hz: float = 100.0
+    start_step: int | None = None
+    gzip: bool = False
+    state: str = "pending"
+    """pending -> started -> done | failed; or cancelled while pending."""
+    first_step: int | None = None
+    files: list[str] = field(default_factory=list)
+    complete: bool = True
+    reason: str = ""
+    built: profile | None = None
+    withdrawn: bool = False
+    """The client left before the window's warm-up step: the program's thread drops it."""
+    told: threading.Event = field(default_factory=threading.Event)
+    """Set by the listener's thread once the client has the final answer."""
+    wake: tuple[socket.socket, socket.socket] = field(default_factory=socket.socketpair)
+    """A byte on ``wake[1]`` tells the listener's thread (reading ``wake[0]``) the state moved."""
+
+    @classmethod
+    def from_message(cls, message: dict[str, Any]) -> WindowRequest:
+        """A request from the client's message; ``ValueError`` names what is wrong."""
+        steps = message.get("steps")
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise ValueError(f"--steps must be a whole number of 1 or more, got {steps!r}")
+        if steps > MAX_WINDOW_STEPS:
+            raise ValueError(f"--steps {steps} is over the limit of {MAX_WINDOW_STEPS} per window")
+        out = message.get("out")
+        if not isinstance(out, str) or not os.path.isabs(out):
+            raise ValueError(f"the output directory must be an absolute path, got {out!r}")
+        rate = message.get("sampling_rate_hz", 100.0)
+        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not rate > 0:
+            raise ValueError(f"--sampling-rate must be a positive number, got {rate!r}")
+        start = message.get("start_step")
+        if start is not None and (isinstance(start, bool) or not isinstance(start, int)):
+            raise ValueError(f"start_step must be a step number, got {start!r}")
+        activities = message.get("activities")
+        if activities is not None:
+            if not isinstance(activities, list) or not all(isinstance(a, str) for a in activities):
+                raise ValueError(f"--activities must be a list of names, got {activities!r}")
+            coerce_activities(activities)  # the ValueError names the known activities
+        return cls(
+            steps=steps,
+            out=out,
+            activities=activities,
+            with_stack=bool(message.get("with_stack", False)),
+            memory=bool(message.get("memory", False)),
+            sampling_rate_hz=float(rate),
+            start_step=start,
+            gzip=bool(message.get("gzip", False)),
+        )
+
+    def move_to(self, state: str, reason: str = "") -> None:
+        """Change state and wake the listener's thread serving this request."""
+        self.state, self.reason = state, reason or self.reason
+        # OSError: the client is gone and the pair closed, or the pair's buffer is full
+        with contextlib.suppress(OSError):
+            self.wake[1].send(b"!", socket.MSG_DONTWAIT)
+
+    def close(self) -> None:
+        """Close the wake-up pair."""
+        for end in self.wake:
+            end.close()
+
+    def describe(self) -> str:
+        """Its steps and directory, in words."""
+        first = "the next" if self.first_step is None else f"from step {self.first_step},"
+        return f"{first} {self.steps} step(s) into {self.out}"
+
+
+def _default_activities() -> list[str]:
+    return ["CPU"] if "torch" in sys.modules else ["CPU", "SAMPLING"]
+
+
+class OnDemand:
+    """A running profile with no window until a ``WindowRequest`` arrives (see module doc)."""
+
+    def __init__(
+        self, step_on: str | Callable[..., Any] | None = None, *, strict: bool | None = None
+    ) -> None:
+        self._lock = threading.Lock()
+        self._pending: WindowRequest | None = None
+        self._window: WindowRequest | None = None
+        self._saving: WindowRequest | None = None
+        self._closed = False
+        self.trace_files: list[str] = []
+        """Every trace written by this process's windows."""
+        self.profile = profile(
+            activities=["CPU"],
+            torch_ops=False,
+            schedule=self,
+            on_trace_ready=self._window_ready,
+            step_on=step_on,
+            strict=strict,
+        )
+        self.listener: Any = None
+
+    # -- the program's thread ------------------------------------------------------------------
+    def __call__(self, step: int) -> ProfilerAction:
+        """The schedule: NONE between windows; a request is taken at the first boundary after."""
+        window = self._window
+        if window is None:
+            if self._pending is None:
+                return ProfilerAction.NONE
+            window = self._take(step)
+            if window is None:
+                return ProfilerAction.NONE
+        first = window.first_step
+        assert first is not None
+        if step < first - 1 or (window.withdrawn and step == first - 1):
+            if window.withdrawn:
+                self._window = None
+                window.move_to("cancelled")
+            return ProfilerAction.NONE
+        if step == first - 1:
+            return ProfilerAction.WARMUP
+        last = first + window.steps - 1
+        if step < last:
+            return self._started(window, ProfilerAction.RECORD)
+        if step == last:
+            return self._started(window, ProfilerAction.RECORD_AND_SAVE)
+        self._window, self._saving = None, window  # written by the transition that follows
+        return ProfilerAction.NONE
+
+    def _started(self, window: WindowRequest, action: ProfilerAction) -> ProfilerAction:
+        if window.state == "pending":
+            window.move_to("started")
+        return action
+
+    def _take(self, step: int) -> WindowRequest | None:
+        with self._lock:
+            request, self._pending = self._pending, None
+            if request is None or request.state != "pending":
+                return None
+            first = step + 1 if request.start_step is None else request.start_step
+            if step > first:
+                request.move_to(
+                    "failed",
+                    f"this process was at step {step}, past the agreed first step {first}",
+                )
+                return None
+            request.first_step = first
+            self._configure(request)
+            self._window = request
+            return request
+
+    def _configure(self, request: WindowRequest) -> None:
+        prof, built = self.profile, request.built
+        assert built is not None
+        for collector in prof.collectors:
+            prof._guarded(collector, "close", collector.close)
+        for name in _WINDOW_OPTIONS:
+            setattr(prof, name, getattr(built, name))
+        request.built = None
+        prof.preset_metadata["stepscope_on_demand"] = {
+            "steps": request.steps,
+            "first_step": request.first_step,
+        }
+
+    def _window_ready(self, prof: profile) -> None:
+        request, self._saving = self._saving, None
+        if request is None:  # the program ended inside a window (profile.stop)
+            request, self._window = self._window, None
+        if request is None:
+            return
+        if request.state == "pending":  # it ended in warmup: no step was recorded
+            request.move_to("failed", "the process exited before the window started")
+            return
+        try:
+            path = trace_handler(request.out, use_gzip=request.gzip)(prof)
+            complete = bool(prof.trace().metadata.get("stepscope_window_complete", True))
+        except Exception as exc:  # the window is lost, the program goes on
+            request.move_to("failed", f"could not write the trace to {request.out}: {exc}")
+            _failures.report("window_write_error", request.out, exc, then="the window is lost")
+            return
+        if path is None:  # trace_handler counted and logged why
+            request.move_to("failed", f"could not write the trace to {request.out}")
+            return
+        request.files.append(path)
+        self.trace_files.append(path)
+        request.complete = complete
+        request.move_to("done")
+
+    # -- the listener's thread -----------------------------------------------------------------
+    def submit(self, request: WindowRequest) -> str:
+        """Queue ``request`` for the next step boundary; '' when taken, else why not."""
+        try:
+            request.built = profile(
+                activities=request.activities or _default_activities(),
+                with_stack=request.with_stack,
+                profile_memory=request.memory,
+                sampling_rate_hz=request.sampling_rate_hz,
+                strict=self.profile.strict,
+            )
+        except (ValueError, TypeError) as exc:
+            return str(exc)
+        with self._lock:
+            if self._closed:
+                return "the process is exiting"
+            busy = self._window or self._pending or self._saving
+            if busy is not None:
+                return f"already recording ({busy.describe()}); attach again when it is written"
+            self._pending = request
+        return ""
+
+    def cancel(self, request: WindowRequest) -> bool:
+        """Withdraw ``request`` unless its warm-up step has begun; returns whether it will be."""
+        with self._lock:
+            if self._pending is request:
+                self._pending = None
+            elif self._window is request and request.state == "pending":
+                request.withdrawn = True  # the program's thread drops it before its warm-up
+                return True
+            else:
+                return False  # the window goes on
+        request.move_to("cancelled")
+        return True
+
+    @property
+    def step(self) -> Callable[[], None]:
+        """The profile's ``step`` (for step sources wired by the caller)."""
+        return self.profile.step
+
+    @property
+    def current_step(self) -> int:
+        """The step the program is in."""
+        return self.profile.step_num
+
+    # -- lifetime ------------------------------------------------------------------------------
+    def start(self) -> OnDemand:
+        """Start the idle profile and the listener."""
+        from stepscope.profiler.control_listener import Listener
+
+        self.profile.start()
+        try:
+            self.listener = Listener(self).start()
+        except Exception:
+            self.profile.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        """Stop listening; a window in progress is written as it is, a waiting request fails."""
+        with self._lock:
+            self._closed = True
+            pending, self._pending = self._pending, None
+        if self.listener is not None:
+            self.listener.close()
+        if pending is not None:
+            pending.move_to("failed", "the process exited before the window started")
+            pending.told.wait(EXIT_NOTICE_S)  # the listener's thread is a daemon: let it answer
+        window = self._window
+        self.profile.stop()
+        if window is not None:
+            window.told.wait(EXIT_NOTICE_S)
+
+    def __enter__(self) -> OnDemand:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+_session: OnDemand | None = None
+
+
+def listen(step_on: str | Callable[..., Any] | None = "optimizer") -> OnDemand:
+    """Make this process attachable (``stepscope attach PID``); stops at interpreter exit.
+
+    ``step_on`` is the step source, as ``profile(step_on=)``: ``"optimizer"`` (torch's
+    optimizer steps), ``"module:qualname"`` or a function; None when the program calls
+    ``listen().step()`` itself.  Calling it again returns the same session.
+    """
+    global _session
+    if _session is None:
+        _session = OnDemand(step_on).start()
+        atexit.register(_session.stop)
+    return _session
+
+
+def listen_from_environment() -> OnDemand | None:
+    """``listen()`` when ``STEPSCOPE_LISTEN=1`` (step source: ``STEPSCOPE_STEP_ON``)."""
+    if os.environ.get(LISTEN_ENV, "").strip() not in ("1", "true", "yes"):
+        return None
+    if sys.argv and (sys.argv[0] == "-m" or os.path.basename(sys.argv[0]) == "stepscope"):
+        return None  # the stepscope command itself (attach, run) is not a program to attach to
+    step_on = os.environ.get(STEP_ON_ENV, "").strip() or "optimizer"
+    try:
+        return listen(None if step_on == "none" else step_on)
+    except Exception as exc:
+        _failures.report("listen_error", LISTEN_ENV, exc, then="this process cannot be attached to")
+        return None
