@@ -19,6 +19,7 @@ from itertools import compress
 from stepscope.analysis import device as dev
 from stepscope.analysis import host, ops, steps
 from stepscope.analysis.memory import memory_summary
+from stepscope.analysis.overhead import pick_overhead, trace_overhead
 from stepscope.analysis.ranks import analyze_ranks
 from stepscope.analysis.result import (
     Category,
@@ -351,6 +352,7 @@ def analyze_trace(
     """Analyse one trace."""
     summary = _summarize(source, [_facts(trace, source, step_range)], top)
     summary.memory = memory_summary(trace, top, step_range)
+    summary.overhead = trace_overhead(trace)
     return summary
 
 
@@ -368,6 +370,9 @@ def analyze(
     per_file = [_summarize(f.source, [f], top) for f in facts]
     for summary, (_, trace) in zip(per_file, traces, strict=True):
         summary.memory = memory_summary(trace, top, step_range)
+        summary.overhead = trace_overhead(trace)
     combined = per_file[0] if len(facts) == 1 else _summarize("all files", facts, top)
+    if len(facts) > 1:
+        combined.overhead = pick_overhead(per_file)
     ranks = analyze_ranks(traces, per_file, step_range) if len(traces) > 1 else None
     return Report(per_file, combined, step_range, top, ranks)

@@ -35,6 +35,7 @@ __all__ = [
     "KernelTypeTime",
     "LaunchDelay",
     "OperatorRow",
+    "Overhead",
     "Recommendation",
     "Report",
     "StepDiff",
@@ -247,6 +248,28 @@ class Recommendation:
     severity: str = "warning"
 
 
+@dataclass(frozen=True)
+class Overhead:
+    """What profiling cost the run: recorded steps against unrecorded steps of the same run.
+
+    From the step times the profile keeps for every step (``stepscope.step_times``), up to the
+    end of the window the trace holds.  ``slowdown_pct`` is the recorded steps' median over the
+    unrecorded steps' median, minus one (None without both kinds); ``edge_ns`` the time spent
+    between steps (window starts and stops, trace writing) by the kind of step that ended;
+    ``collector_ns`` each collector's time in its hooks.
+    """
+
+    recorded_steps: int
+    unrecorded_steps: int
+    warmup_steps: int
+    recorded_median_ns: int | None
+    unrecorded_median_ns: int | None
+    slowdown_pct: float | None
+    edge_ns: dict[str, int]
+    collector_ns: dict[str, int]
+    dropped: int
+
+
 @dataclass
 class TraceSummary:
     """Everything the analysis found in one trace (or in several together)."""
@@ -276,6 +299,8 @@ class TraceSummary:
     """The numbers the recommendation rules read (``stepscope.analysis.rules``)."""
     memory: MemorySummary | None = None
     """Memory per step, the peak table, the timeline and the leak hint (``profile_memory``)."""
+    overhead: Overhead | None = None
+    """Recorded against unrecorded steps, and each collector's cost (stepscope's own traces)."""
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON values."""

@@ -19,6 +19,7 @@ from stepscope.analysis.result import (
     TraceSummary,
 )
 from stepscope.report.memory import human_bytes, memory_renderables
+from stepscope.report.overhead import overhead_lines
 from stepscope.trace.merge import rank_in_name
 
 __all__ = ["render_diff", "render_report", "render_summary"]
@@ -238,6 +239,7 @@ def render_summary(s: TraceSummary) -> RenderableType:
     if s.dropped:
         listed = ", ".join(f"{k} {v}" for k, v in s.dropped.items())
         parts.append(Text(f"Dropped: {listed}", style="yellow"))
+    parts += [Text(line) for line in overhead_lines(s.overhead)]
     for note in s.notes:
         parts.append(Text(f"Note: {note}", style="dim"))
     parts.append(_recommendations(s))

@@ -1,0 +1,144 @@
+"""The overhead every report states, against an external A/B of the same loop.
+
+The profile keeps every step's start and end (``stepscope.step_times``); a report compares the
+recorded steps with the unrecorded ones of the same run.  Each test runs the same loop without
+stepscope (A) and under the profiler (B), times every step body itself with
+``time.perf_counter_ns``, and checks the stated slowdown against (median B recorded / median A)
+within max(5 points, 25 %).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+import stepscope
+from stepscope.analysis.analyze import analyze
+from stepscope.analysis.result import Overhead
+from stepscope.report.html import html_document
+from stepscope.report.overhead import overhead_lines
+from stepscope.step_times import StepTimes
+from stepscope.trace.chrome import read_chrome_trace
+
+WAIT, WARMUP, ACTIVE = 6, 1, 6
+
+
+def _sleep_body() -> None:
+    time.sleep(0.004)
+
+
+def _leaf(x: int) -> int:
+    return x + 1
+
+
+def _call_heavy_body() -> None:
+    total = 0
+    for i in range(6000):
+        total = _leaf(total) + _leaf(i)
+
+
+def _run_a(body: Callable[[], None], steps: int) -> list[int]:
+    times = []
+    for _ in range(steps):
+        began = time.perf_counter_ns()
+        body()
+        times.append(time.perf_counter_ns() - began)
+    return times
+
+
+def _run_b(
+    body: Callable[[], None], tmp_path: Path, **options: object
+) -> tuple[Overhead, list[int]]:
+    """The loop under the profiler: the stated overhead (from the written trace) and the
+    test's own times of the recorded steps."""
+    recorded: list[int] = []
+    written: list[str] = []
+    sched = stepscope.schedule(wait=WAIT, warmup=WARMUP, active=ACTIVE, repeat=1)
+    with stepscope.profile(
+        schedule=sched,
+        on_trace_ready=lambda p: written.append(p.export_chrome_trace(tmp_path / "t.json").path),
+        torch_ops=False,
+        **options,  # type: ignore[arg-type]
+    ) as prof:
+        for step in range(WAIT + WARMUP + ACTIVE + 2):
+            began = time.perf_counter_ns()
+            body()
+            spent = time.perf_counter_ns() - began
+            if WAIT + WARMUP <= step < WAIT + WARMUP + ACTIVE:
+                recorded.append(spent)
+            prof.step()
+    assert written, "the window was not saved"
+    report = analyze([("t.json", read_chrome_trace(written[0]))])
+    stated = report.combined.overhead
+    assert stated is not None
+    return stated, recorded
+
+
+def _check_agrees(stated: Overhead, a_times: list[int], b_recorded: list[int]) -> float:
+    assert stated.recorded_steps == ACTIVE
+    assert stated.unrecorded_steps == WAIT
+    assert stated.warmup_steps == WARMUP
+    assert stated.slowdown_pct is not None
+    external = 100.0 * (statistics.median(b_recorded) / statistics.median(a_times) - 1)
+    margin = max(5.0, 0.25 * abs(external))
+    assert abs(stated.slowdown_pct - external) <= margin, (stated.slowdown_pct, external)
+    return external
+
+
+def test_a_sleep_bound_loop_states_about_no_overhead(tmp_path: Path) -> None:
+    a_times = _run_a(_sleep_body, WAIT + ACTIVE)
+    stated, b_recorded = _run_b(_sleep_body, tmp_path)
+    external = _check_agrees(stated, a_times, b_recorded)
+    assert abs(external) < 25  # a sleeping step costs the recorder nothing much
+
+
+def test_a_call_heavy_loop_under_with_stack_states_its_slowdown(tmp_path: Path) -> None:
+    _run_a(_call_heavy_body, 3)  # warm the interpreter's caches first
+    a_times = _run_a(_call_heavy_body, WAIT + ACTIVE)
+    stated, b_recorded = _run_b(_call_heavy_body, tmp_path, with_stack=True)
+    external = _check_agrees(stated, a_times, b_recorded)
+    assert external > 20  # tracing every call is not free: the test would be toothless
+    assert stated.collector_ns.get("python", 0) > 0  # the tracer's start, stop and collect
+
+
+def test_every_report_format_states_the_overhead(tmp_path: Path) -> None:
+    stated, _ = _run_b(_sleep_body, tmp_path)
+    report = analyze([("t.json", read_chrome_trace(tmp_path / "t.json"))])
+    as_json = json.loads(report.to_json())
+    assert as_json["combined"]["overhead"]["recorded_steps"] == ACTIVE
+    text = " ".join(overhead_lines(report.combined.overhead))
+    assert f"{ACTIVE} recorded, {WAIT} unrecorded" in text
+    assert "Overhead: recorded steps took" in text
+    page = html_document(report)
+    assert '"overhead"' in page and "function overheadText" in page
+    assert stated.edge_ns["recorded"] > 0  # the window's stop and save happened between steps
+
+
+def test_the_ring_keeps_the_last_steps_and_counts_the_dropped() -> None:
+    times = StepTimes(capacity=4)
+    for kind in (0, 0, 1, 2, 3, 2, 0):
+        times.begin(kind)
+        times.end()
+    assert len(times) == 4 and times.dropped == 3
+    kept = times.durations()
+    assert [len(kept[k]) for k in ("unrecorded", "warmup", "recorded")] == [1, 0, 3]
+    times.end()  # no step open: nothing happens
+    assert len(times) == 4
+    with pytest.raises(ValueError, match="capacity"):
+        StepTimes(capacity=0)
+
+
+def test_a_step_time_is_the_loop_body() -> None:
+    times = StepTimes()
+    began = time.perf_counter_ns()
+    times.begin(0)
+    time.sleep(0.01)
+    times.end()
+    outside = time.perf_counter_ns() - began
+    (inside,) = times.durations()["unrecorded"]
+    assert 0.01e9 <= inside <= outside
