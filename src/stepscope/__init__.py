@@ -4,6 +4,9 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+import os
+from typing import TYPE_CHECKING
+
 from stepscope.collectors.annotations import record_function, traced
 from stepscope.profiler import (
     ExecutionTraceObserver,
@@ -17,6 +20,19 @@ from stepscope.profiler import (
 )
 from stepscope.steps import current_step, set_step
 
+if TYPE_CHECKING:
+    from stepscope.integrations.notebook import NotebookReport
+
+
+def load_report(
+    path: str | os.PathLike[str], steps: str | None = None, top: int = 10
+) -> NotebookReport:
+    """Analyse a trace file or directory into a report that displays itself in notebooks."""
+    from stepscope.integrations.notebook import load_report as load
+
+    return load(path, steps, top)
+
+
 __all__ = [
     "ExecutionTraceObserver",
     "KeyAverages",
@@ -24,6 +40,7 @@ __all__ = [
     "ProfilerActivity",
     "__version__",
     "current_step",
+    "load_report",
     "profile",
     "record_function",
     "schedule",

@@ -38,6 +38,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", metavar="FILE", help="also write the report as JSON")
     parser.add_argument("--html", metavar="FILE", help="also write the report as HTML")
     parser.add_argument(
+        "--markdown", metavar="FILE", help="also write a short Markdown summary (for PR comments)"
+    )
+    parser.add_argument(
         "--parquet",
         metavar="DIR",
         help="also write the analysis tables (every row) as Parquet files into DIR",
@@ -152,6 +155,11 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         write_text(args.json, report.to_json() + "\n", "JSON report")
         print(f"stepscope report: JSON -> {args.json}", file=sys.stderr)
+    if args.markdown:
+        from stepscope.report.markdown import report_markdown
+
+        write_text(args.markdown, report_markdown(report), "Markdown summary")
+        print(f"stepscope report: Markdown -> {args.markdown}", file=sys.stderr)
     if args.html:
         if write_html_report(report, args.html, traces):
             print(f"stepscope report: HTML -> {args.html}", file=sys.stderr)
