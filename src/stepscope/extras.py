@@ -19,6 +19,11 @@ EXTRAS = {
     "sampling": "py-spy",
     "torch": "torch",
     "parquet": "pyarrow",
+    "lightning": "lightning",
+    "pytorch-lightning": "pytorch-lightning",
+    "transformers": "transformers and accelerate",
+    "mlflow": "mlflow (or mlflow-skinny)",
+    "notebook": "ipykernel",
 }
 """Each extra of ``pyproject.toml`` and what it installs."""
 
