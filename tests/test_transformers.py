@@ -24,7 +24,7 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
 
-class Tiny(torch.nn.Module):  # type: ignore[misc]
+class Tiny(torch.nn.Module):  # type: ignore[misc,name-defined]
     def __init__(self) -> None:
         super().__init__()
         self.net = torch.nn.Sequential(

@@ -22,8 +22,7 @@ EXTRAS = {
     "lightning": "lightning",
     "pytorch-lightning": "pytorch-lightning",
     "transformers": "transformers and accelerate",
-    "mlflow": "mlflow (or mlflow-skinny)",
-    "notebook": "ipykernel",
+    "mlflow": "mlflow-skinny",
 }
 """Each extra of ``pyproject.toml`` and what it installs."""
 
