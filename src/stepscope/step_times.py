@@ -5,7 +5,8 @@ The profile stamps a step's start when ``step()`` returns and its end when the n
 work at the step edge (window starts, stops, trace writing) falls between steps and is kept
 apart.  Each step carries the schedule's action it ran under, so a report can compare the
 steps recorded with the steps not recorded of the same run (``summary``).  The ring keeps the
-last ``capacity`` steps; older ones are dropped and counted.
+last ``capacity`` steps; older ones are dropped and counted.  ``begin`` and ``end`` only store
+a clock reading each: everything else is worked out when a summary is asked for.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from array import array
 from collections.abc import Callable
 from typing import Any
 
-from stepscope import clock
+from stepscope.clock import now_ns
 
 __all__ = ["KINDS", "StepTimes"]
 
@@ -26,6 +27,17 @@ KINDS = ("unrecorded", "warmup", "recorded")
 class StepTimes:
     """A bounded ring of (start, end, kind) per step; ``begin``/``end`` are the step hook."""
 
+    __slots__ = (
+        "_count",
+        "_ends",
+        "_kinds",
+        "_open",
+        "_slot",
+        "_starts",
+        "capacity",
+        "collector_ns",
+    )
+
     def __init__(self, capacity: int = 8192) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be 1 or more, got {capacity}")
@@ -34,13 +46,9 @@ class StepTimes:
         self._ends = array("q", bytes(8 * capacity))
         self._kinds = bytearray(capacity)
         self._count = 0
-        self._open_start = -1
-        self._open_kind = 0
-        self.edge_ns = [0, 0, 0]
-        """Time spent at step edges (inside ``step()``), by the kind of step that ended."""
-        self._edge_from = -1
-        self.collector_ns: dict[str, int] = {}
-        """Time each collector spent in its hooks (prepare, start, on_step, stop, collect...)."""
+        self._slot = 0
+        self._open = False
+        self.collector_ns: dict[str, int] = {}  # each collector's time in its hooks
 
     @property
     def dropped(self) -> int:
@@ -53,44 +61,46 @@ class StepTimes:
     def begin(self, kind: int) -> None:
         """A step starts now; ``kind`` is the schedule action's value (0 none, 1 warmup, 2 and 3
         recording)."""
-        now = clock.now_ns()
-        if self._edge_from >= 0:
-            self.edge_ns[self._open_kind] += now - self._edge_from
-            self._edge_from = -1
-        self._open_start = now
-        self._open_kind = kind if kind < 2 else 2
+        slot = self._slot
+        self._kinds[slot] = kind if kind < 2 else 2
+        self._open = True
+        self._starts[slot] = now_ns()
 
     def end(self) -> None:
         """The open step ends now (nothing happens when none is open)."""
-        now = clock.now_ns()
-        start = self._open_start
-        if start < 0:
-            return
-        slot = self._count % self.capacity
-        self._starts[slot] = start
-        self._ends[slot] = now
-        self._kinds[slot] = self._open_kind
-        self._count += 1
-        self._open_start = -1
-        self._edge_from = now
+        if self._open:
+            self._ends[self._slot] = now_ns()
+            self._open = False
+            self._count += 1
+            self._slot = self._count % self.capacity
 
     def timed(self, collector: str, hook: Callable[[], Any]) -> None:
         """Run one collector hook, adding its time to ``collector_ns``."""
-        began = clock.now_ns()
+        began = now_ns()
         try:
             hook()
         finally:
-            spent = clock.now_ns() - began
+            spent = now_ns() - began
             self.collector_ns[collector] = self.collector_ns.get(collector, 0) + spent
+
+    def _kept(self) -> range:
+        return range(self._count - len(self), self._count)
 
     def durations(self) -> dict[str, list[int]]:
         """The kept steps' durations (ns) by kind, oldest first."""
         found: dict[str, list[int]] = {kind: [] for kind in KINDS}
-        kept = len(self)
-        first = self._count - kept
-        for n in range(first, self._count):
+        for n in self._kept():
             slot = n % self.capacity
             found[KINDS[self._kinds[slot]]].append(self._ends[slot] - self._starts[slot])
+        return found
+
+    def edges(self) -> dict[str, int]:
+        """Time between a kept step's end and the next one's start, by the ended step's kind."""
+        found = dict.fromkeys(KINDS, 0)
+        kept = self._kept()
+        for n in kept[:-1]:
+            slot, following = n % self.capacity, (n + 1) % self.capacity
+            found[KINDS[self._kinds[slot]]] += self._starts[following] - self._ends[slot]
         return found
 
     def summary(self) -> dict[str, Any]:
@@ -114,7 +124,7 @@ class StepTimes:
         return {
             "steps": kinds,
             "slowdown_pct": slowdown,
-            "edge_ns": dict(zip(KINDS, self.edge_ns, strict=True)),
+            "edge_ns": self.edges(),
             "collector_ns": dict(self.collector_ns),
             "dropped": self.dropped,
         }
