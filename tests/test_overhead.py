@@ -142,3 +142,14 @@ def test_a_step_time_is_the_loop_body() -> None:
     outside = time.perf_counter_ns() - began
     (inside,) = times.durations()["unrecorded"]
     assert 0.01e9 <= inside <= outside
+
+
+def test_the_sampler_states_its_own_time_inside_the_steps(tmp_path: Path) -> None:
+    stated, recorded = _run_b(
+        _call_heavy_body, tmp_path, activities=[stepscope.ProfilerActivity.SAMPLING]
+    )
+    meta = read_chrome_trace(tmp_path / "t.json").metadata["stepscope_sampler"]
+    expected = int((meta["busy_ms"] + meta.get("handler_ms", 0)) * 1e6)
+    assert stated.in_steps_ns["sampler"] == expected
+    assert 0 < expected < sum(recorded)  # a share of the recorded steps, not more
+    assert "Measured inside the recorded steps: sampler" in " ".join(overhead_lines(stated))

@@ -52,7 +52,19 @@ def trace_overhead(trace: Trace) -> Overhead | None:
         edge_ns=_ns_map(found.get("edge_ns")),
         collector_ns=_ns_map(found.get("collector_ns")),
         dropped=_int_or_none(found.get("dropped")) or 0,
+        in_steps_ns=_measured_in_steps(trace.metadata),
     )
+
+
+def _measured_in_steps(metadata: Mapping[str, Any]) -> dict[str, int]:
+    """The sampler's own time inside the window: sampling (``busy_ms``) and its signal
+    handler (``handler_ms``), as its metadata states them."""
+    sampler = metadata.get("stepscope_sampler")
+    if not isinstance(sampler, Mapping):
+        return {}
+    spent = [sampler.get(key) for key in ("busy_ms", "handler_ms")]
+    total = sum(v for v in spent if isinstance(v, (int, float)) and not isinstance(v, bool))
+    return {"sampler": int(total * 1e6)} if total else {}
 
 
 def pick_overhead(summaries: Sequence[TraceSummary]) -> Overhead | None:

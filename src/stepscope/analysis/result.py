@@ -256,7 +256,8 @@ class Overhead:
     end of the window the trace holds.  ``slowdown_pct`` is the recorded steps' median over the
     unrecorded steps' median, minus one (None without both kinds); ``edge_ns`` the time spent
     between steps (window starts and stops, trace writing) by the kind of step that ended;
-    ``collector_ns`` each collector's time in its hooks.
+    ``collector_ns`` each collector's time in its hooks; ``in_steps_ns`` what collectors
+    measured of their own cost inside the steps.
     """
 
     recorded_steps: int
@@ -268,6 +269,9 @@ class Overhead:
     edge_ns: dict[str, int]
     collector_ns: dict[str, int]
     dropped: int
+    in_steps_ns: dict[str, int] = field(default_factory=dict)
+    """Time collectors measured themselves spending inside the recorded steps (the sampler's
+    sampling and signal handling); the rest of the slowdown is not split by collector."""
 
 
 @dataclass

@@ -33,6 +33,9 @@ def overhead_lines(o: Overhead | None) -> list[str]:
         lines.append(
             f"Between steps: {_ms(edges)} (windows started, stopped, collected and saved)."
         )
+    if o.in_steps_ns:
+        listed = ", ".join(f"{name} {_ms(ns)}" for name, ns in sorted(o.in_steps_ns.items()))
+        lines.append(f"Measured inside the recorded steps: {listed}.")
     if o.collector_ns:
         listed = ", ".join(
             f"{name} {_ms(ns)}"

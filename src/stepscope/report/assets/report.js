@@ -598,8 +598,9 @@
       ? `Overhead: no ${o.recorded_median_ns === null ? "recorded" : "unrecorded"} step to compare with (${counts}).`
       : `Overhead: recorded steps took ${o.slowdown_pct >= 0 ? "+" : ""}${o.slowdown_pct.toFixed(1)}% against unrecorded steps ` +
         `(median ${ms(o.recorded_median_ns)} vs ${ms(o.unrecorded_median_ns)} ms; ${counts}).`;
-    const hooks = Object.entries(o.collector_ns).map(([k, v]) => `${k} ${ms(v)} ms`).join(", ");
-    return h("p", { id: "overhead" }, said + (hooks ? ` Collector hooks: ${hooks}.` : ""));
+    const list = (m) => Object.entries(m || {}).map(([k, v]) => `${k} ${ms(v)} ms`).join(", ");
+    const inside = list(o.in_steps_ns), hooks = list(o.collector_ns);
+    return h("p", { id: "overhead" }, said + (inside ? ` Measured inside the recorded steps: ${inside}.` : "") + (hooks ? ` Collector hooks: ${hooks}.` : ""));
   }
 
   // ---- memory (profile_memory) -----------------------------------------------------------
