@@ -161,3 +161,16 @@ def test_no_module_is_over_800_lines() -> None:
         if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES
     }
     assert long == {}, f"split these modules (over {MAX_MODULE_LINES} lines): {long}"
+
+
+def test_the_integrations_sit_beside_the_face() -> None:
+    """Only the public face (the root package, lazily) may import ``stepscope.integrations``:
+    it uses the profiler, the analysis and the renderers, and nothing below uses it."""
+    offenders = {
+        module: sorted(n for n in imported if _part(n) == "integrations")
+        for module, imported in module_imports().items()
+        if _part(module) not in ("integrations", None)
+    }
+    assert {m: names for m, names in offenders.items() if names} == {}
+    graph = part_graph()
+    assert {"analysis", "profiler", "report"} <= graph["integrations"]

@@ -3,7 +3,8 @@ and recommendations.
 
 PATH is a trace file (.json or .json.gz, written by stepscope or torch.profiler) or a
 directory of them (several windows or ranks: each file, then all together).  --json writes the
-same numbers in the versioned ``stepscope.report`` schema (docs/report-schema.md).
+same numbers in the versioned ``stepscope.report`` schema (docs/report-schema.md); --markdown a
+short summary with its evidence (for pull-request comments and agents).
 """
 
 from __future__ import annotations
