@@ -119,8 +119,8 @@ def test_every_report_format_states_the_overhead(tmp_path: Path) -> None:
     assert stated.edge_ns["recorded"] > 0  # the window's stop and save happened between steps
 
 
-def test_the_ring_keeps_the_last_steps_and_counts_the_dropped() -> None:
-    times = StepTimes(capacity=4)
+def test_the_ring_keeps_the_last_steps_and_counts_the_dropped(implementation: str) -> None:
+    times = StepTimes(capacity=4, implementation=implementation)
     for kind in (0, 0, 1, 2, 3, 2, 0):
         times.begin(kind)
         times.end()
@@ -130,18 +130,22 @@ def test_the_ring_keeps_the_last_steps_and_counts_the_dropped() -> None:
     times.end()  # no step open: nothing happens
     assert len(times) == 4
     with pytest.raises(ValueError, match="capacity"):
-        StepTimes(capacity=0)
+        StepTimes(capacity=0, implementation=implementation)
 
 
-def test_a_step_time_is_the_loop_body() -> None:
-    times = StepTimes()
+def test_a_step_time_is_the_loop_body_and_edges_fall_between(implementation: str) -> None:
+    times = StepTimes(implementation=implementation)
     began = time.perf_counter_ns()
     times.begin(0)
     time.sleep(0.01)
     times.end()
+    time.sleep(0.005)  # the profiler's work at a step edge
+    times.begin(2)
+    times.end()
     outside = time.perf_counter_ns() - began
     (inside,) = times.durations()["unrecorded"]
     assert 0.01e9 <= inside <= outside
+    assert 0.005e9 <= times.edges()["unrecorded"] <= outside - inside
 
 
 def test_the_sampler_states_its_own_time_inside_the_steps(tmp_path: Path) -> None:
