@@ -9,6 +9,7 @@ within max(5 points, 25 %).
 
 from __future__ import annotations
 
+import io
 import json
 import statistics
 import time
@@ -16,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
 import stepscope
 from stepscope import _ext
@@ -23,6 +25,7 @@ from stepscope.analysis.analyze import analyze
 from stepscope.analysis.result import Overhead
 from stepscope.report.html import html_document
 from stepscope.report.overhead import overhead_lines
+from stepscope.report.terminal import render_report
 from stepscope.step_times import StepTimes
 from stepscope.trace.chrome import read_chrome_trace
 
@@ -133,6 +136,9 @@ def test_every_report_format_states_the_overhead(tmp_path: Path) -> None:
     text = " ".join(overhead_lines(report.combined.overhead))
     assert f"{ACTIVE * REPEAT} recorded, {WAIT * REPEAT} unrecorded" in text
     assert "Overhead: recorded steps took" in text
+    console = Console(file=io.StringIO(), width=200)
+    render_report(report, console)
+    assert "Overhead: recorded steps took" in console.file.getvalue()  # type: ignore[attr-defined]
     page = html_document(report)
     assert '"overhead"' in page and "function overheadText" in page
     assert stated.edge_ns["recorded"] > 0  # the window's stop and save happened between steps
