@@ -289,6 +289,9 @@ def test_demo_report_in_browser(browser: Any, tmp_path: Path) -> None:
     assert inked_pixels(browser, "#host-chart") > 0.01 * width * 200
     assert browser.find_elements(By.CSS_SELECTOR, "#steps .stackbar .seg")
     assert "No device" in browser.find_element(By.ID, "device").text
+    overhead = data_block(page.read_text())["combined"]["overhead"]
+    said = browser.find_element(By.ID, "overhead").text
+    assert said.startswith("Overhead: ") and f"{overhead['recorded_steps']} recorded" in said
     recs = browser.find_elements(By.CSS_SELECTOR, "#recommendations .rec")
     assert any("Data loading" in r.text and "threshold pct" in r.text for r in recs)
     # flame graph: samples first (a sampled plain-Python program), then the spans
@@ -334,6 +337,7 @@ def test_gpu_report_in_browser(browser: Any, tmp_path: Path) -> None:
     assert inked_pixels(browser, "#device-chart") > 1000
     device = browser.find_element(By.ID, "device").text
     assert "HTA's temporal breakdown" in device and "launch delay" in device
+    assert "Overhead: not stated" in browser.find_element(By.ID, "overhead").text  # torch's
     kernels = column(browser, "#table-kernels", 0)
     assert len(kernels) == 10 and all(k and "<" not in k for k in kernels)
     assert flame_frames(browser) > 20

@@ -56,6 +56,7 @@ REQUIRED = (
     "RecordFunction",
     "_tracer_start",
     "StackSampler",
+    "StepRing",
 )
 """Entry points of each C part; a module lacking one is a stale build and is refused."""
 
@@ -102,6 +103,7 @@ if TYPE_CHECKING:
         _mon_c_end = staticmethod(_native._mon_c_end)
         _mon_noop = staticmethod(_native._mon_noop)
         StackSampler = _native.StackSampler
+        StepRing = _native.StepRing
         _sampler_after_fork_in_child = staticmethod(_native._sampler_after_fork_in_child)
 
 else:

@@ -294,5 +294,17 @@ class StackSampler:
     def stop_signals(self, timeout_s: float = 1.0, /) -> _SignalStats:
         """Stop signal sampling, drain, restore SIGPROF; the run's counters."""
 
+@final
+class StepRing:
+    """Every step's start and end (monotonic ns) and kind, the last ``capacity`` kept."""
+
+    def __init__(self, capacity: int) -> None: ...
+    def begin(self, kind: int, /) -> None:
+        """A step starts now (kind 0 unrecorded, 1 warmup, 2 and more recorded)."""
+    def end(self) -> None:
+        """The open step ends now (none open: nothing)."""
+    def export(self) -> tuple[bytes, bytes, bytes, int]:
+        """(starts, ends, kinds, count): int64 and uint8 columns of the ring, steps ended."""
+
 def _sampler_after_fork_in_child() -> None:
     """Forget a signal-sampling run inherited from the parent (in a forked child)."""

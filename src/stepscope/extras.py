@@ -19,6 +19,10 @@ EXTRAS = {
     "sampling": "py-spy",
     "torch": "torch",
     "parquet": "pyarrow",
+    "lightning": "lightning",
+    "pytorch-lightning": "pytorch-lightning",
+    "transformers": "transformers and accelerate",
+    "mlflow": "mlflow-skinny",
 }
 """Each extra of ``pyproject.toml`` and what it installs."""
 

@@ -19,6 +19,7 @@ from itertools import compress
 from stepscope.analysis import device as dev
 from stepscope.analysis import host, ops, steps
 from stepscope.analysis.memory import combine_memory, memory_summary
+from stepscope.analysis.overhead import pick_overhead, trace_overhead
 from stepscope.analysis.ranks import analyze_ranks
 from stepscope.analysis.result import (
     Category,
@@ -384,6 +385,7 @@ def analyze_trace(
     """Analyse one trace."""
     summary = _summarize(source, [_facts(trace, source, step_range)], top)
     summary.memory = memory_summary(trace, top, step_range)
+    summary.overhead = trace_overhead(trace)
     return summary
 
 
@@ -410,6 +412,7 @@ def analyze(
             one = _facts(trace, label, step_range)
             summary = _summarize(one.source, [one], top)
             summary.memory = memory_summary(trace, top, step_range)
+            summary.overhead = trace_overhead(trace)
         except ANALYSIS_ERRORS as exc:
             if failures is None:
                 raise
@@ -424,5 +427,6 @@ def analyze(
     combined = per_file[0] if len(facts) == 1 else _summarize("all files", facts, top)
     if len(facts) > 1:
         combined.memory = combine_memory([s.memory for s in per_file])
+        combined.overhead = pick_overhead(per_file)
     ranks = analyze_ranks(traces, per_file, step_range) if len(traces) > 1 else None
     return Report(per_file, combined, step_range, top, ranks)

@@ -35,6 +35,7 @@ __all__ = [
     "KernelTypeTime",
     "LaunchDelay",
     "OperatorRow",
+    "Overhead",
     "Recommendation",
     "Report",
     "StepDiff",
@@ -247,6 +248,32 @@ class Recommendation:
     severity: str = "warning"
 
 
+@dataclass(frozen=True)
+class Overhead:
+    """What profiling cost the run: recorded steps against unrecorded steps of the same run.
+
+    From the step times the profile keeps for every step (``stepscope.step_times``), up to the
+    end of the window the trace holds.  ``slowdown_pct`` is the recorded steps' median over the
+    unrecorded steps' median, minus one (None without both kinds); ``edge_ns`` the time spent
+    between steps (window starts and stops, trace writing) by the kind of step that ended;
+    ``collector_ns`` each collector's time in its hooks; ``in_steps_ns`` what collectors
+    measured of their own cost inside the steps.
+    """
+
+    recorded_steps: int
+    unrecorded_steps: int
+    warmup_steps: int
+    recorded_median_ns: int | None
+    unrecorded_median_ns: int | None
+    slowdown_pct: float | None
+    edge_ns: dict[str, int]
+    collector_ns: dict[str, int]
+    dropped: int
+    in_steps_ns: dict[str, int] = field(default_factory=dict)
+    """Time collectors measured themselves spending inside the recorded steps (the sampler's
+    sampling and signal handling); the rest of the slowdown is not split by collector."""
+
+
 @dataclass
 class TraceSummary:
     """Everything the analysis found in one trace (or in several together)."""
@@ -281,6 +308,8 @@ class TraceSummary:
     windows: dict[str, str] = field(default_factory=dict)
     """File -> the name of the profile window it holds (``window 1 (steps 2-4)``), when the
     trace says (stepscope's ``stepscope_window``)."""
+    overhead: Overhead | None = None
+    """Recorded against unrecorded steps, and each collector's cost (stepscope's own traces)."""
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON values."""

@@ -3,7 +3,8 @@ and recommendations.
 
 PATH is a trace file (.json or .json.gz, written by stepscope or torch.profiler) or a
 directory of them (several windows or ranks: each file, then all together).  --json writes the
-same numbers in the versioned ``stepscope.report`` schema (docs/report-schema.md).
+same numbers in the versioned ``stepscope.report`` schema (docs/report-schema.md); --markdown a
+short summary with its evidence (for pull-request comments and agents).
 """
 
 from __future__ import annotations
@@ -41,6 +42,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top", type=int, default=10, metavar="K", help="rows per table (10)")
     parser.add_argument("--json", metavar="FILE", help="also write the report as JSON")
     parser.add_argument("--html", metavar="FILE", help="also write the report as HTML")
+    parser.add_argument(
+        "--markdown", metavar="FILE", help="also write a short Markdown summary (for PR comments)"
+    )
     parser.add_argument(
         "--parquet",
         metavar="DIR",
@@ -188,6 +192,11 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         write_text(args.json, report.to_json() + "\n", "JSON report")
         print(f"stepscope report: JSON -> {args.json}", file=sys.stderr)
+    if args.markdown:
+        from stepscope.report.markdown import report_markdown
+
+        write_text(args.markdown, report_markdown(report), "Markdown summary")
+        print(f"stepscope report: Markdown -> {args.markdown}", file=sys.stderr)
     if args.html:
         if write_html_report(report, args.html, traces):
             print(f"stepscope report: HTML -> {args.html}", file=sys.stderr)

@@ -17,7 +17,7 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from stepscope import __version__
+from stepscope._version import __version__
 from stepscope.distributed import rank_info
 from stepscope.failures import failure_log
 from stepscope.profiler.control_protocol import (

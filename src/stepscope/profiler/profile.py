@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
 from typing import Any
 
-from stepscope import clock, forks, steps
+from stepscope import clock, forks, step_times, steps
 from stepscope._version import __version__
 from stepscope.activity import ProfilerActivity, coerce_activities
 from stepscope.collectors import import_watch
@@ -170,6 +170,8 @@ class profile:
             if not isinstance(extra, Collector):
                 raise TypeError(f"collectors must be Collector instances, got {extra!r}")
             self.collectors.append(extra)
+        self.step_times = step_times.StepTimes()
+        """Every step's start and end, recorded or not, and each collector's hook time."""
         self.step_num = 0
         self.current_action = action_at(self.schedule, 0)
         self.preset_metadata: dict[str, Any] = {}
@@ -393,6 +395,7 @@ class profile:
             action()
 
     def _open_step_span(self) -> None:
+        self.step_times.begin(self.current_action._value_)
         if self.current_action not in RECORDING:
             return
         if not self._mark_steps_from_start:
@@ -403,6 +406,7 @@ class profile:
         self._step_span = span
 
     def _close_step_span(self, stepping: bool = False) -> None:
+        self.step_times.end()
         span, self._step_span = self._step_span, None
         if span is not None:
             span.__exit__(None, None, None)
@@ -416,7 +420,7 @@ class profile:
         if id(collector) in self._broken and phase != "close":
             return
         try:
-            fn()
+            self.step_times.timed(collector.name, fn)
         except Exception as exc:
             _failures.report(
                 "collector_error",
@@ -530,6 +534,7 @@ class profile:
             "end_ns": ctx.end_ns,
         }
         meta["stepscope_activities"] = sorted(a.name for a in self.activities)
+        meta["stepscope_overhead"] = self.step_times.summary()
         meta.update(ctx.metadata)
         meta.update(self.preset_metadata)
         meta.update(self._window_metadata)

@@ -27,6 +27,7 @@ from stepscope.analysis.result import (
 )
 from stepscope.report.labels import source_label
 from stepscope.report.memory import human_bytes, memory_renderables
+from stepscope.report.overhead import overhead_lines
 from stepscope.text import printable
 
 __all__ = ["SafeConsole", "render_diff", "render_report", "render_summary"]
@@ -290,6 +291,7 @@ def render_summary(s: TraceSummary) -> RenderableType:
     if s.dropped:
         listed = ", ".join(f"{k} {v}" for k, v in s.dropped.items())
         parts.append(Text(f"Dropped: {listed}", style="yellow"))
+    parts += [Text(line) for line in overhead_lines(s.overhead)]
     for note in s.notes:
         parts.append(Text(f"Note: {note}", style="dim"))
     parts.append(_recommendations(s))

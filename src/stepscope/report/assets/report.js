@@ -594,7 +594,20 @@
       ),
     );
     if (s.profiler_overhead_ns) parts.push(h("p", {}, `Profiler overhead spans: ${ms(s.profiler_overhead_ns)} ms`));
-    return section("extras", "Counters and recorder health", parts);
+    parts.push(overheadText(s.overhead));
+    return section("extras", "Overhead, counters and recorder health", parts);
+  }
+
+  function overheadText(o) {
+    if (!o) return h("p", { id: "overhead" }, "Overhead: not stated (no step times: not written by stepscope).");
+    const counts = `${o.recorded_steps} recorded, ${o.unrecorded_steps} unrecorded, ${o.warmup_steps} warmup steps of this run`;
+    const said = o.slowdown_pct === null
+      ? `Overhead: no ${o.recorded_median_ns === null ? "recorded" : "unrecorded"} step to compare with (${counts}).`
+      : `Overhead: recorded steps took ${o.slowdown_pct >= 0 ? "+" : ""}${o.slowdown_pct.toFixed(1)}% against unrecorded steps ` +
+        `(median ${ms(o.recorded_median_ns)} vs ${ms(o.unrecorded_median_ns)} ms; ${counts}).`;
+    const list = (m) => Object.entries(m || {}).map(([k, v]) => `${k} ${ms(v)} ms`).join(", ");
+    const inside = list(o.in_steps_ns), hooks = list(o.collector_ns);
+    return h("p", { id: "overhead" }, said + (inside ? ` Measured inside the recorded steps: ${inside}.` : "") + (hooks ? ` Collector hooks: ${hooks}.` : ""));
   }
 
   // ---- memory (profile_memory) -----------------------------------------------------------

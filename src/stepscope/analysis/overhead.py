@@ -1,0 +1,76 @@
+"""The overhead a trace states: its ``stepscope_overhead`` metadata as an ``Overhead``.
+
+stepscope's profile writes the step times of every step so far (recorded or not) into each
+window's metadata; traces from elsewhere have none and get ``None``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from stepscope.analysis.result import Overhead, TraceSummary
+from stepscope.trace.model import Trace
+
+__all__ = ["pick_overhead", "trace_overhead"]
+
+
+def _int_or_none(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _ns_map(value: Any) -> dict[str, int]:
+    if not isinstance(value, Mapping):
+        return {}
+    return {str(k): v for k, v in value.items() if _int_or_none(v) is not None}
+
+
+def trace_overhead(trace: Trace) -> Overhead | None:
+    """The trace's stated overhead, or None (no or malformed ``stepscope_overhead``)."""
+    found = trace.metadata.get("stepscope_overhead")
+    if not isinstance(found, Mapping) or not isinstance(found.get("steps"), Mapping):
+        return None
+    kinds = found["steps"]
+
+    def stat(kind: str, key: str) -> int | None:
+        entry = kinds.get(kind)
+        return _int_or_none(entry.get(key)) if isinstance(entry, Mapping) else None
+
+    recorded, unrecorded = stat("recorded", "median_ns"), stat("unrecorded", "median_ns")
+    slowdown = (
+        100.0 * (recorded - unrecorded) / unrecorded
+        if recorded is not None and unrecorded
+        else None
+    )
+    return Overhead(
+        recorded_steps=stat("recorded", "count") or 0,
+        unrecorded_steps=stat("unrecorded", "count") or 0,
+        warmup_steps=stat("warmup", "count") or 0,
+        recorded_median_ns=recorded,
+        unrecorded_median_ns=unrecorded,
+        slowdown_pct=slowdown,
+        edge_ns=_ns_map(found.get("edge_ns")),
+        collector_ns=_ns_map(found.get("collector_ns")),
+        dropped=_int_or_none(found.get("dropped")) or 0,
+        in_steps_ns=_measured_in_steps(trace.metadata),
+    )
+
+
+def _measured_in_steps(metadata: Mapping[str, Any]) -> dict[str, int]:
+    """The sampler's own time inside the window: sampling (``busy_ms``) and its signal
+    handler (``handler_ms``), as its metadata states them."""
+    sampler = metadata.get("stepscope_sampler")
+    if not isinstance(sampler, Mapping):
+        return {}
+    spent = [sampler.get(key) for key in ("busy_ms", "handler_ms")]
+    total = sum(v for v in spent if isinstance(v, (int, float)) and not isinstance(v, bool))
+    return {"sampler": int(total * 1e6)} if total else {}
+
+
+def pick_overhead(summaries: Sequence[TraceSummary]) -> Overhead | None:
+    """The overhead of several files together: the one that saw the most steps (the last
+    window of a run knows every step before it)."""
+    known = [s.overhead for s in summaries if s.overhead is not None]
+    if not known:
+        return None
+    return max(known, key=lambda o: o.recorded_steps + o.unrecorded_steps + o.warmup_steps)

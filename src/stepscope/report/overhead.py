@@ -1,0 +1,47 @@
+"""The overhead a report states, as text lines (terminal and Markdown share them)."""
+
+from __future__ import annotations
+
+from stepscope.analysis.result import Overhead
+
+__all__ = ["overhead_lines"]
+
+
+def _ms(ns: float) -> str:
+    return f"{ns / 1e6:,.3f} ms"
+
+
+def overhead_lines(o: Overhead | None) -> list[str]:
+    """What profiling cost: the recorded steps' slowdown, edge time, collector hook time."""
+    if o is None:
+        return ["Overhead: not stated (the trace has no step times: not written by stepscope)."]
+    counts = (
+        f"{o.recorded_steps} recorded, {o.unrecorded_steps} unrecorded, "
+        f"{o.warmup_steps} warmup steps of this run"
+    )
+    if o.slowdown_pct is None or o.recorded_median_ns is None:
+        missing = "unrecorded" if o.recorded_median_ns is not None else "recorded"
+        lines = [f"Overhead: no {missing} step to compare with ({counts})."]
+    else:
+        lines = [
+            f"Overhead: recorded steps took {o.slowdown_pct:+.1f}% against unrecorded steps "
+            f"(median {_ms(o.recorded_median_ns)} vs {_ms(o.unrecorded_median_ns or 0)}; "
+            f"{counts})."
+        ]
+    edges = sum(o.edge_ns.values())
+    if edges:
+        lines.append(
+            f"Between steps: {_ms(edges)} (windows started, stopped, collected and saved)."
+        )
+    if o.in_steps_ns:
+        listed = ", ".join(f"{name} {_ms(ns)}" for name, ns in sorted(o.in_steps_ns.items()))
+        lines.append(f"Measured inside the recorded steps: {listed}.")
+    if o.collector_ns:
+        listed = ", ".join(
+            f"{name} {_ms(ns)}"
+            for name, ns in sorted(o.collector_ns.items(), key=lambda kv: -kv[1])
+        )
+        lines.append(f"Collector hooks: {listed}.")
+    if o.dropped:
+        lines.append(f"Step times dropped (oldest, past the ring): {o.dropped}.")
+    return lines

@@ -1,0 +1,106 @@
+"""``StepscopeProfiler`` in a real Lightning ``Trainer`` (``lightning`` and ``pytorch_lightning``).
+
+A tiny model trains a few steps on the CPU; the test reads the written trace and checks that
+exactly the scheduled steps were recorded and that the report's forward and backward shares per
+step agree (within 3 points) with the split the test computes itself from the regions' spans.
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import stepscope
+from stepscope.analysis.analyze import analyze
+from stepscope.integrations.lightning import region_name
+from stepscope.trace.chrome import read_chrome_trace
+from tests.integration_helpers import region_shares, step_spans
+
+torch = pytest.importorskip("torch")
+
+
+def _module_class(pl: Any) -> Any:
+    class Tiny(pl.LightningModule):  # type: ignore[misc]
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = torch.nn.Sequential(
+                torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1)
+            )
+
+        def training_step(self, batch: Any, index: int) -> Any:
+            time.sleep(0.004)  # a forward long enough to measure on a busy machine
+            return self.net(batch[0]).pow(2).mean()
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    return Tiny
+
+
+def _fit(package: str, profiler_module: str, tmp_path: Path) -> tuple[Any, list[Path]]:
+    pl = pytest.importorskip(package)
+    profiler_class = importlib.import_module(profiler_module).StepscopeProfiler
+    profiler = profiler_class(
+        dirpath=tmp_path / "traces",
+        schedule=stepscope.schedule(wait=1, warmup=1, active=3, repeat=1),
+    )
+    data = torch.utils.data.TensorDataset(torch.randn(64, 64))
+    trainer = pl.Trainer(
+        max_steps=7,
+        profiler=profiler,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+        default_root_dir=tmp_path,
+    )
+    trainer.fit(_module_class(pl)(), torch.utils.data.DataLoader(data, batch_size=8))
+    return profiler, sorted((tmp_path / "traces").iterdir())
+
+
+def test_lightning_records_the_scheduled_steps_with_forward_and_backward_right(
+    tmp_path: Path,
+) -> None:
+    profiler, files = _fit("lightning", "stepscope.integrations.lightning", tmp_path)
+    assert len(files) == 1  # one window, one rank
+    trace = read_chrome_trace(files[0])
+    assert [s[0] for s in step_spans(trace)] == [2, 3, 4]
+    report = analyze([(files[0].name, trace)])
+    forward = region_shares(trace, lambda n: n.startswith("forward: "))
+    backward = region_shares(trace, lambda n: n.endswith("Strategy.backward"))
+    for b in report.combined.host_steps:
+        assert b.step is not None
+        shares = {c.name: c.pct for c in b.categories}
+        assert forward[b.step] > 10  # the regions are there and not empty
+        assert abs(shares["forward"] - forward[b.step]) <= 3, (b.step, shares, forward)
+        assert abs(shares["backward"] - backward[b.step]) <= 3, (b.step, shares, backward)
+        assert shares["optimizer"] > 0
+    summary = profiler.summary()
+    assert "**3 steps**" in summary and str(files[0]) in summary
+
+
+def test_pytorch_lightning_records_the_scheduled_steps(tmp_path: Path) -> None:
+    _, files = _fit("pytorch_lightning", "stepscope.integrations.pytorch_lightning", tmp_path)
+    assert len(files) == 1
+    assert [s[0] for s in step_spans(read_chrome_trace(files[0]))] == [2, 3, 4]
+
+
+def test_region_names_tell_the_closure_apart() -> None:
+    assert region_name("[Strategy]SingleDeviceStrategy.training_step").startswith("forward: ")
+    assert region_name("[LightningModule]M.optimizer_step").startswith("optimizer: ")
+    assert region_name("[Strategy]SingleDeviceStrategy.backward").endswith(".backward")
+
+
+def test_a_wrong_option_is_an_error_where_it_is_written() -> None:
+    pytest.importorskip("lightning")
+    from stepscope.integrations.lightning import StepscopeProfiler
+
+    with pytest.raises(ValueError, match="leave out on_trace_ready"):
+        StepscopeProfiler(on_trace_ready=print)
+    with pytest.raises(TypeError):
+        StepscopeProfiler(no_such_option=1)

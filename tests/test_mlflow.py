@@ -1,0 +1,72 @@
+"""``log_report`` into a real local MLflow tracking store (a file store in the test's dir).
+
+The step metrics read back from MLflow are compared with the step spans the test reads from
+the written trace itself; the artifacts with the Markdown and JSON the report renders.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+import stepscope
+from stepscope.analysis.analyze import analyze
+from stepscope.report.markdown import report_markdown
+from stepscope.trace.chrome import read_chrome_trace
+from tests.integration_helpers import step_spans
+
+mlflow = pytest.importorskip("mlflow")
+
+
+def _run(directory: Path) -> Path:
+    sched = stepscope.schedule(wait=1, warmup=1, active=3, repeat=1)
+    handler = stepscope.trace_handler(directory, worker_name="run")
+    with stepscope.profile(schedule=sched, on_trace_ready=handler, torch_ops=False) as prof:
+        for _ in range(6):
+            with stepscope.record_function("forward"):
+                time.sleep(0.002)
+            prof.step()
+    (found,) = directory.iterdir()
+    return found
+
+
+def test_step_metrics_and_the_summary_reach_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from stepscope.integrations.mlflow import log_report
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # the local store without a database
+    mlflow.set_tracking_uri((tmp_path / "mlruns").as_uri())
+    trace_file = _run(tmp_path / "traces")
+    experiment = mlflow.create_experiment("stepscope-test")
+    with mlflow.start_run(experiment_id=experiment) as run:
+        assert log_report(trace_file) == run.info.run_id
+    client = mlflow.MlflowClient()
+    history = client.get_metric_history(run.info.run_id, "stepscope.step_ms")
+    by_step = {m.step: m.value for m in history}
+    spans = step_spans(read_chrome_trace(trace_file))
+    assert sorted(by_step) == [s[0] for s in spans] == [2, 3, 4]
+    for step, lo, hi, _ in spans:
+        assert by_step[step] == pytest.approx((hi - lo) / 1e6, rel=1e-6)
+    forward = client.get_metric_history(run.info.run_id, "stepscope.host.forward_ms")
+    assert len(forward) == 3 and all(0 < m.value <= by_step[m.step] for m in forward)
+    data = client.get_run(run.info.run_id).data.metrics
+    assert data["stepscope.steps"] == 3
+    assert "stepscope.overhead_pct" in data
+    report = analyze([(trace_file.name, read_chrome_trace(trace_file))])
+    artifacts = Path(client.download_artifacts(run.info.run_id, "stepscope", str(tmp_path / "dl")))
+    assert (artifacts / "summary.md").read_text(encoding="utf-8") == report_markdown(report)
+    logged = json.loads((artifacts / "report.json").read_text(encoding="utf-8"))
+    assert logged["combined"]["steps"] == json.loads(report.to_json())["combined"]["steps"]
+
+
+def test_without_a_run_the_error_says_what_to_do(tmp_path: Path) -> None:
+    from stepscope.integrations.mlflow import log_report
+
+    trace_file = _run(tmp_path / "traces")
+    assert mlflow.active_run() is None
+    with pytest.raises(ValueError, match="no active MLflow run"):
+        log_report(trace_file)
