@@ -27,12 +27,17 @@ def test_the_step_opened_after_the_last_iteration_is_left_out_and_said() -> None
     assert any("left out" in note for note in summary.notes)
 
 
-def test_a_single_step_window_keeps_its_step() -> None:
+def test_a_window_that_never_stepped_is_the_whole_trace_as_torchs_is() -> None:
+    # torch writes no ProfilerStep span for a profile without step() calls; neither does
+    # stepscope, so the whole trace is analysed as one, and nothing is said to be cut short
     with stepscope.profile(torch_ops=False) as prof:
         sum(range(20_000))
-    summary = analyze([("one", prof.trace())]).files[0]
-    assert [s.step for s in summary.steps] == [0]
-    assert not any("left out" in note for note in summary.notes)
+    trace = prof.trace()
+    assert not any(s.name.startswith("ProfilerStep#") for s in trace.iter_spans())
+    summary = analyze([("one", trace)]).files[0]
+    assert not summary.has_steps and summary.steps == [] and summary.cut_short == []
+    assert any("no ProfilerStep spans" in note for note in summary.notes)
+    assert not any("cut short" in note for note in summary.notes)
 
 
 def busy(seconds: float) -> None:

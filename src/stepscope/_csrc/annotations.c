@@ -69,9 +69,21 @@ static PyObject *step_prefix(void) {
     return prefix;
 }
 
-static int is_step_span(PyObject *name) {
+static PyObject *own_work_name(void) {
+    static PyObject *own = NULL; /* interned once; OWN_WORK_FRAME in trace/names.py */
+    if (own == NULL) {
+        own = PyUnicode_InternFromString("[stepscope own work]");
+    }
+    return own;
+}
+
+/* Spans kept over the budget: the step spans (one per step: without them no step is known)
+   and stepscope's own work between steps (without it that time is the self time of the hook
+   it ran in). */
+static int is_kept_over_budget(PyObject *name) {
     PyObject *prefix = step_prefix();
-    if (prefix == NULL || !PyUnicode_Check(name)) {
+    PyObject *own = own_work_name();
+    if (prefix == NULL || own == NULL || !PyUnicode_Check(name)) {
         PyErr_Clear();
         return 0;
     }
@@ -80,13 +92,20 @@ static int is_step_span(PyObject *name) {
         PyErr_Clear();
         return 0;
     }
-    return found == 1;
+    if (found == 1) {
+        return 1;
+    }
+    int same = PyUnicode_Compare(name, own);
+    if (same == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0;
+    }
+    return same == 0;
 }
 
 static int append_span(PyObject *name, PyObject *args, int64_t start, int64_t end,
                        unsigned long tid) {
-    /* the step spans are kept over the budget (one per step): without them no step is known */
-    if (max_spans > 0 && PyList_GET_SIZE(sink) >= max_spans && !is_step_span(name)) {
+    if (max_spans > 0 && PyList_GET_SIZE(sink) >= max_spans && !is_kept_over_budget(name)) {
         dropped++;
         return 0;
     }

@@ -20,9 +20,17 @@ from stepscope._ext import NativeModule, native
 from stepscope.collectors.base import Collector, WindowContext
 from stepscope.collectors.compiled import register_with_dynamo
 from stepscope.trace.model import TraceBuilder
+from stepscope.trace.names import OWN_WORK_FRAME
 
 STEP_SPAN = "ProfilerStep#"
 """Spans named so (the profile's steps, one per step) are kept over ``max_spans``."""
+
+
+def kept_over_budget(name: str) -> bool:
+    """Whether a span is kept over ``max_spans``: a step (without it no step is known), or
+    stepscope's own work between steps (without it that time is the self time of a hook)."""
+    return name.startswith(STEP_SPAN) or name == OWN_WORK_FRAME
+
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -113,7 +121,7 @@ class _PythonBackend:
         sink = self.sink
         if sink is None:
             return
-        if self.max_spans and len(sink) >= self.max_spans and not span[0].startswith(STEP_SPAN):
+        if self.max_spans and len(sink) >= self.max_spans and not kept_over_budget(span[0]):
             self.dropped += 1
         else:
             sink.append(span)
