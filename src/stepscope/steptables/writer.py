@@ -1,0 +1,142 @@
+"""The step tables' background thread: writes each full row group as one Parquet file and
+samples the RSS, so the training loop's ``step()`` only stores numbers."""
+
+from __future__ import annotations
+
+import os
+import threading
+from array import array
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from stepscope.atomic import atomic_output
+from stepscope.failures import failure_log
+from stepscope.steptables.schema import INT_COLUMNS, SCHEMA_VERSION, arrow_schema
+
+__all__ = ["RowGroup", "TableWriter"]
+
+RSS_PERIOD_S = 0.02
+"""How often the writer thread samples the RSS the rows carry."""
+MAX_PENDING = 4
+"""Row groups waiting to be written before new rows are dropped (and counted)."""
+NCOLS = len(INT_COLUMNS)
+_failures = failure_log("step_tables")
+
+
+@dataclass
+class RowGroup:
+    """A preallocated block of rows: int columns row-major in ``ints``, ``recorded`` flags."""
+
+    capacity: int
+    ints: array[int] = field(init=False)
+    recorded: bytearray = field(init=False)
+    rows: int = 0
+
+    def __post_init__(self) -> None:
+        self.ints = array("q", bytes(8 * NCOLS * self.capacity))
+        self.recorded = bytearray(self.capacity)
+
+
+def _read_rss() -> int:
+    """Resident bytes of this process (0 where /proc is missing)."""
+    try:
+        with open("/proc/self/statm", "rb") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+class TableWriter:
+    """Writes row groups handed over by ``submit`` into ``directory`` on its own thread."""
+
+    def __init__(self, directory: Path, host: str, capacity: int) -> None:
+        self.directory = directory
+        self.host = host
+        self.pid = os.getpid()
+        self.capacity = capacity
+        self.rss = _read_rss()
+        """The latest RSS sample (read by the recorder at every step)."""
+        self.files_written = 0
+        self.dropped_rows = 0
+        """Rows lost because the writer fell ``MAX_PENDING`` row groups behind."""
+        self._queue: deque[RowGroup] = deque()
+        self._free: deque[RowGroup] = deque([RowGroup(capacity)])
+        self._allocated = 1
+        self._wake = threading.Event()
+        self._closing = False
+        self._thread = threading.Thread(
+            target=self._loop, name="stepscope-step-tables", daemon=True
+        )
+        self._thread.start()
+
+    def fresh(self) -> RowGroup | None:
+        """An empty row group to fill, or None when the writer is too far behind."""
+        if self._free:
+            return self._free.popleft()
+        if self._allocated <= MAX_PENDING:
+            self._allocated += 1
+            return RowGroup(self.capacity)
+        return None
+
+    def submit(self, group: RowGroup) -> None:
+        """Queue a row group for writing (called by the recorder when one is full)."""
+        self._queue.append(group)
+        self._wake.set()
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Write what is queued and stop the thread."""
+        self._closing = True
+        self._wake.set()
+        self._thread.join(timeout_s)
+
+    def _loop(self) -> None:
+        while True:
+            self._wake.wait(RSS_PERIOD_S)
+            self._wake.clear()
+            self.rss = _read_rss()
+            while self._queue:
+                group = self._queue.popleft()
+                self._write_guarded(group)
+                group.rows = 0
+                self._free.append(group)
+            if self._closing:
+                return
+
+    def _write_guarded(self, group: RowGroup) -> None:
+        try:
+            self._write(group)
+        except Exception as exc:
+            _failures.report(
+                type(exc).__name__,
+                "step tables writer",
+                exc,
+                strict=False,  # on this thread nobody could catch it
+                then=f"{group.rows} step rows lost; later row groups are still tried",
+            )
+
+    def _write(self, group: RowGroup) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        n = group.rows
+        if n == 0:
+            return
+        ints = group.ints
+        columns = [
+            pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(ints[i : n * NCOLS : NCOLS])])
+            for i in range(NCOLS)
+        ]
+        flags = pa.py_buffer(bytes(group.recorded[:n]))
+        columns += [
+            pa.Array.from_buffers(pa.uint8(), n, [None, flags]).cast(pa.bool_()),
+            pa.array([self.host] * n, type=pa.string()),
+            pa.array([self.pid] * n, type=pa.int32()),
+            pa.array([SCHEMA_VERSION] * n, type=pa.int16()),
+        ]
+        table = pa.Table.from_arrays(columns, schema=arrow_schema())
+        first = group.ints[0]
+        name = f"steps-{first:010d}-{self.pid}-{self.files_written:05d}.parquet"
+        with atomic_output(self.directory / name, what="step table") as fh:
+            pq.write_table(table, fh, compression="zstd")
+        self.files_written += 1
