@@ -18,6 +18,7 @@ SUBCOMMANDS: dict[str, str] = {
     "report": "stepscope.commands.report",
     "diff": "stepscope.commands.diff",
     "merge": "stepscope.commands.merge",
+    "fleet": "stepscope.commands.fleet",
 }
 
 
