@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
 from typing import Any
 
-from stepscope import __version__, clock, forks, steps
+from stepscope import __version__, clock, forks, steps, steptables
 from stepscope.activity import ProfilerActivity, coerce_activities
 from stepscope.collectors import import_watch
 from stepscope.collectors.annotations import AnnotationCollector, record_function
@@ -39,7 +39,6 @@ from stepscope.profiler.ranks import RankSync
 from stepscope.profiler.schedule import ProfilerAction, Schedule, default_schedule
 from stepscope.profiler.step_trigger import StepTrigger
 from stepscope.profiler.summary import KeyAverages, key_averages
-from stepscope.steptables.recorder import StepTables
 from stepscope.report.collapsed import collapsed_from_spans, write_collapsed
 from stepscope.trace.chrome_writer import RESERVED_KEYS, WriteStats, write_chrome_trace
 from stepscope.trace.model import Trace, TraceBuilder
@@ -93,7 +92,7 @@ class profile:
         step_on: str | Callable[..., Any] | None = None,
         tracer_options: Mapping[str, Any] | None = None,
         strict: bool | None = None,
-        step_tables: str | os.PathLike[str] | StepTables | None = None,
+        step_tables: str | os.PathLike[str] | steptables.StepTables | None = None,
     ) -> None:
         plain, self.activity_filters = split_activity_filters(activities)
         self.activities = coerce_activities(plain)
@@ -150,12 +149,7 @@ class profile:
         self.sampling_rate_hz = sampling_rate_hz
         """Mean samples per second of ``ProfilerActivity.SAMPLING`` (exponentially jittered)."""
         self._step_trigger = StepTrigger(step_on, self.step) if step_on is not None else None
-        self.step_tables = (
-            step_tables
-            if step_tables is None or isinstance(step_tables, StepTables)
-            else StepTables(step_tables, strict=strict)
-        )
-        """One row per step into Parquet files (``stepscope.steptables``), or None."""
+        self.step_tables = steptables.step_tables_of(step_tables, strict)
         self.collectors: list[Collector] = [AnnotationCollector(max_spans=max_annotation_spans)]
         self.collectors += self._requested_collectors()
         if strict is not None:
@@ -324,12 +318,11 @@ class profile:
                 "another stepscope profile is already running in this process; stop it first "
                 "(stepscope runs one profile at a time)"
             )
+        self.step_tables.begin()  # before step_on's: its optimizer hook must run first
         _active = self
         joined = self._ranks.join(self.step_num)
         if joined != self.step_num:  # a rank that started late takes the leader's numbering
             self.step_num, self.current_action = joined, self.schedule(joined)
-        if self.step_tables is not None:  # first: its optimizer hook runs before step_on's
-            self.step_tables.start()
         if self._step_trigger is not None:
             self._step_trigger.install()
         steps.set_step(self.step_num)
@@ -341,8 +334,7 @@ class profile:
         """Mark the end of the current step and the start of the next one."""
         if self._left_in_child:
             return
-        if self.step_tables is not None:
-            self.step_tables.step_ended(self.step_num, self.current_action in RECORDING)
+        self.step_tables.step_ended(self.step_num, self.current_action in RECORDING)
         self._close_step_span()
         previous = self.current_action
         self.step_num += 1
@@ -375,8 +367,7 @@ class profile:
             for collector in self.collectors:
                 self._guarded(collector, "close", collector.close)
             self._ranks.close()
-            if self.step_tables is not None:
-                self.step_tables.close()
+            self.step_tables.close()
             steps.set_step(None)
             advance_kineto_step("stop")
             _release(self)

@@ -8,7 +8,7 @@ DuckDB (``fleet.py``).  The columns are in ``schema.py`` (docs/step-tables.md).
 
 from __future__ import annotations
 
-from stepscope.steptables.recorder import StepTables
+from stepscope.steptables.recorder import NoStepTables, StepTables, step_tables_of
 from stepscope.steptables.schema import SCHEMA_VERSION
 
-__all__ = ["SCHEMA_VERSION", "StepTables"]
+__all__ = ["SCHEMA_VERSION", "NoStepTables", "StepTables", "step_tables_of"]

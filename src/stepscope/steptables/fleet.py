@@ -2,9 +2,10 @@
 others most, ranks slow since a step and in which phase, and drift over the run.
 
 A rank's *lag* in a phase at a step is how much longer it spent there than a typical fast rank
-(the ``REFERENCE_QUANTILE`` of the ranks; 0 when less).  Only phases a rank spends on its own count (``schema.PHASES``: data wait,
-optimizer, GC, the training thread's CPU time): a synchronous job's step durations are equal on
-every rank, since the fast ranks wait for the slow one inside collectives.
+(the ``REFERENCE_QUANTILE`` of the ranks; 0 when less).  Only phases a rank spends on its own
+count (``schema.PHASES``: data wait, optimizer, GC, the training thread's CPU time): a
+synchronous job's step durations are equal on every rank, since the fast ranks wait for the slow
+one inside collectives.
 """
 
 from __future__ import annotations
@@ -156,7 +157,7 @@ _LAGS = f"""
 CREATE TEMP TABLE lags AS
 SELECT s.run, s.step, s.rank::INTEGER AS rank, m.ranks, m.duration_ns AS step_ns,
        {" + ".join(_LAG_COLUMNS)} AS lag_ns,
-       {", ".join(f"{c} AS {n}_lag" for c, n in zip(_LAG_COLUMNS, _NAMES))},
+       {", ".join(f"{c} AS {n}_lag" for c, n in zip(_LAG_COLUMNS, _NAMES, strict=True))},
        ({" + ".join(_LAG_COLUMNS)}) > greatest({MIN_LAG_NS}, {LAG_FRACTION} * m.duration_ns)
            AS slow
 FROM steps s JOIN reference m USING (run, step)
@@ -205,6 +206,11 @@ FROM parts GROUP BY run, part ORDER BY run, part
 """
 
 
+def _ints(values: tuple[Any, ...]) -> tuple[int, int, int, int, int]:
+    a, b, c, d, e = (int(v) for v in values)
+    return a, b, c, d, e
+
+
 def _phase(index: int, lag_ns: float) -> str:
     return _NAMES[index] if lag_ns > 0 else "-"
 
@@ -220,14 +226,14 @@ def fleet_report(path: str | os.PathLike[str], con: Any = None) -> FleetReport:
     con.execute(_LAGS)
     report = FleetReport(str(path), int(rows), [str(r) for r in runs], int(ranks), int(steps))
     report.stragglers = [
-        StepStraggler(str(r[0]), *(int(v) for v in r[1:4]), _phase(r[4], r[3]), int(r[5]), int(r[6]))
+        StepStraggler(
+            str(r[0]), int(r[1]), int(r[2]), int(r[3]), _phase(r[4], r[3]), int(r[5]), int(r[6])
+        )
         for r in con.execute(_STRAGGLERS).fetchall()
     ]
     report.slow_ranks = [
-        SlowRank(str(r[0]), *(int(v) for v in r[1:6]), _phase(r[6], r[5]))
+        SlowRank(str(r[0]), *_ints(r[1:6]), _phase(r[6], r[5]))
         for r in con.execute(_SLOW_RANKS).fetchall()
     ]
-    report.drift = [
-        Drift(str(r[0]), *(int(v) for v in r[1:6])) for r in con.execute(_DRIFT).fetchall()
-    ]
+    report.drift = [Drift(str(r[0]), *_ints(r[1:6])) for r in con.execute(_DRIFT).fetchall()]
     return report

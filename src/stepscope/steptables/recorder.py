@@ -25,7 +25,7 @@ from stepscope.extras import require
 from stepscope.steptables.schema import partition_value
 from stepscope.steptables.writer import NCOLS, RowGroup, TableWriter
 
-__all__ = ["DEFAULT_ROWS_PER_FILE", "StepTables", "default_run"]
+__all__ = ["DEFAULT_ROWS_PER_FILE", "NoStepTables", "StepTables", "default_run", "step_tables_of"]
 
 DEFAULT_ROWS_PER_FILE = 1024
 """Steps per row group (and file): what a killed rank can lose at most."""
@@ -77,7 +77,7 @@ class StepTables:
         """Rows lost because the writer thread fell behind (0 normally)."""
         return self._writer.dropped_rows if self._writer is not None else 0
 
-    def start(self) -> None:
+    def begin(self) -> None:
         """Open the rank's directory, start the writer thread and the hooks; a step begins."""
         rank = rank_and_world_size()[0] or 0
         run = partition_value(self.run or default_run())
@@ -207,3 +207,32 @@ class StepTables:
                 cls.__next__ = original
 
         self._undo.append(restore)
+
+
+class NoStepTables:
+    """What a profile without step tables calls: nothing happens."""
+
+    path = None
+    dropped_rows = 0
+
+    def begin(self) -> None:
+        """Nothing to open."""
+
+    def step_ended(self, step: int, recorded: bool) -> None:
+        """Nothing to store."""
+
+    def close(self) -> None:
+        """Nothing to close."""
+
+
+def step_tables_of(
+    value: str | os.PathLike[str] | StepTables | None, strict: bool | None
+) -> StepTables | NoStepTables:
+    """The recorder for ``profile(step_tables=value)``: a directory, a ``StepTables``, or None."""
+    if value is None:
+        return NoStepTables()
+    if isinstance(value, StepTables):
+        return value
+    if not isinstance(value, (str, os.PathLike)):
+        raise TypeError(f"step_tables must be a directory or a StepTables, got {value!r}")
+    return StepTables(value, strict=strict)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from stepscope.extras import require
+
 __all__ = [
     "COLUMNS",
     "INT_COLUMNS",
@@ -53,8 +55,7 @@ def partition_value(value: str) -> str:
 
 def arrow_schema() -> Any:
     """The pyarrow schema of one file, with the version in its metadata."""
-    import pyarrow as pa
-
+    pa = require("pyarrow", "step tables", "parquet")
     fields = [pa.field(name, pa.int64(), nullable=False) for name, _ in INT_COLUMNS]
     fields += [
         pa.field("recorded", pa.bool_(), nullable=False),

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from stepscope.atomic import atomic_output
+from stepscope.extras import require
 from stepscope.failures import failure_log
 from stepscope.steptables.schema import INT_COLUMNS, SCHEMA_VERSION, arrow_schema
 
@@ -116,8 +117,8 @@ class TableWriter:
             )
 
     def _write(self, group: RowGroup) -> None:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
+        pa = require("pyarrow", "step tables", "parquet")
+        pq = require("pyarrow.parquet", "step tables", "parquet")
 
         n = group.rows
         if n == 0:
