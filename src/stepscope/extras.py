@@ -18,7 +18,8 @@ EXTRAS = {
     "otlp": "opentelemetry-sdk and opentelemetry-exporter-otlp-proto-http",
     "sampling": "py-spy",
     "torch": "torch",
-    "parquet": "pyarrow",
+    "parquet": "pyarrow and duckdb",
+    "ray": "ray",
 }
 """Each extra of ``pyproject.toml`` and what it installs."""
 

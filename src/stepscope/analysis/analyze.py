@@ -19,7 +19,7 @@ from itertools import compress
 from stepscope.analysis import device as dev
 from stepscope.analysis import host, ops, steps
 from stepscope.analysis.memory import memory_summary
-from stepscope.analysis.ranks import analyze_ranks
+from stepscope.analysis.ranks import RankFacts, rank_facts, reduce_ranks
 from stepscope.analysis.result import (
     Category,
     CounterInfo,
@@ -37,7 +37,7 @@ from stepscope.analysis.sampled_time import sampled_time
 from stepscope.trace.model import Trace
 from stepscope.trace.nesting import nest_spans
 
-__all__ = ["analyze", "analyze_trace"]
+__all__ = ["FileAnalysis", "analyze", "analyze_file", "analyze_trace", "combine"]
 
 
 @dataclass
@@ -364,10 +364,46 @@ def analyze(
         raise ValueError("analyze: no traces given")
     if top < 1:
         raise ValueError(f"top must be 1 or more, got {top}")
-    facts = [_facts(trace, label, step_range) for label, trace in traces]
-    per_file = [_summarize(f.source, [f], top) for f in facts]
-    for summary, (_, trace) in zip(per_file, traces, strict=True):
-        summary.memory = memory_summary(trace, top, step_range)
+    several = len(traces) > 1
+    return combine([analyze_file(label, t, step_range, top, several) for label, t in traces])
+
+
+@dataclass
+class FileAnalysis:
+    """One file's part of a report (the map step): small, so a worker process can return it."""
+
+    facts: _Facts
+    summary: TraceSummary
+    ranks: RankFacts | None
+    step_range: tuple[int, int] | None
+    top: int
+
+
+def analyze_file(
+    label: str,
+    trace: Trace,
+    step_range: tuple[int, int] | None = None,
+    top: int = 10,
+    with_ranks: bool = True,
+) -> FileAnalysis:
+    """Analyse one trace of a report; ``combine`` joins the files' parts."""
+    if top < 1:
+        raise ValueError(f"top must be 1 or more, got {top}")
+    facts = _facts(trace, label, step_range)
+    summary = _summarize(facts.source, [facts], top)
+    summary.memory = memory_summary(trace, top, step_range)
+    ranks = rank_facts(label, trace, step_range) if with_ranks else None
+    return FileAnalysis(facts, summary, ranks, step_range, top)
+
+
+def combine(parts: Sequence[FileAnalysis]) -> Report:
+    """The report of several files from their parts, in file order (the reduce step)."""
+    if not parts:
+        raise ValueError("analyze: no traces given")
+    step_range, top = parts[0].step_range, parts[0].top
+    per_file = [p.summary for p in parts]
+    facts = [p.facts for p in parts]
     combined = per_file[0] if len(facts) == 1 else _summarize("all files", facts, top)
-    ranks = analyze_ranks(traces, per_file, step_range) if len(traces) > 1 else None
+    rank_parts = [p.ranks for p in parts if p.ranks is not None]
+    ranks = reduce_ranks(rank_parts, per_file) if len(parts) > 1 else None
     return Report(per_file, combined, step_range, top, ranks)

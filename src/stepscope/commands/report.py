@@ -38,6 +38,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", metavar="FILE", help="also write the report as JSON")
     parser.add_argument("--html", metavar="FILE", help="also write the report as HTML")
     parser.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        metavar="N",
+        help="analyse the files in N processes (the same report as one; default 1)",
+    )
+    parser.add_argument(
+        "--engine",
+        default="processes",
+        metavar="ENGINE",
+        help="where the files are analysed: 'processes' (--jobs of them, the default) or "
+        "'ray[:ADDRESS]' (tasks on an existing Ray cluster; pip install 'stepscope[ray]')",
+    )
+    parser.add_argument(
         "--parquet",
         metavar="DIR",
         help="also write the analysis tables (every row) as Parquet files into DIR",
@@ -58,7 +72,8 @@ def trace_files(path: Path) -> list[Path]:
     return found
 
 
-def _read(path: Path) -> Trace:
+def read_trace_file(path: Path) -> Trace:
+    """Read one trace file; what goes wrong is a one-line ``ValueError``."""
     try:
         return read_chrome_trace(path)
     except OSError as exc:
@@ -108,7 +123,7 @@ def load_traces(
             if progress is not None and task is not None:
                 progress.update(task, name=label)
             try:
-                traces.append((label, _read(f)))
+                traces.append((label, read_trace_file(f)))
             except ValueError as exc:
                 if single:
                     raise
@@ -144,6 +159,8 @@ def run(args: argparse.Namespace) -> int:
     if args.top < 1:
         raise ValueError(f"--top must be 1 or more, got {args.top}")
     step_range = parse_step_range(args.steps) if args.steps else None
+    if args.jobs != 1 or args.engine != "processes":
+        return _run_mapped(args, step_range)
     traces, failures = load_traces(Path(args.path), sys.stderr)
     for failure in failures:
         print(f"stepscope report: skipped {failure}", file=sys.stderr)
@@ -164,6 +181,33 @@ def run(args: argparse.Namespace) -> int:
         full = analyze(traces, step_range, ALL_ROWS) if args.top < ALL_ROWS else report
         write_parquet(full, traces, args.parquet, run=Path(args.path).resolve().name)
         print(f"stepscope report: Parquet tables -> {args.parquet}", file=sys.stderr)
+    return 1 if failures else 0
+
+
+def _run_mapped(args: argparse.Namespace, step_range: tuple[int, int] | None) -> int:
+    """``report --jobs N`` / ``--engine ray``: each file analysed in a worker, joined here."""
+    from stepscope.analysis.analyze import FileAnalysis, combine
+    from stepscope.commands.report_map import map_files
+
+    if args.jobs < 1:
+        raise ValueError(f"--jobs must be 1 or more, got {args.jobs}")
+    if args.html or args.parquet:
+        raise ValueError("--html and --parquet need the traces here: leave out --jobs/--engine")
+    path = Path(args.path)
+    files = trace_files(path)
+    labelled = [(f, f.name if path.is_file() else str(f.relative_to(path))) for f in files]
+    results = map_files(labelled, step_range, args.top, jobs=args.jobs, engine=args.engine)
+    parts = [r for r in results if isinstance(r, FileAnalysis)]
+    failures = [r for r in results if isinstance(r, str)]
+    if not parts:
+        raise ValueError(f"{path}: none of its {len(files)} files could be read: {failures[0]}")
+    for failure in failures:
+        print(f"stepscope report: skipped {failure}", file=sys.stderr)
+    report = combine(parts)
+    render_report_to(report)
+    if args.json:
+        write_text(args.json, report.to_json() + "\n", "JSON report")
+        print(f"stepscope report: JSON -> {args.json}", file=sys.stderr)
     return 1 if failures else 0
 
 
