@@ -34,6 +34,9 @@ FLEET_VERSION = 1
 REFERENCE_QUANTILE = 0.25
 """Lags are measured from this quantile of the ranks (a typical fast rank; with two ranks, the
 faster one)."""
+REFERENCE_RANKS = 256
+"""With more ranks than this, the reference comes from every k-th rank (about this many), which
+reads a k-th of the files: the quantile of a few hundred ranks is as good as of all."""
 MIN_LAG_NS = 1_000_000
 """A rank lags at a step when it lags by more than this and ``LAG_FRACTION`` of the median step."""
 LAG_FRACTION = 0.05
@@ -148,14 +151,14 @@ def _top_phase(values: list[str]) -> str:
 
 _REFERENCE = f"""
 CREATE TEMP TABLE reference AS
-SELECT run, step, count(*) AS ranks, avg(duration_ns) AS duration_ns,
+SELECT run, step, avg(duration_ns) AS duration_ns,
        {", ".join(f"quantile_disc({p}, {REFERENCE_QUANTILE}) AS {p}" for p in PHASES)}
-FROM steps GROUP BY run, step
+FROM steps WHERE rank % {{stride}} = 0 GROUP BY run, step
 """
 
 _LAGS = f"""
 CREATE TEMP TABLE lags AS
-SELECT s.run, s.step, s.rank::INTEGER AS rank, m.ranks, m.duration_ns AS step_ns,
+SELECT s.run, s.step, s.rank::INTEGER AS rank, m.duration_ns AS step_ns,
        {" + ".join(_LAG_COLUMNS)} AS lag_ns,
        {", ".join(f"{c} AS {n}_lag" for c, n in zip(_LAG_COLUMNS, _NAMES, strict=True))},
        ({" + ".join(_LAG_COLUMNS)}) > greatest({MIN_LAG_NS}, {LAG_FRACTION} * m.duration_ns)
@@ -166,7 +169,7 @@ FROM steps s JOIN reference m USING (run, step)
 _STRAGGLERS = f"""
 SELECT run, step, arg_max(rank, lag_ns), max(lag_ns)::BIGINT,
        arg_max({_top_phase([f"{n}_lag" for n in _NAMES])}, lag_ns),
-       any_value(step_ns)::BIGINT, any_value(ranks)
+       any_value(step_ns)::BIGINT, count(*)
 FROM lags GROUP BY run, step ORDER BY run, step
 """
 
@@ -222,7 +225,7 @@ def fleet_report(path: str | os.PathLike[str], con: Any = None) -> FleetReport:
         "SELECT count(*), list(DISTINCT run ORDER BY run), count(DISTINCT rank), "
         "count(DISTINCT (run, step)) FROM steps"
     ).fetchone()
-    con.execute(_REFERENCE)
+    con.execute(_REFERENCE.format(stride=max(1, int(ranks) // REFERENCE_RANKS)))
     con.execute(_LAGS)
     report = FleetReport(str(path), int(rows), [str(r) for r in runs], int(ranks), int(steps))
     report.stragglers = [
