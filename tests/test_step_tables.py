@@ -90,6 +90,15 @@ def test_fleet_names_the_slow_rank_its_phase_and_delay(job: Any, tmp_path: Path)
     assert "Ranks slow since a step" in page and "uPlot" in page
 
 
+def test_the_scaling_doc_query_finds_the_slow_rank(job: Any) -> None:
+    tables, slept = job
+    text = (ROOT / "docs" / "scaling.md").read_text()
+    query = text.split("```sql\n")[2].split("```", 1)[0]
+    rows = duckdb.sql(query.replace("'steptables/", f"'{tables}/")).fetchall()
+    assert [(r[0], r[2]) for r in rows] == [(1, JOB_STEPS), (0, JOB_STEPS)]
+    assert rows[0][1] >= sum(slept) / 1e6
+
+
 def test_fleet_sql_and_bad_input(job: Any, tmp_path: Path) -> None:
     tables, _ = job
     done = stepscope_cli(
