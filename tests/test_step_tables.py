@@ -230,6 +230,30 @@ def test_bad_directory_is_one_line_error(tmp_path: Path) -> None:
         StepTables(tmp_path, rows_per_file=0)
 
 
+def test_run_command_writes_step_tables(tmp_path: Path) -> None:
+    from stepscope.cli import main
+    from tests.test_run_cli import PLAIN_SCRIPT, write_program
+
+    script = write_program(tmp_path, PLAIN_SCRIPT)
+    tables = tmp_path / "tables"
+    argv = ["run", "-o", str(tmp_path / "out"), "--step-tables", str(tables)]
+    assert main([*argv, "--step-on", "helper:train_step", str(script)]) == 0
+    rows = pq.read_table(tables).to_pylist()
+    assert [r["step"] for r in rows] == list(range(8))  # the 8 returns of train_step
+    assert [r["step"] for r in rows if r["recorded"]] == [2, 3, 4]
+
+
+def test_two_profiles_in_one_process_keep_both_files(tmp_path: Path) -> None:
+    import stepscope
+
+    for _ in range(2):
+        with stepscope.profile(step_tables=tmp_path) as prof:
+            for _ in range(3):
+                prof.step()
+    steps = sorted(pq.read_table(tmp_path).column("step").to_pylist())
+    assert steps == [0, 0, 1, 1, 2, 2]
+
+
 def test_fleet_report_on_a_single_rank(tmp_path: Path) -> None:
     import stepscope
 

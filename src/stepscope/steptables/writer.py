@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from array import array
 from collections import deque
 from dataclasses import dataclass, field
@@ -59,6 +60,7 @@ class TableWriter:
         self.rss = _read_rss()
         """The latest RSS sample (read by the recorder at every step)."""
         self.files_written = 0
+        self._token = time.time_ns()  # two profiles of one process never write the same name
         self.dropped_rows = 0
         """Rows lost because the writer fell ``MAX_PENDING`` row groups behind."""
         self._queue: deque[RowGroup] = deque()
@@ -137,7 +139,7 @@ class TableWriter:
         ]
         table = pa.Table.from_arrays(columns, schema=arrow_schema())
         first = group.ints[0]
-        name = f"steps-{first:010d}-{self.pid}-{self.files_written:05d}.parquet"
+        name = f"steps-{first:010d}-{self.pid}-{self._token}-{self.files_written:05d}.parquet"
         with atomic_output(self.directory / name, what="step table") as fh:
             pq.write_table(table, fh, compression="zstd")
         self.files_written += 1
