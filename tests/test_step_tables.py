@@ -10,6 +10,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,6 +22,7 @@ import pytest
 
 from stepscope.steptables import StepTables
 from stepscope.steptables.fleet import fleet_report
+from stepscope.steptables.writer import MAX_PENDING
 from tests.metrics_fixtures import free_port
 from tests.test_ranks import ROOT, TORCHRUN, stepscope_cli
 
@@ -263,3 +265,31 @@ def test_fleet_report_on_a_single_rank(tmp_path: Path) -> None:
     report = fleet_report(tmp_path)
     assert (report.rows, report.ranks, report.steps, report.slow_ranks) == (5, 1, 5, [])
     assert {s.phase for s in report.stragglers} == {"-"}
+
+
+def test_a_failed_write_is_counted_and_training_goes_on(tmp_path: Path) -> None:
+    from stepscope.failures import failure_counts
+
+    tables = StepTables(tmp_path, rows_per_file=2, run="gone")
+    tables.begin()
+    assert tables.path is not None
+    shutil.rmtree(tables.path)  # every write of this rank now fails
+    for step in range(5):
+        tables.step_ended(step, False)
+    tables.close()
+    assert sum(failure_counts().get("step_tables", {}).values()) >= 2
+
+
+def test_rows_are_dropped_and_counted_when_the_writer_falls_behind(tmp_path: Path) -> None:
+    tables = StepTables(tmp_path, rows_per_file=1)
+    tables.begin()
+    writer = tables._writer
+    assert writer is not None
+    # every other buffer taken and never handed over: the writer has nothing to give back
+    held = [writer.fresh() for _ in range(MAX_PENDING)]
+    assert all(g is not None for g in held) and writer.fresh() is None
+    tables._group = None  # as after the open group was handed over
+    tables.step_ended(0, False)
+    tables.step_ended(1, False)
+    assert tables.dropped_rows == 2
+    tables.close()
