@@ -293,3 +293,23 @@ def test_rows_are_dropped_and_counted_when_the_writer_falls_behind(tmp_path: Pat
     tables.step_ended(1, False)
     assert tables.dropped_rows == 2
     tables.close()
+
+
+def test_fleet_reads_a_run_or_rank_directory_and_refuses_other_parquet(tmp_path: Path) -> None:
+    import stepscope
+
+    pa = pytest.importorskip("pyarrow")
+    with stepscope.profile(step_tables=StepTables(tmp_path / "t", run="r1")) as prof:
+        for _ in range(4):
+            prof.step()
+    for inner in ("t/run=r1", "t/run=r1/rank=0"):
+        report = fleet_report(tmp_path / inner)
+        assert (report.runs, report.ranks, report.rows) == (["r1"], 1, 4)
+    other = tmp_path / "o" / "run=x" / "rank=0"
+    other.mkdir(parents=True)
+    pq.write_table(pa.table({"step": [1], "ns": [2]}), other / "breakdowns.parquet")
+    with pytest.raises(ValueError, match=r"not step tables \(no column start_unix_ns"):
+        fleet_report(tmp_path / "o")
+    (other / "bad.parquet").write_bytes(b"not parquet")
+    with pytest.raises(ValueError, match="cannot read its Parquet files"):
+        fleet_report(tmp_path / "o")

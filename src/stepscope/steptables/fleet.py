@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from stepscope.extras import require
-from stepscope.steptables.schema import PHASES, SCHEMA_VERSION
+from stepscope.steptables.schema import COLUMNS, PHASES, SCHEMA_VERSION
 
 __all__ = [
     "FLEET_SCHEMA",
@@ -118,12 +118,46 @@ def connect(path: str | os.PathLike[str]) -> Any:
         raise ValueError(f"{root}: no step tables (*.parquet) under this directory")
     con = duckdb.connect()
     con.execute("SET enable_progress_bar = false")
-    glob = str(root / "**" / "*.parquet").replace("'", "''")
-    con.execute(
-        "CREATE VIEW steps AS SELECT * FROM read_parquet("
-        f"'{glob}', hive_partitioning = true, union_by_name = true)"
-    )
+    glob = _quoted(str(root / "**" / "*.parquet"))
+    source = f"read_parquet({glob}, hive_partitioning = true, union_by_name = true)"
+    try:
+        columns = {row[0] for row in con.execute(f"DESCRIBE SELECT * FROM {source}").fetchall()}
+        extra = _partitions_from_path(root, columns)
+        con.execute(f"CREATE VIEW steps AS SELECT *{extra} FROM {source}")
+    except duckdb.Error as exc:
+        raise ValueError(f"{root}: cannot read its Parquet files: {_first_line(exc)}") from None
+    missing = [name for name, _ in COLUMNS if name not in columns]
+    if missing:
+        raise ValueError(
+            f"{root}: not step tables (no column {', '.join(missing)}); point at the directory "
+            "given to profile(step_tables=DIR)"
+        )
     return con
+
+
+def _quoted(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _partitions_from_path(root: Path, columns: set[str]) -> str:
+    """``run``/``rank`` columns for a directory inside the partitions (``DIR/run=x``)."""
+    extra = ""
+    inside = {part.split("=", 1)[0]: part.split("=", 1)[1] for part in root.parts if "=" in part}
+    for name in ("run", "rank"):
+        if name not in columns:
+            if name not in inside:
+                raise ValueError(f"{root}: step tables without a {name}=... directory")
+            value = inside[name]
+            if name == "rank" and not value.isdigit():
+                raise ValueError(f"{root}: rank={value} is not a rank number")
+            extra += f", {value if name == 'rank' else _quoted(value)} AS {name}"
+            columns.add(name)
+    return extra
 
 
 def run_sql(con: Any, query: str) -> tuple[list[str], list[tuple[Any, ...]]]:
@@ -133,8 +167,7 @@ def run_sql(con: Any, query: str) -> tuple[list[str], list[tuple[Any, ...]]]:
         result = con.execute(query)
         rows = result.fetchall()
     except duckdb.Error as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ValueError(f"--sql: {first}") from None
+        raise ValueError(f"--sql: {_first_line(exc)}") from None
     return [d[0] for d in result.description or ()], rows
 
 
