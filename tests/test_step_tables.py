@@ -313,3 +313,14 @@ def test_fleet_reads_a_run_or_rank_directory_and_refuses_other_parquet(tmp_path:
     (other / "bad.parquet").write_bytes(b"not parquet")
     with pytest.raises(ValueError, match="cannot read its Parquet files"):
         fleet_report(tmp_path / "o")
+
+
+def test_missing_extra_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from stepscope.cli import main
+
+    monkeypatch.setitem(sys.modules, "duckdb", None)  # what an environment without it imports
+    assert main(["fleet", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert "pip install 'stepscope[parquet]'" in err and err.count("\n") == 1

@@ -9,6 +9,7 @@ import sys
 from collections.abc import Sequence
 
 from stepscope import __version__
+from stepscope.extras import MissingExtraError
 from stepscope.trace.names import hide_launcher
 
 # subcommand -> module defining ``add_arguments(parser)`` and ``run(args) -> int``
@@ -61,7 +62,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         return int(args._module.run(args))
-    except (ValueError, OSError) as exc:
+    except (ValueError, OSError, MissingExtraError) as exc:  # bad input, missing extra: one line
         print(f"stepscope {args.command}: error: {exc}", file=sys.stderr)
         return 1
 
