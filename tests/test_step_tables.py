@@ -254,6 +254,13 @@ def test_two_profiles_in_one_process_keep_both_files(tmp_path: Path) -> None:
                 prof.step()
     steps = sorted(pq.read_table(tmp_path).column("step").to_pylist())
     assert steps == [0, 0, 1, 1, 2, 2]
+    shared = StepTables(tmp_path / "shared")  # one recorder given to two profiles in turn
+    for _ in range(2):
+        with stepscope.profile(step_tables=shared) as prof:
+            shared.begin()  # a second begin while running changes nothing
+            prof.step()
+    shared.step_ended(9, False)  # after the profile stopped: nothing is stored
+    assert pq.read_table(tmp_path / "shared").column("step").to_pylist() == [0, 0]
 
 
 def test_fleet_report_on_a_single_rank(tmp_path: Path) -> None:

@@ -79,6 +79,8 @@ class StepTables:
 
     def begin(self) -> None:
         """Open the rank's directory, start the writer thread and the hooks; a step begins."""
+        if self._active:
+            return
         rank = rank_and_world_size()[0] or 0
         run = partition_value(self.run or default_run())
         self.path = make_directory(
@@ -106,7 +108,7 @@ class StepTables:
             self._data_start = now
         group = self._group
         writer = self._writer
-        if writer is None:
+        if writer is None or not self._active:
             return
         if group is None:
             group = self._group = writer.fresh()
