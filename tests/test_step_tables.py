@@ -23,8 +23,10 @@ import pytest
 from stepscope.steptables import StepTables
 from stepscope.steptables.fleet import fleet_report
 from stepscope.steptables.writer import MAX_PENDING
+from tests import test_report_html
 from tests.metrics_fixtures import free_port
 from tests.test_ranks import ROOT, TORCHRUN, stepscope_cli
+from tests.test_report_html import assert_clean, inked_pixels, load
 
 pq = pytest.importorskip("pyarrow.parquet")
 duckdb = pytest.importorskip("duckdb")
@@ -33,6 +35,8 @@ torch = pytest.importorskip("torch")
 JOB = ROOT / "tests" / "steptables_job.py"
 SLOW_MS = 40.0
 JOB_STEPS = 12
+browser = test_report_html.browser
+"""Headless Chromium (the HTML report tests' fixture)."""
 
 
 @pytest.fixture(scope="module")
@@ -99,6 +103,20 @@ def test_the_scaling_doc_query_finds_the_slow_rank(job: Any) -> None:
     rows = duckdb.sql(query.replace("'steptables/", f"'{tables}/")).fetchall()
     assert [(r[0], r[2]) for r in rows] == [(1, JOB_STEPS), (0, JOB_STEPS)]
     assert rows[0][1] >= sum(slept) / 1e6
+
+
+def test_fleet_page_in_browser(job: Any, browser: Any, tmp_path: Path) -> None:
+    from selenium.webdriver.common.by import By
+
+    tables, _ = job
+    page = tmp_path / "fleet.html"
+    done = stepscope_cli("fleet", str(tables), "--html", str(page))
+    assert done.returncode == 0, done.stderr
+    assert_clean(browser, load(browser, page))
+    assert inked_pixels(browser, "#lag-chart") > 100
+    first_table = browser.find_element(By.CSS_SELECTOR, "#slow-ranks tbody tr")
+    cells = [c.text for c in first_table.find_elements(By.TAG_NAME, "td")]
+    assert cells[1:3] == ["1", "0"] and cells[-1] == "data_wait"  # rank 1 since step 0
 
 
 def test_fleet_sql_and_bad_input(job: Any, tmp_path: Path) -> None:

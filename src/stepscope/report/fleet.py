@@ -20,6 +20,8 @@ __all__ = ["fleet_html", "render_fleet", "render_rows", "write_fleet_html"]
 WORST_STEPS = 10
 """Steps listed with their straggler (the ones with the largest lag)."""
 _UPLOT = "vendor/uplot/uPlot.iife.min.js"
+TABLE_IDS = ("slow-ranks", "worst-steps", "drift")
+"""The page's sections, in ``_sections`` order."""
 
 
 def _ms(ns: float) -> str:
@@ -90,13 +92,15 @@ def render_rows(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> Table:
     return _rich_table(f"{len(rows)} rows", columns, rows)
 
 
-def _html_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+def _html_table(
+    key: str, title: str, columns: Sequence[str], rows: Sequence[Sequence[str]]
+) -> str:
     head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
     body = "".join(
         "<tr>" + "".join(f"<td>{html.escape(v)}</td>" for v in row) + "</tr>" for row in rows
     )
     return (
-        f'<section class="card"><h2>{html.escape(title)}</h2>'
+        f'<section class="card" id="{key}"><h2>{html.escape(title)}</h2>'
         f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></section>"
     )
 
@@ -110,7 +114,11 @@ def fleet_html(r: FleetReport) -> str:
         f"<p>{html.escape(_headline(r))}</p>",
         '<section class="card"><h2>Largest lag per step (ms)</h2><div id="lag-chart"></div>'
         "</section>",
-        *(_html_table(t, c, rows) for t, c, rows in _sections(r) if rows),
+        *(
+            _html_table(key, t, c, rows)
+            for key, (t, c, rows) in zip(TABLE_IDS, _sections(r), strict=True)
+            if rows
+        ),
         "</main>",
     ]
     data = {
