@@ -92,9 +92,7 @@ def render_rows(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> Table:
     return _rich_table(f"{len(rows)} rows", columns, rows)
 
 
-def _html_table(
-    key: str, title: str, columns: Sequence[str], rows: Sequence[Sequence[str]]
-) -> str:
+def _html_table(key: str, title: str, columns: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
     body = "".join(
         "<tr>" + "".join(f"<td>{html.escape(v)}</td>" for v in row) + "</tr>" for row in rows
