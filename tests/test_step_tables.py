@@ -141,6 +141,7 @@ def test_columns_match_times_measured_around_the_loop(tmp_path: Path) -> None:
     import stepscope
 
     model = torch.nn.Linear(64, 64)
+    torch.optim.SGD(model.parameters())  # torch now wraps SGD.step too: the hooks nest
     opt = _SlowSGD(model.parameters(), lr=0.01)
     loader = torch.utils.data.DataLoader(_SlowData(), batch_size=None)
     measured: list[dict[str, int]] = []

@@ -67,7 +67,7 @@ class StepTables:
         self._start_ns = 0
         self._cpu_ns = 0
         self._data_ns = self._data_start = 0
-        self._opt_ns = self._opt_start = 0
+        self._opt_ns = self._opt_start = self._opt_depth = 0
         self._gc_ns = self._gc_start = 0
         self._undo: list[Callable[[], None]] = []
         self._active = False
@@ -165,20 +165,26 @@ class StepTables:
             register_optimizer_step_pre_hook,
         )
 
+        # a subclass's step() calling super().step() runs both hooks twice, nested: only the
+        # outermost pair counts
         def pre(optimizer: Any, args: Any, kwargs: Any) -> None:
             if self._active:
-                self._opt_start = clock.now_ns()
+                if not self._opt_depth:
+                    self._opt_start = clock.now_ns()
+                self._opt_depth += 1
 
         def post(optimizer: Any, args: Any, kwargs: Any) -> None:
-            if self._opt_start:
-                self._opt_ns += clock.now_ns() - self._opt_start
-                self._opt_start = 0
+            if self._opt_depth:
+                self._opt_depth -= 1
+                if not self._opt_depth and self._opt_start:
+                    self._opt_ns += clock.now_ns() - self._opt_start
+                    self._opt_start = 0
 
         handles = (register_optimizer_step_pre_hook(pre), register_optimizer_step_post_hook(post))
 
         def remove() -> None:
             # inside an optimizer step torch is iterating these hooks: leave them, inert
-            if not self._opt_start:
+            if not self._opt_depth:
                 for handle in handles:
                     handle.remove()
 
