@@ -73,3 +73,19 @@ def test_bad_options_are_one_line_errors(rank_dir: Any, args: list[str], says: s
     done = stepscope_cli("report", str(folder), *args)
     assert done.returncode == 1
     assert says in done.stderr and done.stderr.count("\n") == 1, done.stderr
+
+
+def test_an_unreadable_file_is_skipped_alike(rank_dir: Any, tmp_path: Path) -> None:
+    folder, _ = rank_dir
+    mixed = tmp_path / "mixed"
+    shutil.copytree(folder, mixed)
+    (mixed / "broken_rank9.json").write_text("{not json")
+    outputs = []
+    for extra in ([], ["--jobs", "2"]):
+        out = tmp_path / f"r{len(extra)}.json"
+        done = stepscope_cli("report", str(mixed), "--json", str(out), *extra)
+        assert done.returncode == 1  # files were skipped
+        skipped = [line for line in done.stderr.splitlines() if "skipped" in line]
+        assert len(skipped) == 1 and "broken_rank9.json" in skipped[0]
+        outputs.append(out.read_bytes())
+    assert outputs[0] == outputs[1]
