@@ -254,12 +254,14 @@ def _phase(index: int, lag_ns: float) -> str:
 def fleet_report(path: str | os.PathLike[str], con: Any = None) -> FleetReport:
     """The fleet report of the step tables under ``path``."""
     con = connect(path) if con is None else con
+    # the rank directories say how many ranks without a scan; the counts come from ``lags``
+    rank_dirs = len({p.name for p in Path(path).glob("**/rank=*") if p.is_dir()})
+    con.execute(_REFERENCE.format(stride=max(1, rank_dirs // REFERENCE_RANKS)))
+    con.execute(_LAGS)
     rows, runs, ranks, steps = con.execute(
         "SELECT count(*), list(DISTINCT run ORDER BY run), count(DISTINCT rank), "
-        "count(DISTINCT (run, step)) FROM steps"
+        "count(DISTINCT (run, step)) FROM lags"
     ).fetchone()
-    con.execute(_REFERENCE.format(stride=max(1, int(ranks) // REFERENCE_RANKS)))
-    con.execute(_LAGS)
     report = FleetReport(str(path), int(rows), [str(r) for r in runs], int(ranks), int(steps))
     report.stragglers = [
         StepStraggler(
