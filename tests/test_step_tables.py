@@ -72,6 +72,20 @@ def test_one_row_per_step_per_rank_read_by_duckdb_with_hive_partitions(job: Any)
         f"SELECT list(step ORDER BY step) FROM read_parquet('{glob}') WHERE recorded AND rank = 0"
     ).fetchall()
     assert recorded == [([2, 3],)]  # wait=1, warmup=1, active=2
+    window = duckdb.sql(
+        f"SELECT rank, step, duration_ns, host_computation_ns + host_communication_ns "
+        f"+ host_idle_ns, host_communication_ns FROM read_parquet('{glob}') WHERE recorded"
+    ).fetchall()
+    assert len(window) == 4
+    for _, _, duration, parts, communication in window:
+        # the trace's step span, split by what was open, against the tables' own boundaries
+        assert parts == pytest.approx(duration, rel=0.15)
+        assert communication > 0  # gloo's all-reduce in flight
+    plain = duckdb.sql(
+        f"SELECT count(*) FROM read_parquet('{glob}') "
+        "WHERE NOT recorded AND host_categories IS NULL"
+    ).fetchall()
+    assert plain == [(2 * (JOB_STEPS - 2),)]
 
 
 def test_fleet_names_the_slow_rank_its_phase_and_delay(job: Any, tmp_path: Path) -> None:
@@ -91,7 +105,9 @@ def test_fleet_names_the_slow_rank_its_phase_and_delay(job: Any, tmp_path: Path)
     assert [s["step"] for s in stragglers] == list(range(JOB_STEPS))
     for s, expected in zip(stragglers, slept, strict=True):
         assert (s["rank"], s["phase"]) == (1, "data_wait")
-        assert s["lag_ns"] >= 0.8 * expected  # plus its other phases' lag (CPU on 2 cores)
+        # one step's lag also holds the other rank's noise at that step (2 shared cores); the
+        # mean over the steps is the measure held to 20 % above
+        assert s["lag_ns"] >= 0.5 * expected
     page = page_path.read_text()
     assert "Ranks slow since a step" in page and "uPlot" in page
 
@@ -169,7 +185,7 @@ def test_columns_match_times_measured_around_the_loop(tmp_path: Path) -> None:
             prof.step()
             begin = time.perf_counter_ns()
             measured.append(m)
-    rows = pq.read_table(tmp_path).to_pylist()
+    rows = sorted(pq.read_table(tmp_path).to_pylist(), key=lambda r: r["step"])
     assert [r["step"] for r in rows] == list(range(6))
     assert {r["rank"] for r in rows} == {0} and {r["run"] for r in rows} == {"one"}
     for row, m in zip(rows, measured, strict=True):
@@ -180,6 +196,12 @@ def test_columns_match_times_measured_around_the_loop(tmp_path: Path) -> None:
         assert row["duration_ns"] == pytest.approx(m["dur"], rel=0.1)
         assert row["rss_bytes"] > 10 << 20
         assert row["host"] and row["pid"] == os.getpid() and row["schema_version"] == 1
+        # every step was recorded (the default schedule): the trace's own spans agree
+        categories = dict(row["host_categories"])
+        assert categories["data_loading"] == pytest.approx(row["data_wait_ns"], rel=0.2)
+        assert categories["optimizer"] == pytest.approx(row["optimizer_ns"], rel=0.2)
+        parts = row["host_computation_ns"] + row["host_communication_ns"] + row["host_idle_ns"]
+        assert parts == pytest.approx(row["duration_ns"], rel=0.1)
 
 
 _SGD: Any = torch.optim.SGD
@@ -259,7 +281,7 @@ def test_run_command_writes_step_tables(tmp_path: Path) -> None:
     tables = tmp_path / "tables"
     argv = ["run", "-o", str(tmp_path / "out"), "--step-tables", str(tables)]
     assert main([*argv, "--step-on", "helper:train_step", str(script)]) == 0
-    rows = pq.read_table(tables).to_pylist()
+    rows = sorted(pq.read_table(tables).to_pylist(), key=lambda r: r["step"])
     assert [r["step"] for r in rows] == list(range(8))  # the 8 returns of train_step
     assert [r["step"] for r in rows if r["recorded"]] == [2, 3, 4]
 

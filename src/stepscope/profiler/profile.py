@@ -151,7 +151,7 @@ class profile:
         self._step_trigger = StepTrigger(step_on, self.step) if step_on is not None else None
         self.step_tables = steptables.step_tables_of(step_tables, strict)
         self.collectors: list[Collector] = [AnnotationCollector(max_spans=max_annotation_spans)]
-        self.collectors += self._requested_collectors()
+        self.collectors += self._requested_collectors() + self.step_tables.collectors()
         if strict is not None:
             for built in self.collectors:
                 built.strict = strict
@@ -367,7 +367,6 @@ class profile:
             for collector in self.collectors:
                 self._guarded(collector, "close", collector.close)
             self._ranks.close()
-            self.step_tables.close()
             steps.set_step(None)
             advance_kineto_step("stop")
             _release(self)

@@ -12,6 +12,7 @@ import gc
 import os
 import socket
 import time
+from array import array
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,11 +20,13 @@ from typing import Any
 from stepscope import clock
 from stepscope.atomic import make_directory
 from stepscope.collectors import import_watch
+from stepscope.collectors.base import Collector
 from stepscope.config import config
 from stepscope.distributed import rank_and_world_size
 from stepscope.extras import require
 from stepscope.steptables.schema import partition_value
 from stepscope.steptables.writer import NCOLS, RowGroup, TableWriter
+from stepscope.trace.model import Trace
 
 __all__ = ["DEFAULT_ROWS_PER_FILE", "NoStepTables", "StepTables", "default_run", "step_tables_of"]
 
@@ -39,8 +42,14 @@ def default_run() -> str:
     return config.run_name or (elastic if elastic not in ("", "none") else "default")
 
 
-class StepTables:
-    """Writes one row per step of this rank into ``directory/run=<run>/rank=<rank>/``."""
+class StepTables(Collector):
+    """Writes one row per step of this rank into ``directory/run=<run>/rank=<rank>/``.
+
+    A collector only to be given each window's trace (``window_built``): the rows of the
+    steps a window recorded wait for it and are written with their host breakdown.
+    """
+
+    name = "step_tables"
 
     def __init__(
         self,
@@ -71,6 +80,8 @@ class StepTables:
         self._gc_ns = self._gc_start = 0
         self._undo: list[Callable[[], None]] = []
         self._active = False
+        self._held: list[tuple[int, ...]] = []
+        """Rows of recorded steps, until their window's trace is built."""
 
     @property
     def dropped_rows(self) -> int:
@@ -110,26 +121,32 @@ class StepTables:
         writer = self._writer
         if writer is None or not self._active:
             return
-        if group is None:
-            group = self._group = writer.fresh()
-        if group is None:
-            writer.dropped_rows += 1
+        if recorded:  # written with its window's breakdown (window_built)
+            row = (step, self._start_ns + self._base, now - self._start_ns, self._data_ns,
+                   self._opt_ns, self._gc_ns, cpu - self._cpu_ns, writer.rss)  # fmt: skip
+            self._held.append(row)
+            if len(self._held) >= self.rows_per_file:  # a window that never ends: bounded
+                self._hand_over_held(None)
         else:
-            ints, row = group.ints, group.rows
-            i = row * NCOLS
-            ints[i] = step
-            ints[i + 1] = self._start_ns + self._base
-            ints[i + 2] = now - self._start_ns
-            ints[i + 3] = self._data_ns
-            ints[i + 4] = self._opt_ns
-            ints[i + 5] = self._gc_ns
-            ints[i + 6] = cpu - self._cpu_ns
-            ints[i + 7] = writer.rss
-            group.recorded[row] = recorded
-            group.rows = row + 1
-            if row + 1 == group.capacity:
-                writer.submit(group)
-                self._group = writer.fresh()
+            if group is None:
+                group = self._group = writer.fresh()
+            if group is None:
+                writer.dropped_rows += 1
+            else:
+                ints, row_index = group.ints, group.rows
+                i = row_index * NCOLS
+                ints[i] = step
+                ints[i + 1] = self._start_ns + self._base
+                ints[i + 2] = now - self._start_ns
+                ints[i + 3] = self._data_ns
+                ints[i + 4] = self._opt_ns
+                ints[i + 5] = self._gc_ns
+                ints[i + 6] = cpu - self._cpu_ns
+                ints[i + 7] = writer.rss
+                group.rows = row_index + 1
+                if row_index + 1 == group.capacity:
+                    writer.submit(group)
+                    self._group = writer.fresh()
         self._data_ns = self._opt_ns = self._gc_ns = 0
         self._start_ns = now
         self._cpu_ns = cpu
@@ -146,10 +163,31 @@ class StepTables:
         import_watch.cancel("torch.optim", self._hook_optimizer)
         writer, group = self._writer, self._group
         if writer is not None:
+            self._hand_over_held(None)  # recorded steps whose window was never built
             if group is not None and group.rows:
                 writer.submit(group)
             self._group = None
             writer.close()
+
+    def collectors(self) -> list[Collector]:
+        """What the profile adds to its collectors: this, for ``window_built``."""
+        return [self]
+
+    def window_built(self, trace: Trace) -> None:
+        """Hand the held rows of the window's steps to the writer with the window's trace."""
+        self._hand_over_held(trace)
+
+    def _hand_over_held(self, trace: Trace | None) -> None:
+        held, writer = self._held, self._writer
+        if not held or writer is None:
+            return
+        group = RowGroup(len(held))
+        for n, row in enumerate(held):
+            group.ints[n * NCOLS : (n + 1) * NCOLS] = array("q", row)
+            group.recorded[n] = 1
+        group.rows = len(held)
+        self._held = []
+        writer.submit_window(group, trace)
 
     # -- hooks: each only adds to a counter -----------------------------------------------------
     def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
@@ -222,6 +260,10 @@ class NoStepTables:
 
     path = None
     dropped_rows = 0
+
+    def collectors(self) -> list[Collector]:
+        """None to add."""
+        return []
 
     def begin(self) -> None:
         """Nothing to open."""

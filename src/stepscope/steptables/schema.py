@@ -38,6 +38,10 @@ COLUMNS: tuple[tuple[str, str], ...] = (
     ("host", "string: the host name"),
     ("pid", "int32: the process id"),
     ("schema_version", "int16: this schema's version (1)"),
+    ("host_computation_ns", "int64, recorded steps: host time with a span open, no collective"),
+    ("host_communication_ns", "int64, recorded steps: host time with a collective in flight"),
+    ("host_idle_ns", "int64, recorded steps: host time with nothing open"),
+    ("host_categories", "map<string, int64>, recorded steps: the step's host time by category"),
 )
 """Every column of a step table file (``run`` and ``rank`` come from the directory names)."""
 
@@ -62,5 +66,9 @@ def arrow_schema() -> Any:
         pa.field("host", pa.string(), nullable=False),
         pa.field("pid", pa.int32(), nullable=False),
         pa.field("schema_version", pa.int16(), nullable=False),
+        pa.field("host_computation_ns", pa.int64()),
+        pa.field("host_communication_ns", pa.int64()),
+        pa.field("host_idle_ns", pa.int64()),
+        pa.field("host_categories", pa.map_(pa.string(), pa.int64())),
     ]
     return pa.schema(fields, metadata={"stepscope.step_tables.version": str(SCHEMA_VERSION)})

@@ -10,13 +10,18 @@ from array import array
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from stepscope.atomic import atomic_output
 from stepscope.extras import require
 from stepscope.failures import failure_log
 from stepscope.steptables.schema import INT_COLUMNS, SCHEMA_VERSION, arrow_schema
+from stepscope.trace.model import Trace
 
-__all__ = ["RowGroup", "TableWriter"]
+if TYPE_CHECKING:  # the analysis is imported only when a window's rows are written
+    from stepscope.steptables.breakdown import StepBreakdown
+
+__all__ = ["RowGroup", "TableWriter", "WindowRows"]
 
 RSS_PERIOD_S = 0.02
 """How often the writer thread samples the RSS the rows carry."""
@@ -38,6 +43,14 @@ class RowGroup:
     def __post_init__(self) -> None:
         self.ints = array("q", bytes(8 * NCOLS * self.capacity))
         self.recorded = bytearray(self.capacity)
+
+
+@dataclass
+class WindowRows:
+    """The recorded rows of one trace window and its trace (None: no trace was built)."""
+
+    group: RowGroup
+    trace: Trace | None
 
 
 def _read_rss() -> int:
@@ -63,7 +76,7 @@ class TableWriter:
         self._token = time.time_ns()  # two profiles of one process never write the same name
         self.dropped_rows = 0
         """Rows lost because the writer fell ``MAX_PENDING`` row groups behind."""
-        self._queue: deque[RowGroup] = deque()
+        self._queue: deque[RowGroup | WindowRows] = deque()
         self._free: deque[RowGroup] = deque([RowGroup(capacity)])
         self._allocated = 1
         self._wake = threading.Event()
@@ -87,6 +100,11 @@ class TableWriter:
         self._queue.append(group)
         self._wake.set()
 
+    def submit_window(self, group: RowGroup, trace: Trace | None) -> None:
+        """Queue a trace window's recorded rows, to be written with its breakdown."""
+        self._queue.append(WindowRows(group, trace))
+        self._wake.set()
+
     def close(self, timeout_s: float = 30.0) -> None:
         """Write what is queued and stop the thread."""
         self._closing = True
@@ -99,16 +117,19 @@ class TableWriter:
             self._wake.clear()
             self.rss = _read_rss()
             while self._queue:
-                group = self._queue.popleft()
-                self._write_guarded(group)
-                group.rows = 0
-                self._free.append(group)
+                item = self._queue.popleft()
+                if isinstance(item, WindowRows):
+                    self._write_guarded(item.group, item.trace)
+                    continue
+                self._write_guarded(item, None)
+                item.rows = 0
+                self._free.append(item)
             if self._closing:
                 return
 
-    def _write_guarded(self, group: RowGroup) -> None:
+    def _write_guarded(self, group: RowGroup, trace: Trace | None) -> None:
         try:
-            self._write(group)
+            self._write(group, self._breakdown(trace))
         except Exception as exc:
             _failures.report(
                 type(exc).__name__,
@@ -118,7 +139,24 @@ class TableWriter:
                 then=f"{group.rows} step rows lost; later row groups are still tried",
             )
 
-    def _write(self, group: RowGroup) -> None:
+    def _breakdown(self, trace: Trace | None) -> dict[int, StepBreakdown]:
+        if trace is None:
+            return {}
+        from stepscope.steptables.breakdown import window_breakdown  # analysis: only here
+
+        try:
+            return window_breakdown(trace)
+        except Exception as exc:
+            _failures.report(
+                type(exc).__name__,
+                "step tables window breakdown",
+                exc,
+                strict=False,
+                then="the window's rows are written without it",
+            )
+            return {}
+
+    def _write(self, group: RowGroup, breakdown: dict[int, StepBreakdown]) -> None:
         pa = require("pyarrow", "step tables", "parquet")
         pq = require("pyarrow.parquet", "step tables", "parquet")
 
@@ -137,6 +175,12 @@ class TableWriter:
             pa.array([self.pid] * n, type=pa.int32()),
             pa.array([SCHEMA_VERSION] * n, type=pa.int16()),
         ]
+        found = [breakdown.get(ints[i * NCOLS]) for i in range(n)] if breakdown else [None] * n
+        for part in ("computation_ns", "communication_ns", "idle_ns"):
+            values = [getattr(b, part) if b is not None else None for b in found]
+            columns.append(pa.array(values, type=pa.int64()))
+        categories = [list(b.categories.items()) if b is not None else None for b in found]
+        columns.append(pa.array(categories, type=pa.map_(pa.string(), pa.int64())))
         table = pa.Table.from_arrays(columns, schema=arrow_schema())
         first = group.ints[0]
         name = f"steps-{first:010d}-{self.pid}-{self._token}-{self.files_written:05d}.parquet"
