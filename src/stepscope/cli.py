@@ -9,8 +9,9 @@ import sys
 from collections.abc import Sequence
 
 from stepscope._version import __version__
-from stepscope.commands import attach, diff, kernels, merge, report, run
+from stepscope.commands import attach, diff, fleet, kernels, merge, report, run
 from stepscope.commands.command import Command
+from stepscope.extras import MissingExtraError
 from stepscope.text import one_line
 from stepscope.trace.names import hide_launcher
 
@@ -21,6 +22,7 @@ COMMANDS: tuple[Command, ...] = (
     diff.COMMAND,
     merge.COMMAND,
     attach.COMMAND,
+    fleet.COMMAND,
 )
 """Every subcommand, in the order ``stepscope --help`` lists them."""
 
@@ -64,7 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         return command.run(args)
-    except (ValueError, OSError) as exc:
+    except (ValueError, OSError, MissingExtraError) as exc:  # bad input, a missing extra
         print(f"stepscope {args.command}: error: {one_line(str(exc))}", file=sys.stderr)
         return 1
     except Exception as exc:  # a bug: still one line, no traceback

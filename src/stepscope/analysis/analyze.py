@@ -20,7 +20,7 @@ from stepscope.analysis import device as dev
 from stepscope.analysis import host, ops, steps
 from stepscope.analysis.memory import combine_memory, memory_summary
 from stepscope.analysis.overhead import pick_overhead, trace_overhead
-from stepscope.analysis.ranks import analyze_ranks
+from stepscope.analysis.ranks import RankFacts, rank_facts, reduce_ranks
 from stepscope.analysis.result import (
     Category,
     CounterInfo,
@@ -39,7 +39,14 @@ from stepscope.steps import window_label
 from stepscope.trace.model import Trace
 from stepscope.trace.nesting import nest_spans
 
-__all__ = ["ANALYSIS_ERRORS", "analyze", "analyze_trace"]
+__all__ = [
+    "ANALYSIS_ERRORS",
+    "FileAnalysis",
+    "analyze",
+    "analyze_file",
+    "analyze_trace",
+    "combine",
+]
 
 ANALYSIS_ERRORS = (ArithmeticError, LookupError, TypeError, RecursionError, MemoryError)
 """What a trace with values no analysis expects can raise (a bug to fix, but one file only)."""
@@ -404,29 +411,60 @@ def analyze(
         raise ValueError("analyze: no traces given")
     if top < 1:
         raise ValueError(f"top must be 1 or more, got {top}")
-    facts: list[_Facts] = []
-    per_file: list[TraceSummary] = []
-    analysed: list[tuple[str, Trace]] = []
+    several = len(traces) > 1
+    parts: list[FileAnalysis] = []
     for label, trace in traces:
         try:
-            one = _facts(trace, label, step_range)
-            summary = _summarize(one.source, [one], top)
-            summary.memory = memory_summary(trace, top, step_range)
-            summary.overhead = trace_overhead(trace)
+            parts.append(analyze_file(label, trace, step_range, top, several))
         except ANALYSIS_ERRORS as exc:
             if failures is None:
                 raise
             failures.append(f"{label}: cannot analyse: {type(exc).__name__}: {exc}")
-            continue
-        facts.append(one)
-        per_file.append(summary)
-        analysed.append((label, trace))
-    if not facts:
+    if not parts:
         raise ValueError(f"no trace could be analysed: {(failures or ['?'])[0]}")
-    traces = analysed
+    return combine(parts)
+
+
+@dataclass
+class FileAnalysis:
+    """One file's part of a report (the map step): small, so a worker process can return it."""
+
+    facts: _Facts
+    summary: TraceSummary
+    ranks: RankFacts | None
+    step_range: tuple[int, int] | None
+    top: int
+
+
+def analyze_file(
+    label: str,
+    trace: Trace,
+    step_range: tuple[int, int] | None = None,
+    top: int = 10,
+    with_ranks: bool = True,
+) -> FileAnalysis:
+    """Analyse one trace of a report; ``combine`` joins the files' parts."""
+    if top < 1:
+        raise ValueError(f"top must be 1 or more, got {top}")
+    facts = _facts(trace, label, step_range)
+    summary = _summarize(facts.source, [facts], top)
+    summary.memory = memory_summary(trace, top, step_range)
+    summary.overhead = trace_overhead(trace)
+    ranks = rank_facts(label, trace, step_range) if with_ranks else None
+    return FileAnalysis(facts, summary, ranks, step_range, top)
+
+
+def combine(parts: Sequence[FileAnalysis]) -> Report:
+    """The report of several files from their parts, in file order (the reduce step)."""
+    if not parts:
+        raise ValueError("analyze: no traces given")
+    step_range, top = parts[0].step_range, parts[0].top
+    per_file = [p.summary for p in parts]
+    facts = [p.facts for p in parts]
     combined = per_file[0] if len(facts) == 1 else _summarize("all files", facts, top)
     if len(facts) > 1:
         combined.memory = combine_memory([s.memory for s in per_file])
         combined.overhead = pick_overhead(per_file)
-    ranks = analyze_ranks(traces, per_file, step_range) if len(traces) > 1 else None
+    rank_parts = [p.ranks for p in parts if p.ranks is not None]
+    ranks = reduce_ranks(rank_parts, per_file) if len(parts) > 1 else None
     return Report(per_file, combined, step_range, top, ranks)

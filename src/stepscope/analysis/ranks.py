@@ -30,16 +30,19 @@ from dataclasses import dataclass, field
 from stepscope.analysis.collectives import CollectiveKey, collective_calls, host_partitions
 from stepscope.analysis.result import DeviceBreakdown, TraceSummary
 from stepscope.analysis.steps import find_steps, select_steps
-from stepscope.trace.merge import clock_offset, group_by_rank
+from stepscope.trace.merge import clock_offset, first_span_ns, rank_of
 from stepscope.trace.model import Trace
 
 __all__ = [
     "CollectiveWait",
+    "RankFacts",
     "RankRow",
     "RanksReport",
     "StepAcrossRanks",
     "Straggler",
     "analyze_ranks",
+    "rank_facts",
+    "reduce_ranks",
 ]
 
 
@@ -140,18 +143,56 @@ def _device_total(summaries: Sequence[TraceSummary]) -> DeviceBreakdown | None:
     return None
 
 
+@dataclass(frozen=True)
+class RankFacts:
+    """What one trace gives the cross-rank analysis: small, so a worker can send it back."""
+
+    label: str
+    rank: int | None
+    order_ns: int
+    """When the trace starts (orders several windows of one rank)."""
+    step_ns: dict[int, int]
+    partitions: dict[int, tuple[int, int, int]]
+    calls: list[tuple[int, CollectiveKey, int, int]]
+    """(step, collective, nth in the step, duration) of each collective call."""
+    offset: tuple[int, int] | None
+
+
+def rank_facts(label: str, trace: Trace, step_range: tuple[int, int] | None = None) -> RankFacts:
+    """The cross-rank facts of one trace (the map step of ``analyze_ranks``)."""
+    windows, _ = find_steps(trace)
+    windows = [w for w in select_steps(windows, step_range) if w.step is not None]
+    partitions = {
+        number: part
+        for number, part in host_partitions(trace, windows).items()
+        if number is not None
+    }
+    calls = [(c.step, c.key, c.nth, c.dur_ns) for c in collective_calls(trace, windows)]
+    step_ns = {w.step: w.dur_ns for w in windows if w.step is not None}
+    order = trace.base_time_ns + first_span_ns(trace)
+    return RankFacts(
+        label, rank_of(trace, label), order, step_ns, partitions, calls, clock_offset(trace)
+    )
+
+
 def analyze_ranks(
     traces: Sequence[tuple[str, Trace]],
     summaries: Sequence[TraceSummary],
     step_range: tuple[int, int] | None = None,
 ) -> RanksReport | None:
     """The cross-rank report, or None when the traces come from fewer than two ranks."""
-    by_label = dict(zip((label for label, _ in traces), summaries, strict=True))
-    try:
-        ranked = group_by_rank(traces)
-    except ValueError:
+    return reduce_ranks([rank_facts(label, t, step_range) for label, t in traces], summaries)
+
+
+def reduce_ranks(
+    facts: Sequence[RankFacts], summaries: Sequence[TraceSummary]
+) -> RanksReport | None:
+    """The cross-rank report from every trace's facts and summary (in the same order)."""
+    by_label = dict(zip((f.label for f in facts), summaries, strict=True))
+    if any(f.rank is None for f in facts):
         return None
-    ranks = sorted({r.rank for r in ranked})
+    ranked = sorted(facts, key=lambda f: (f.rank, f.order_ns, f.label))
+    ranks = sorted({r.rank for r in ranked if r.rank is not None})
     if len(ranks) < 2:
         return None
     notes: list[str] = []
@@ -161,22 +202,19 @@ def analyze_ranks(
     calls: dict[tuple[int, CollectiveKey, int], dict[int, int]] = {}
     offsets: dict[int, tuple[int, int] | None] = {}
     for item in ranked:
-        windows, _ = find_steps(item.trace)
-        windows = [w for w in select_steps(windows, step_range) if w.step is not None]
-        for number, (comp, comm, idle) in host_partitions(item.trace, windows).items():
-            if number is None:
-                continue
-            p = parts[item.rank]
+        rank = item.rank
+        assert rank is not None
+        for comp, comm, idle in item.partitions.values():
+            p = parts[rank]
             p[0], p[1], p[2] = p[0] + comp, p[1] + comm, p[2] + idle
-        for w in windows:
-            assert w.step is not None
-            step_ns.setdefault(w.step, {})[item.rank] = w.dur_ns
+        for number, dur_ns in item.step_ns.items():
+            step_ns.setdefault(number, {})[rank] = dur_ns
         for hb in by_label[item.label].host_steps:
             if hb.step is not None:
-                phases[(hb.step, item.rank)] = {c.name: c.ns for c in hb.categories}
-        for call in collective_calls(item.trace, windows):
-            calls.setdefault((call.step, call.key, call.nth), {})[item.rank] = call.dur_ns
-        offsets.setdefault(item.rank, clock_offset(item.trace))
+                phases[(hb.step, rank)] = {c.name: c.ns for c in hb.categories}
+        for step, key, nth, dur_ns in item.calls:
+            calls.setdefault((step, key, nth), {})[rank] = dur_ns
+        offsets.setdefault(rank, item.offset)
     # waiting at collectives: instances seen on every rank
     wait: dict[int, int] = dict.fromkeys(ranks, 0)
     late: dict[int, float] = dict.fromkeys(ranks, 0.0)

@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import argparse
 import gzip
-import importlib
-import importlib.util
 import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
@@ -44,6 +42,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--html", metavar="FILE", help="also write the report as HTML")
     parser.add_argument(
         "--markdown", metavar="FILE", help="also write a short Markdown summary (for PR comments)"
+    )
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        metavar="N",
+        help="analyse the files in N processes (the same report as one; default 1)",
+    )
+    parser.add_argument(
+        "--engine",
+        default="processes",
+        metavar="ENGINE",
+        help="where the files are analysed: 'processes' (--jobs of them, the default) or "
+        "'ray[:ADDRESS]' (tasks on an existing Ray cluster; pip install 'stepscope[ray]')",
     )
     parser.add_argument(
         "--parquet",
@@ -88,7 +100,8 @@ def is_memory_timeline(path: Path) -> bool:
     return _TIMELINE_START.match(head) is not None
 
 
-def _read(path: Path) -> Trace:
+def read_trace_file(path: Path) -> Trace:
+    """Read one trace file; what goes wrong is a one-line ``ValueError``."""
     try:
         return read_chrome_trace(path)
     except OSError as exc:
@@ -97,6 +110,19 @@ def _read(path: Path) -> Trace:
         raise ValueError(f"{path}: not a trace: nested too deeply") from None
     except MemoryError:
         raise ValueError(f"{path}: too large to read into memory") from None
+
+
+def trace_inputs(path: Path, stderr: TextIO) -> list[Path]:
+    """The trace files at ``path``, memory timelines beside them left out (said on ``stderr``)."""
+    files = trace_files(path)
+    if path.is_dir():
+        timelines = [f for f in files if is_memory_timeline(f)]
+        if timelines:
+            files = [f for f in files if f not in timelines]
+            print(f"left out {len(timelines)} memory timeline file(s): not traces", file=stderr)
+            if not files:
+                raise ValueError(f"{path}: no trace files, only memory timelines")
+    return files
 
 
 def load_traces(
@@ -108,14 +134,7 @@ def load_traces(
     A single file that cannot be read raises ``ValueError``; in a directory, such files are
     listed as failures (one line each) and the others are read.
     """
-    files = trace_files(path)
-    if path.is_dir():
-        timelines = [f for f in files if is_memory_timeline(f)]
-        if timelines:
-            files = [f for f in files if f not in timelines]
-            print(f"left out {len(timelines)} memory timeline file(s): not traces", file=stderr)
-            if not files:
-                raise ValueError(f"{path}: no trace files, only memory timelines")
+    files = trace_inputs(path, stderr)
     if keep is not None:
         files = [f for f in files if keep(f)]
         if not files:
@@ -146,7 +165,7 @@ def load_traces(
             if progress is not None and task is not None:
                 progress.update(task, name=printable(label))
             try:
-                traces.append((label, _read(f)))
+                traces.append((label, read_trace_file(f)))
             except ValueError as exc:
                 if single:
                     raise
@@ -167,21 +186,13 @@ def write_text(path: str, text: str, what: str) -> None:
         fh.write(text.encode("utf-8"))
 
 
-def write_html_report(report: Report, path: str, traces: Sequence[tuple[str, Trace]] = ()) -> bool:
-    """Write the HTML report (flame graphs from ``traces``) when ``stepscope.report.html``
-    exists; False when it does not."""
-    if importlib.util.find_spec("stepscope.report.html") is None:
-        return False
-    module = importlib.import_module("stepscope.report.html")
-    module.write_html(report, path, traces)
-    return True
-
-
 def run(args: argparse.Namespace) -> int:
     """Run ``stepscope report``."""
     if args.top < 1:
         raise ValueError(f"--top must be 1 or more, got {args.top}")
     step_range = parse_step_range(args.steps) if args.steps else None
+    if args.jobs != 1 or args.engine != "processes":
+        return _run_mapped(args, step_range)
     traces, failures = load_traces(Path(args.path), sys.stderr)
     report = analyze(traces, step_range, args.top, failures)
     for failure in failures:
@@ -189,6 +200,48 @@ def run(args: argparse.Namespace) -> int:
     analysed = {s.source for s in report.files}
     traces = [(label, t) for label, t in traces if label in analysed]
     render_report_to(report)
+    write_outputs(args, report)
+    if args.html:
+        from stepscope.report.html import write_html
+
+        write_html(report, args.html, traces)
+        print(f"stepscope report: HTML -> {args.html}", file=sys.stderr)
+    if args.parquet:
+        from stepscope.report.parquet import write_parquet
+
+        full = analyze(traces, step_range, ALL_ROWS) if args.top < ALL_ROWS else report
+        write_parquet(full, traces, args.parquet, run=Path(args.path).resolve().name)
+        print(f"stepscope report: Parquet tables -> {args.parquet}", file=sys.stderr)
+    return 1 if failures else 0
+
+
+def _run_mapped(args: argparse.Namespace, step_range: tuple[int, int] | None) -> int:
+    """``report --jobs N`` / ``--engine ray``: each file analysed in a worker, joined here."""
+    from stepscope.analysis.analyze import FileAnalysis, combine
+    from stepscope.commands.report_map import map_files
+
+    if args.jobs < 1:
+        raise ValueError(f"--jobs must be 1 or more, got {args.jobs}")
+    if args.html or args.parquet:
+        raise ValueError("--html and --parquet need the traces here: leave out --jobs/--engine")
+    path = Path(args.path)
+    files = trace_inputs(path, sys.stderr)
+    labelled = [(f, f.name if path.is_file() else str(f.relative_to(path))) for f in files]
+    results = map_files(labelled, step_range, args.top, jobs=args.jobs, engine=args.engine)
+    parts = [r for r in results if isinstance(r, FileAnalysis)]
+    failures = [r for r in results if isinstance(r, str)]
+    if not parts:
+        raise ValueError(f"{path}: none of its {len(files)} files could be read: {failures[0]}")
+    for failure in failures:
+        print(f"stepscope report: skipped {one_line(failure)}", file=sys.stderr)
+    report = combine(parts)
+    render_report_to(report)
+    write_outputs(args, report)
+    return 1 if failures else 0
+
+
+def write_outputs(args: argparse.Namespace, report: Report) -> None:
+    """The report's ``--json`` and ``--markdown`` files, when asked for."""
     if args.json:
         write_text(args.json, report.to_json() + "\n", "JSON report")
         print(f"stepscope report: JSON -> {args.json}", file=sys.stderr)
@@ -197,19 +250,6 @@ def run(args: argparse.Namespace) -> int:
 
         write_text(args.markdown, report_markdown(report), "Markdown summary")
         print(f"stepscope report: Markdown -> {args.markdown}", file=sys.stderr)
-    if args.html:
-        if write_html_report(report, args.html, traces):
-            print(f"stepscope report: HTML -> {args.html}", file=sys.stderr)
-        else:
-            print("stepscope report: the HTML report is not available yet", file=sys.stderr)
-            return 1
-    if args.parquet:
-        from stepscope.report.parquet import write_parquet
-
-        full = analyze(traces, step_range, ALL_ROWS) if args.top < ALL_ROWS else report
-        write_parquet(full, traces, args.parquet, run=Path(args.path).resolve().name)
-        print(f"stepscope report: Parquet tables -> {args.parquet}", file=sys.stderr)
-    return 1 if failures else 0
 
 
 def render_report_to(report: Report) -> None:

@@ -118,6 +118,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="record nothing until asked: 'stepscope attach PID --steps N' records the next N "
         "steps (the schedule options are ignored)",
     )
+    parser.add_argument(
+        "--step-tables",
+        metavar="DIR",
+        help="write one row per step (every step) as Parquet into DIR (see stepscope fleet)",
+    )
     parser.add_argument("-m", dest="module", metavar="MODULE", help="run a module, as python -m")
     parser.add_argument(
         "program", nargs=argparse.REMAINDER, help="SCRIPT [ARGS...] (or ARGS with -m)"
@@ -205,6 +210,7 @@ def _profile(args: argparse.Namespace, step_on: str | None, in_program: bool) ->
         step_on=None if in_program else step_on,
         sampling_rate_hz=args.sampling_rate,
         tracer_options=tracer_options,
+        step_tables=args.step_tables,
     )
 
 

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
 from typing import Any
 
-from stepscope import clock, forks, step_times, steps
+from stepscope import clock, forks, step_times, steps, steptables
 from stepscope._version import __version__
 from stepscope.activity import ProfilerActivity, coerce_activities
 from stepscope.collectors import import_watch
@@ -96,6 +96,7 @@ class profile:
         step_on: str | Callable[..., Any] | None = None,
         tracer_options: Mapping[str, Any] | None = None,
         strict: bool | None = None,
+        step_tables: str | os.PathLike[str] | steptables.StepTables | None = None,
     ) -> None:
         plain, self.activity_filters = split_activity_filters(activities)
         self.activities = coerce_activities(plain)
@@ -161,8 +162,9 @@ class profile:
         """Mean samples per second of ``ProfilerActivity.SAMPLING`` (exponentially jittered)."""
         trigger = StepTrigger(step_on, self.step, strict=strict) if step_on is not None else None
         self._step_trigger = trigger
+        self.step_tables = steptables.step_tables_of(step_tables, strict)
         self.collectors: list[Collector] = [AnnotationCollector(max_spans=max_annotation_spans)]
-        self.collectors += self._requested_collectors()
+        self.collectors += self._requested_collectors() + self.step_tables.collectors()
         if strict is not None:
             for built in self.collectors:
                 built.strict = strict
@@ -332,6 +334,7 @@ class profile:
                 "another stepscope profile is already running in this process; stop it first "
                 "(stepscope runs one profile at a time)"
             )
+        self.step_tables.begin()  # before step_on's: its optimizer hook must run first
         _active = self
         try:
             joined = self._ranks.join(self.step_num)
@@ -354,6 +357,7 @@ class profile:
         """Mark the end of the current step and the start of the next one."""
         if self._left_in_child:
             return
+        self.step_tables.step_ended(self.step_num, self.current_action in RECORDING)
         self._close_step_span(stepping=True)
         self._mark_steps_from_start = True
         previous = self.current_action

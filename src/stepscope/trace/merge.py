@@ -19,6 +19,7 @@ from stepscope.trace.model import Trace, TraceBuilder
 __all__ = [
     "RankTrace",
     "clock_offset",
+    "first_span_ns",
     "group_by_rank",
     "merge_ranks",
     "rank_in_name",
@@ -69,11 +70,12 @@ def group_by_rank(traces: Sequence[tuple[str, Trace]]) -> list[RankTrace]:
                 '"distributedInfo": {"rank": N}'
             )
         out.append(RankTrace(label, rank, trace))
-    out.sort(key=lambda r: (r.rank, r.trace.base_time_ns + _first_ns(r.trace), r.label))
+    out.sort(key=lambda r: (r.rank, r.trace.base_time_ns + first_span_ns(r.trace), r.label))
     return out
 
 
-def _first_ns(trace: Trace) -> int:
+def first_span_ns(trace: Trace) -> int:
+    """The start of the trace's first span (0 without spans), relative to its base time."""
     starts = trace.spans["start_ns"]
     return min(starts) if len(starts) else 0
 

@@ -1,0 +1,237 @@
+"""Step tables and ``stepscope fleet`` at fleet scale; ``report --jobs`` on 2 cores.
+
+- **Cost per step**: ``profile.step()`` of a profile that records no window, with and without
+  ``step_tables=``, in the same run; the difference is the tables' cost per step.  The peer is
+  the hand-written alternative: a Python list of (step, time, CPU time) tuples appended every
+  step and written with pyarrow at the end.  Bytes per step: the Parquet files' size / rows.
+- **Straggler query**: ``fleet_report`` over a synthetic job of 1,024 ranks x 10,000 steps
+  (10.24 M rows, files of 1,024 rows as ranks write them, rank 417 slow in data loading from
+  step 6,000), one node.  The peer is pandas computing the same per-step reference and lag.
+- **report --jobs**: ``stepscope report DIR --json`` with --jobs 1 and 2 on 4 GPU-size ranks
+  (copies of the shared training trace), each in a fresh process.
+Targets (issue 30): <= 2 us and <= 2 KB per step per rank; the 1,024 x 10,000 query <= 5 s.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from harness import SRC, Report
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED = Path("/work/shared/traces")
+STEPS = 200_000
+RANKS, JOB_STEPS, ROWS_PER_FILE = 1024, 10_000, 1024
+
+
+def _never(step: int) -> object:
+    import stepscope
+
+    return stepscope.ProfilerAction.NONE
+
+
+def _loop(directory: Path | None, steps: int) -> int:
+    """Elapsed ns of ``steps`` step() calls (step tables into ``directory`` when given, in one
+    row group, so the writer thread writes nothing during the loop)."""
+    import stepscope
+    from stepscope.steptables import StepTables
+
+    tables = StepTables(directory, rows_per_file=steps + 1) if directory else None
+    prof = stepscope.profile(schedule=_never, step_tables=tables, torch_ops=False)
+    with prof:
+        start = time.perf_counter_ns()
+        for _ in range(steps):
+            prof.step()
+        elapsed = time.perf_counter_ns() - start
+    return elapsed
+
+
+def _writer_cpu_per_row(directory: Path) -> float:
+    """CPU ns the writer thread spends per row on a full default row group."""
+    from stepscope.steptables.recorder import DEFAULT_ROWS_PER_FILE
+    from stepscope.steptables.writer import RowGroup, TableWriter
+
+    writer = TableWriter(directory, "host", DEFAULT_ROWS_PER_FILE)
+    group = RowGroup(DEFAULT_ROWS_PER_FILE)
+    group.rows = DEFAULT_ROWS_PER_FILE
+    start = time.thread_time_ns()
+    for _ in range(20):
+        writer._write(group)
+    per_row = (time.thread_time_ns() - start) / 20 / DEFAULT_ROWS_PER_FILE
+    writer.close()
+    return per_row
+
+
+def _hand_written(directory: Path, steps: int) -> int:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows: list[tuple[int, int, int]] = []
+    start = time.perf_counter_ns()
+    for step in range(steps):
+        rows.append((step, time.perf_counter_ns(), time.thread_time_ns()))
+    elapsed = time.perf_counter_ns() - start
+    columns = list(zip(*rows, strict=True))
+    table = pa.table({n: pa.array(c) for n, c in zip(("step", "t", "cpu"), columns, strict=True)})
+    pq.write_table(table, directory / "steps.parquet")
+    return elapsed
+
+
+def bench_cost_per_step(report: Report, work: Path) -> None:
+    steps = STEPS // 4 if report.quick else STEPS
+    case = f"{steps:,} steps, no window recorded"
+    plain, tables, hand, writer = [], [], [], []
+    for i in range(3 if report.quick else 5):  # interleaved, so drift hits all alike
+        plain.append(_loop(None, steps) / steps)
+        tables.append(_loop(work / f"tables{i}", steps) / steps)
+        hand_dir = work / f"hand{i}"
+        hand_dir.mkdir()
+        hand.append(_hand_written(hand_dir, steps) / steps)
+        writer_dir = work / f"writer{i}"
+        writer_dir.mkdir()
+        writer.append(_writer_cpu_per_row(writer_dir))
+    size = sum(f.stat().st_size for f in (work / "tables0").rglob("*.parquet"))
+    base = report.add(case, "profile.step()", "ns/step", plain)
+    report.add(case, "profile.step() + step tables", "ns/step", tables)
+    peer = report.add(case, "hand-written list + pyarrow", "ns/step", hand)
+    extra = [t - p for t, p in zip(tables, plain, strict=True)]
+    hot = report.add(case, "step tables in step()", "ns/step", extra)
+    thread = report.add(case, "writer thread CPU per row", "ns/step", writer)
+    total = report.add(
+        case,
+        "step tables, all",
+        "ns/step",
+        [e + w for e, w in zip(extra, writer, strict=True)],
+    )
+    report.ratio("step tables in step() / hand-written logger", hot, peer)
+    report.note(
+        f"step tables: {hot.median:.0f} ns/step in step() (profile.step() alone "
+        f"{base.median:.0f} ns) + {thread.median:.0f} ns/row on the writer thread; "
+        f"{size / steps:.1f} bytes/step on disk for this loop (regular values compress well)"
+    )
+    report.target("step tables' cost per step (us) <= 2", total.median / 1000, 2.0)
+    report.target("step tables' bytes per step per rank <= 2048", size / steps, 2048)
+
+
+def synthetic_job(out: Path) -> None:
+    """1,024 ranks x 10,000 steps as ranks write them: run=/rank= directories, 1,024-row files."""
+    import duckdb
+
+    con = duckdb.connect()
+    con.execute("SET enable_progress_bar = false")
+    slow = "CASE WHEN r = 417 AND s >= 6000 THEN 20000000 ELSE 0 END"
+    con.execute(
+        f"""COPY (
+        SELECT 'bench' AS run, r AS rank, s AS step,
+               1700000000000000000 + s * 100000000 AS start_unix_ns,
+               100000000 + (hash(r * 7 + s) % 5000000)::BIGINT + {slow} AS duration_ns,
+               (hash(r + s * 3) % 2000000)::BIGINT + {slow} AS data_wait_ns,
+               5000000 + (hash(r * s) % 500000)::BIGINT AS optimizer_ns,
+               (hash(r - s) % 3 = 0)::BIGINT * 1000000 AS gc_ns,
+               60000000 + (hash(r - s) % 3000000)::BIGINT AS cpu_ns,
+               2000000000::BIGINT AS rss_bytes, s % 100 < 3 AS recorded,
+               'host' || (r // 8) AS host, (1000 + r)::INTEGER AS pid,
+               1::SMALLINT AS schema_version
+        FROM range({RANKS}) t(r), range({JOB_STEPS}) u(s) ORDER BY r, s
+        ) TO '{out}' (FORMAT parquet, PARTITION_BY (run, rank), ROW_GROUP_SIZE {ROWS_PER_FILE},
+                      ROW_GROUPS_PER_FILE 1)"""
+    )
+
+
+def _pandas_lags(path: Path) -> int:
+    import pandas as pd
+    import pyarrow.dataset as ds
+
+    df = ds.dataset(path, format="parquet", partitioning="hive").to_table().to_pandas()
+    phases = ["data_wait_ns", "optimizer_ns", "gc_ns", "cpu_ns"]
+    ref = df.groupby(["run", "step"])[phases].quantile(0.25, interpolation="lower")
+    joined = df.join(ref, on=["run", "step"], rsuffix="_ref")
+    lag = sum((joined[p] - joined[p + "_ref"]).clip(lower=0) for p in phases)
+    joined["lag"] = lag
+    worst = joined.loc[joined.groupby(["run", "step"])["lag"].idxmax(), ["step", "rank"]]
+    return int(pd.Series(worst["rank"]).mode()[0])
+
+
+def bench_fleet_query(report: Report, work: Path) -> None:
+    from stepscope.steptables.fleet import fleet_report
+
+    out = work / "job"
+    start = time.perf_counter()
+    synthetic_job(out)
+    files = sum(1 for _ in out.rglob("*.parquet"))
+    size = sum(f.stat().st_size for f in out.rglob("*.parquet"))
+    report.note(
+        f"synthetic job: {RANKS:,} ranks x {JOB_STEPS:,} steps, {files:,} files, "
+        f"{size / 1e6:.0f} MB, written in {time.perf_counter() - start:.0f} s"
+    )
+    case = f"fleet query {RANKS} ranks x {JOB_STEPS} steps"
+    ours: list[float] = []
+    ours_cpu: list[float] = []
+    theirs: list[float] = []
+    for _ in range(1 if report.quick else 3):
+        start, cpu = time.perf_counter(), time.process_time()
+        found = fleet_report(out)
+        ours.append(time.perf_counter() - start)
+        ours_cpu.append(time.process_time() - cpu)  # DuckDB's threads included
+        assert [(s.rank, s.since_step, s.phase) for s in found.slow_ranks] == [
+            (417, 6000, "data_wait")
+        ], found.slow_ranks
+        start = time.perf_counter()
+        assert _pandas_lags(out) == 417
+        theirs.append(time.perf_counter() - start)
+    mine = report.add(case, "stepscope fleet (DuckDB)", "s", ours)
+    report.add(case, "stepscope fleet (DuckDB)", "CPU s", ours_cpu)
+    peer = report.add(case, "pandas: reference + lag per step", "s", theirs)
+    report.ratio("fleet query time, lower is better", mine, peer)
+    report.target("fleet report over 1,024 ranks x 10,000 steps (s) <= 5", mine.median, 5.0)
+
+
+def _rank_copies(folder: Path, ranks: int) -> None:
+    doc = json.loads(gzip.decompress((SHARED / "training_rank0_gpu.json.gz").read_bytes()))
+    for rank in range(ranks):
+        doc["distributedInfo"] = {**doc.get("distributedInfo", {}), "rank": rank}
+        (folder / f"job_rank{rank}.pt.trace.json").write_text(json.dumps(doc))
+
+
+def bench_report_jobs(report: Report, work: Path) -> None:
+    folder = work / "ranks"
+    folder.mkdir()
+    _rank_copies(folder, 4)
+    env = {**os.environ, "PYTHONPATH": SRC}
+    case = "report --json, 4 GPU-size ranks"
+    samples: dict[str, list[float]] = {"1": [], "2": []}
+    outputs: dict[str, bytes] = {}
+    for _ in range(1 if report.quick else 3):
+        for jobs in samples:
+            out = work / f"jobs{jobs}.json"
+            cmd = [sys.executable, "-m", "stepscope", "report", str(folder), "--json", str(out)]
+            start = time.perf_counter()
+            subprocess.run([*cmd, "--jobs", jobs], check=True, env=env, capture_output=True)
+            samples[jobs].append(time.perf_counter() - start)
+            outputs[jobs] = out.read_bytes()
+    assert outputs["1"] == outputs["2"]
+    one = report.add(case, "--jobs 1", "s", samples["1"])
+    two = report.add(case, "--jobs 2", "s", samples["2"])
+    report.ratio("--jobs 2 / --jobs 1 wall time", two, one)
+
+
+def run(report: Report) -> None:
+    """Every part, in a temporary directory."""
+    with tempfile.TemporaryDirectory(prefix="stepscope-bench-steptables-") as tmp:
+        work = Path(tmp)
+        bench_cost_per_step(report, work)
+        bench_fleet_query(report, work)
+        bench_report_jobs(report, work)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit("run through bench/run.py (python bench/run.py steptables)")

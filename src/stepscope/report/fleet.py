@@ -1,0 +1,140 @@
+"""``stepscope fleet`` rendered: rich tables for the terminal, one offline HTML page."""
+
+from __future__ import annotations
+
+import html
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from stepscope.atomic import atomic_output
+from stepscope.report.html import VENDOR_STYLES, asset, offline_page, script_json
+from stepscope.steptables.fleet import FleetReport
+
+__all__ = ["fleet_html", "render_fleet", "render_rows", "write_fleet_html"]
+
+WORST_STEPS = 10
+"""Steps listed with their straggler (the ones with the largest lag)."""
+_UPLOT = "vendor/uplot/uPlot.iife.min.js"
+TABLE_IDS = ("slow-ranks", "worst-steps", "drift")
+"""The page's sections, in ``_sections`` order."""
+
+
+def _ms(ns: float) -> str:
+    return f"{ns / 1e6:,.1f}"
+
+
+def _sections(r: FleetReport) -> list[tuple[str, list[str], list[list[str]]]]:
+    """(title, columns, rows) of each table, shared by the terminal and the page."""
+    worst = sorted(r.stragglers, key=lambda s: -s.lag_ns)[:WORST_STEPS]
+    return [
+        (
+            "Ranks slow since a step",
+            ["run", "rank", "since step", "slow steps", "mean lag ms", "phase"],
+            [
+                [s.run, str(s.rank), str(s.since_step), f"{s.slow_steps}/{s.steps}",
+                 _ms(s.mean_lag_ns), s.phase]
+                for s in r.slow_ranks
+            ],
+        ),
+        (
+            f"Steps with the largest lag (of {len(r.stragglers)})",
+            ["run", "step", "slowest rank", "lag ms", "phase", "mean step ms", "ranks"],
+            [
+                [s.run, str(s.step), str(s.rank), _ms(s.lag_ns), s.phase,
+                 _ms(s.mean_duration_ns), str(s.ranks)]
+                for s in worst
+            ],
+        ),
+        (
+            "Drift (each tenth of the steps)",
+            ["run", "steps", "median step ms", "median lag ms"],
+            [
+                [d.run, f"{d.first_step}-{d.last_step}", _ms(d.median_duration_ns),
+                 _ms(d.median_lag_ns)]
+                for d in r.drift
+            ],
+        ),
+    ]  # fmt: skip
+
+
+def _headline(r: FleetReport) -> str:
+    runs = ", ".join(r.runs)
+    return f"{r.rows:,} step rows: {r.ranks} ranks, {r.steps:,} steps, run {runs}"
+
+
+def _rich_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> Table:
+    table = Table(title=title, title_justify="left")
+    for i, column in enumerate(columns):
+        table.add_column(column, justify="left" if i == 0 else "right")
+    for row in rows:
+        table.add_row(*(str(v) for v in row))
+    return table
+
+
+def render_fleet(r: FleetReport) -> RenderableType:
+    """The fleet report for the terminal."""
+    parts: list[RenderableType] = [Text(_headline(r), style="bold")]
+    if not r.slow_ranks:
+        parts.append(Text("no rank lags the others in most of its steps", style="green"))
+    for title, columns, rows in _sections(r):
+        if rows:
+            parts.append(_rich_table(title, columns, rows))
+    return Group(*parts)
+
+
+def render_rows(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> Table:
+    """A ``--sql`` result for the terminal."""
+    return _rich_table(f"{len(rows)} rows", columns, rows)
+
+
+def _html_table(key: str, title: str, columns: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(v)}</td>" for v in row) + "</tr>" for row in rows
+    )
+    return (
+        f'<section class="card" id="{key}"><h2>{html.escape(title)}</h2>'
+        f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></section>"
+    )
+
+
+def fleet_html(r: FleetReport) -> str:
+    """The fleet report as one self-contained page (tables, and a chart of each step's lag)."""
+    title = html.escape(f"stepscope fleet: {r.path}")
+    body = [
+        f'<header id="top"><h1>{title}</h1></header>',
+        "<main>",
+        f"<p>{html.escape(_headline(r))}</p>",
+        '<section class="card"><h2>Largest lag per step (ms)</h2><div id="lag-chart"></div>'
+        "</section>",
+        *(
+            _html_table(key, t, c, rows)
+            for key, (t, c, rows) in zip(TABLE_IDS, _sections(r), strict=True)
+            if rows
+        ),
+        "</main>",
+    ]
+    data = {
+        "step": [s.step for s in r.stragglers],
+        "lag_ms": [s.lag_ns / 1e6 for s in r.stragglers],
+        "rank": [s.rank for s in r.stragglers],
+    }
+    return offline_page(
+        title,
+        body,
+        "stepscope-fleet",
+        script_json(data),
+        styles=[(asset(n), n) for n in (*VENDOR_STYLES, "report.css")],
+        scripts=[(asset(n), n) for n in (_UPLOT, "fleet.js")],
+    )
+
+
+def write_fleet_html(r: FleetReport, path: str | os.PathLike[str]) -> None:
+    """Write the page atomically."""
+    with atomic_output(path, what="HTML fleet report") as fh:
+        fh.write(fleet_html(r).encode("utf-8"))

@@ -1,0 +1,277 @@
+"""Who is slow across a job, from the step tables, on DuckDB: per step the rank that lags the
+others most, ranks slow since a step and in which phase, and drift over the run.
+
+A rank's *lag* in a phase at a step is how much longer it spent there than a typical fast rank
+(the ``REFERENCE_QUANTILE`` of the ranks; 0 when less).  Only phases a rank spends on its own
+count (``schema.PHASES``: data wait, optimizer, GC, the training thread's CPU time): a
+synchronous job's step durations are equal on every rank, since the fast ranks wait for the slow
+one inside collectives.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from stepscope.extras import require
+from stepscope.steptables.schema import COLUMNS, PHASES, SCHEMA_VERSION
+
+__all__ = [
+    "FLEET_SCHEMA",
+    "Drift",
+    "FleetReport",
+    "SlowRank",
+    "StepStraggler",
+    "connect",
+    "fleet_report",
+    "run_sql",
+]
+
+FLEET_SCHEMA = "stepscope.fleet"
+FLEET_VERSION = 1
+REFERENCE_QUANTILE = 0.25
+"""Lags are measured from this quantile of the ranks (a typical fast rank; with two ranks, the
+faster one)."""
+REFERENCE_RANKS = 256
+"""With more ranks than this, the reference comes from every k-th rank (about this many), which
+reads a k-th of the files: the quantile of a few hundred ranks is as good as of all."""
+MIN_LAG_NS = 1_000_000
+"""A rank lags at a step when it lags by more than this and ``LAG_FRACTION`` of the median step."""
+LAG_FRACTION = 0.05
+SINCE_SHARE = 0.8
+"""A rank is slow since step S when it lags in this share of its steps from S on."""
+MIN_SLOW_STEPS = 3
+DRIFT_PARTS = 10
+
+
+@dataclass(frozen=True)
+class StepStraggler:
+    """The rank that lagged most at one step."""
+
+    run: str
+    step: int
+    rank: int
+    lag_ns: int
+    phase: str
+    mean_duration_ns: int
+    ranks: int
+
+
+@dataclass(frozen=True)
+class SlowRank:
+    """A rank that lags in most steps since ``since_step``, mostly in ``phase``."""
+
+    run: str
+    rank: int
+    since_step: int
+    steps: int
+    slow_steps: int
+    mean_lag_ns: int
+    phase: str
+
+
+@dataclass(frozen=True)
+class Drift:
+    """One tenth of the run's steps: the median of the steps' mean durations and of every
+    rank's lag."""
+
+    run: str
+    part: int
+    first_step: int
+    last_step: int
+    median_duration_ns: int
+    median_lag_ns: int
+
+
+@dataclass
+class FleetReport:
+    """Everything ``stepscope fleet`` says about a directory of step tables."""
+
+    path: str
+    rows: int
+    runs: list[str]
+    ranks: int
+    steps: int
+    stragglers: list[StepStraggler] = field(default_factory=list)
+    slow_ranks: list[SlowRank] = field(default_factory=list)
+    drift: list[Drift] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The versioned JSON form (``stepscope.fleet``)."""
+        return {
+            "schema": FLEET_SCHEMA,
+            "version": FLEET_VERSION,
+            "step_tables_version": SCHEMA_VERSION,
+            **asdict(self),
+        }
+
+
+def connect(path: str | os.PathLike[str]) -> Any:
+    """A DuckDB connection with the view ``steps`` over every step table under ``path``."""
+    duckdb = require("duckdb", "stepscope fleet", "parquet")
+    root = Path(path)
+    if not root.is_dir():
+        raise ValueError(f"{root}: not a directory of step tables (profile(step_tables=DIR))")
+    if next(root.rglob("*.parquet"), None) is None:
+        raise ValueError(f"{root}: no step tables (*.parquet) under this directory")
+    con = duckdb.connect()
+    con.execute("SET enable_progress_bar = false")
+    glob = _quoted(str(root / "**" / "*.parquet"))
+    source = f"read_parquet({glob}, hive_partitioning = true, union_by_name = true)"
+    try:
+        columns = {row[0] for row in con.execute(f"DESCRIBE SELECT * FROM {source}").fetchall()}
+        extra = _partitions_from_path(root, columns)
+        con.execute(f"CREATE VIEW steps AS SELECT *{extra} FROM {source}")
+    except duckdb.Error as exc:
+        raise ValueError(f"{root}: cannot read its Parquet files: {_first_line(exc)}") from None
+    missing = [name for name, _ in COLUMNS if name not in columns]
+    if missing:
+        raise ValueError(
+            f"{root}: not step tables (no column {', '.join(missing)}); point at the directory "
+            "given to profile(step_tables=DIR)"
+        )
+    return con
+
+
+def _quoted(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _partitions_from_path(root: Path, columns: set[str]) -> str:
+    """``run``/``rank`` columns for a directory inside the partitions (``DIR/run=x``)."""
+    extra = ""
+    inside = {part.split("=", 1)[0]: part.split("=", 1)[1] for part in root.parts if "=" in part}
+    for name in ("run", "rank"):
+        if name not in columns:
+            if name not in inside:
+                raise ValueError(f"{root}: step tables without a {name}=... directory")
+            value = inside[name]
+            if name == "rank" and not value.isdigit():
+                raise ValueError(f"{root}: rank={value} is not a rank number")
+            extra += f", {value if name == 'rank' else _quoted(value)} AS {name}"
+            columns.add(name)
+    return extra
+
+
+def run_sql(con: Any, query: str) -> tuple[list[str], list[tuple[Any, ...]]]:
+    """(column names, rows) of a query over the ``steps`` view; a bad query is a ValueError."""
+    duckdb = require("duckdb", "stepscope fleet", "parquet")
+    try:
+        result = con.execute(query)
+        rows = result.fetchall()
+    except duckdb.Error as exc:
+        raise ValueError(f"--sql: {_first_line(exc)}") from None
+    return [d[0] for d in result.description or ()], rows
+
+
+_NAMES = [p.removesuffix("_ns") for p in PHASES]
+_LAG_COLUMNS = [f"greatest(s.{p} - m.{p}, 0)" for p in PHASES]
+
+
+def _top_phase(values: list[str]) -> str:
+    """SQL giving the index (into ``_NAMES``) of the largest of ``values``."""
+    top = f"greatest({', '.join(values)})"
+    cases = " ".join(f"WHEN {v} = {top} THEN {i}" for i, v in enumerate(values))
+    return f"CASE {cases} END"
+
+
+_REFERENCE = f"""
+CREATE TEMP TABLE reference AS
+SELECT run, step, avg(duration_ns) AS duration_ns,
+       {", ".join(f"quantile_disc({p}, {REFERENCE_QUANTILE}) AS {p}" for p in PHASES)}
+FROM steps WHERE rank % {{stride}} = 0 GROUP BY run, step
+"""
+
+_LAGS = f"""
+CREATE TEMP TABLE lags AS
+SELECT s.run, s.step, s.rank::INTEGER AS rank, m.duration_ns AS step_ns,
+       {" + ".join(_LAG_COLUMNS)} AS lag_ns,
+       {", ".join(f"{c} AS {n}_lag" for c, n in zip(_LAG_COLUMNS, _NAMES, strict=True))},
+       ({" + ".join(_LAG_COLUMNS)}) > greatest({MIN_LAG_NS}, {LAG_FRACTION} * m.duration_ns)
+           AS slow
+FROM steps s JOIN reference m USING (run, step)
+"""
+
+_STRAGGLERS = f"""
+SELECT run, step, arg_max(rank, lag_ns), max(lag_ns)::BIGINT,
+       arg_max({_top_phase([f"{n}_lag" for n in _NAMES])}, lag_ns),
+       any_value(step_ns)::BIGINT, count(*)
+FROM lags GROUP BY run, step ORDER BY run, step
+"""
+
+# the window runs only over ranks slow in enough steps (few, in a healthy job)
+_SLOW_RANKS = f"""
+WITH candidates AS (
+    SELECT run, rank FROM lags GROUP BY run, rank HAVING sum(slow::INT) >= {MIN_SLOW_STEPS}
+), picked AS (
+    SELECT l.* FROM lags l SEMI JOIN candidates c ON l.run = c.run AND l.rank = c.rank
+), suffix AS (
+    SELECT run, rank, step, slow,
+           sum(slow::INT) OVER w AS slow_after, count(*) OVER w AS steps_after
+    FROM picked
+    WINDOW w AS (PARTITION BY run, rank ORDER BY step DESC
+                 ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
+), since AS (
+    SELECT run, rank, min(step) AS since_step FROM suffix
+    WHERE slow AND slow_after >= {SINCE_SHARE} * steps_after AND slow_after >= {MIN_SLOW_STEPS}
+    GROUP BY run, rank
+)
+SELECT l.run, l.rank, any_value(since.since_step), count(*), sum(l.slow::INT),
+       avg(l.lag_ns)::BIGINT, {_top_phase([f"sum({n}_lag)" for n in _NAMES])}
+FROM picked l JOIN since USING (run, rank)
+WHERE l.step >= since.since_step
+GROUP BY l.run, l.rank ORDER BY avg(l.lag_ns) DESC
+"""
+
+_DRIFT = f"""
+WITH per_step AS (
+    SELECT run, step, any_value(step_ns) AS step_ns, median(lag_ns) AS lag_ns
+    FROM lags GROUP BY run, step
+), parts AS (
+    SELECT *, ntile({DRIFT_PARTS}) OVER (PARTITION BY run ORDER BY step) AS part FROM per_step
+)
+SELECT run, part, min(step), max(step), median(step_ns)::BIGINT, median(lag_ns)::BIGINT
+FROM parts GROUP BY run, part ORDER BY run, part
+"""
+
+
+def _ints(values: tuple[Any, ...]) -> tuple[int, int, int, int, int]:
+    a, b, c, d, e = (int(v) for v in values)
+    return a, b, c, d, e
+
+
+def _phase(index: int, lag_ns: float) -> str:
+    return _NAMES[index] if lag_ns > 0 else "-"
+
+
+def fleet_report(path: str | os.PathLike[str], con: Any = None) -> FleetReport:
+    """The fleet report of the step tables under ``path``."""
+    con = connect(path) if con is None else con
+    # the rank directories say how many ranks without a scan; the counts come from ``lags``
+    rank_dirs = len({p.name for p in Path(path).glob("**/rank=*") if p.is_dir()})
+    con.execute(_REFERENCE.format(stride=max(1, rank_dirs // REFERENCE_RANKS)))
+    con.execute(_LAGS)
+    rows, runs, ranks, steps = con.execute(
+        "SELECT count(*), list(DISTINCT run ORDER BY run), count(DISTINCT rank), "
+        "count(DISTINCT (run, step)) FROM lags"
+    ).fetchone()
+    report = FleetReport(str(path), int(rows), [str(r) for r in runs], int(ranks), int(steps))
+    report.stragglers = [
+        StepStraggler(
+            str(r[0]), int(r[1]), int(r[2]), int(r[3]), _phase(r[4], r[3]), int(r[5]), int(r[6])
+        )
+        for r in con.execute(_STRAGGLERS).fetchall()
+    ]
+    report.slow_ranks = [
+        SlowRank(str(r[0]), *_ints(r[1:6]), _phase(r[6], r[5]))
+        for r in con.execute(_SLOW_RANKS).fetchall()
+    ]
+    report.drift = [Drift(str(r[0]), *_ints(r[1:6])) for r in con.execute(_DRIFT).fetchall()]
+    return report

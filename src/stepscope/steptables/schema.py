@@ -1,0 +1,74 @@
+"""The step tables' columns (version 1): one row per step per rank, hive-partitioned by run and
+rank so DuckDB, Spark or Trino read ``DIR/**/*.parquet`` unchanged."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from stepscope.extras import require
+
+__all__ = [
+    "COLUMNS",
+    "INT_COLUMNS",
+    "PHASES",
+    "SCHEMA_VERSION",
+    "arrow_schema",
+    "partition_value",
+]
+
+SCHEMA_VERSION = 1
+"""Bumped when a column changes meaning or type; new columns are added at the end."""
+
+INT_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("step", "the step number (the profiler's, shared by every rank)"),
+    ("start_unix_ns", "when the step began, Unix ns (the rank's clock)"),
+    ("duration_ns", "from this step's start to the next one's"),
+    ("data_wait_ns", "in the DataLoader iterator's __next__ (waiting for the batch)"),
+    ("optimizer_ns", "in torch.optim.Optimizer.step()"),
+    ("gc_ns", "in Python garbage collections"),
+    ("cpu_ns", "CPU time of the thread that calls step() (the training loop's)"),
+    ("rss_bytes", "resident set size, sampled every 20 ms by the writer thread"),
+)
+"""The int64 columns, in buffer order, with what each holds."""
+
+COLUMNS: tuple[tuple[str, str], ...] = (
+    *INT_COLUMNS,
+    ("recorded", "bool: the schedule recorded this step (a trace window covers it)"),
+    ("host", "string: the host name"),
+    ("pid", "int32: the process id"),
+    ("schema_version", "int16: this schema's version (1)"),
+    ("host_computation_ns", "int64, recorded steps: host time with a span open, no collective"),
+    ("host_communication_ns", "int64, recorded steps: host time with a collective in flight"),
+    ("host_idle_ns", "int64, recorded steps: host time with nothing open"),
+    ("host_categories", "map<string, int64>, recorded steps: the step's host time by category"),
+)
+"""Every column of a step table file (``run`` and ``rank`` come from the directory names)."""
+
+PHASES = ("data_wait_ns", "optimizer_ns", "gc_ns", "cpu_ns")
+"""Columns a rank can lag the others in (the rest of a step includes waits for the others)."""
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+
+
+def partition_value(value: str) -> str:
+    """``value`` made safe for a hive directory name (``run=<value>``)."""
+    cleaned = _UNSAFE.sub("_", value).strip(".")
+    return cleaned or "_"
+
+
+def arrow_schema() -> Any:
+    """The pyarrow schema of one file, with the version in its metadata."""
+    pa = require("pyarrow", "step tables", "parquet")
+    fields = [pa.field(name, pa.int64(), nullable=False) for name, _ in INT_COLUMNS]
+    fields += [
+        pa.field("recorded", pa.bool_(), nullable=False),
+        pa.field("host", pa.string(), nullable=False),
+        pa.field("pid", pa.int32(), nullable=False),
+        pa.field("schema_version", pa.int16(), nullable=False),
+        pa.field("host_computation_ns", pa.int64()),
+        pa.field("host_communication_ns", pa.int64()),
+        pa.field("host_idle_ns", pa.int64()),
+        pa.field("host_categories", pa.map_(pa.string(), pa.int64())),
+    ]
+    return pa.schema(fields, metadata={"stepscope.step_tables.version": str(SCHEMA_VERSION)})
