@@ -208,7 +208,7 @@ def bench_big_reader(report: Report, big: Path, events: int) -> None:
     """The reader on the 1M-event trace against orjson.loads and json.loads of its bytes."""
     import orjson
 
-    from stepscope.trace.chrome import read_chrome_trace
+    from stepscope.trace.chrome_reader import read_chrome_trace
 
     repeat = 3 if report.quick else 5
     case = f"read {events / 1e6:.2f}M-event GPU trace"
@@ -237,7 +237,7 @@ def bench_big_reader(report: Report, big: Path, events: int) -> None:
 def bench_reader(report: Report, work: Path) -> None:
     import orjson
 
-    from stepscope.trace.chrome import read_chrome_trace
+    from stepscope.trace.chrome_reader import read_chrome_trace
 
     repeat = 3 if report.quick else 7
     totals = {"stepscope read_chrome_trace": 0.0, "json.loads": 0.0, "orjson.loads": 0.0}

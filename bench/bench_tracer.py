@@ -37,7 +37,7 @@ from harness import Report, run_json_child
 from stepscope._ext import native
 from stepscope.collectors.base import WindowContext
 from stepscope.collectors.python import PythonTracerCollector
-from stepscope.trace.chrome import write_chrome_trace
+from stepscope.trace.chrome_writer import write_chrome_trace
 from stepscope.trace.model import TraceBuilder
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from stepscope.analysis.steps import find_steps
-from stepscope.trace.chrome import read_chrome_trace
+from stepscope.trace.chrome_reader import read_chrome_trace
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET = ROOT / "tests" / "attach_target.py"

@@ -21,7 +21,7 @@ import pytest
 
 from stepscope.profiler.control_client import Session
 from stepscope.profiler.control_protocol import ControlError
-from stepscope.trace.chrome import read_chrome_trace
+from stepscope.trace.chrome_reader import read_chrome_trace
 from tests.attach_helpers import (
     ROOT,
     Target,

@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from stepscope._ext import native
+from stepscope.jsonenc import json_bytes
 from stepscope.trace import (
     ChromeTraceError,
     Trace,
@@ -21,7 +22,8 @@ from stepscope.trace import (
     read_chrome_trace,
     write_chrome_trace,
 )
-from stepscope.trace.chrome import format_spans_python, json_bytes, spans_from_events_python
+from stepscope.trace.chrome_reader import spans_from_events_python
+from stepscope.trace.chrome_writer import format_spans_python
 from stepscope.trace.sampled_spans import SAMPLED_CATEGORY
 
 

@@ -17,7 +17,6 @@ from stepscope._ext import native
 from stepscope.trace import (
     Trace,
     TraceBuilder,
-    chrome,
     chrome_reader,
     read_chrome_trace,
     write_chrome_trace,
@@ -83,7 +82,7 @@ def outcomes_both_ways(
                 m.setattr(chrome_reader, "native", lambda: None)
             try:
                 outcomes.append(snapshot(read_chrome_trace(path, drop_kineto_bookkeeping=drop)))
-            except chrome.ChromeTraceError as exc:
+            except chrome_reader.ChromeTraceError as exc:
                 outcomes.append(str(exc))
     return outcomes
 

@@ -17,7 +17,8 @@ from stepscope.collectors.base import WindowContext
 from stepscope.collectors.counters import CounterCollector
 from stepscope.counters import CounterSet, Number
 from stepscope.trace import TraceBuilder
-from stepscope.trace.chrome import read_chrome_trace, write_chrome_trace
+from stepscope.trace.chrome_reader import read_chrome_trace
+from stepscope.trace.chrome_writer import write_chrome_trace
 
 
 def test_inc_get_snapshot() -> None:

@@ -12,7 +12,7 @@ import stepscope
 from stepscope.analysis.analyze import analyze
 from stepscope.cli import main
 from stepscope.commands.diff import EXIT_NO_STEPS
-from stepscope.trace.chrome import read_chrome_trace
+from stepscope.trace.chrome_reader import read_chrome_trace
 from tests.test_report_cli import record_loop, spin
 
 SPIN_S = 0.002

@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 
 from stepscope import events
 from stepscope.events.coerce import AttrSet, Limits, coerce
+from stepscope.jsonenc import json_bytes
 from stepscope.metrics.pipeline import Pipeline
-from stepscope.trace.chrome import json_bytes
 from tests.test_events import captured_logger
 
 

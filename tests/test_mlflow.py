@@ -15,7 +15,7 @@ import pytest
 import stepscope
 from stepscope.analysis.analyze import analyze
 from stepscope.report.markdown import report_markdown
-from stepscope.trace.chrome import read_chrome_trace
+from stepscope.trace.chrome_reader import read_chrome_trace
 from tests.integration_helpers import step_spans
 
 mlflow = pytest.importorskip("mlflow")

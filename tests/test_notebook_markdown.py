@@ -19,7 +19,7 @@ import stepscope
 from stepscope.analysis.analyze import analyze
 from stepscope.cli import main
 from stepscope.report.markdown import escape
-from stepscope.trace.chrome import read_chrome_trace
+from stepscope.trace.chrome_reader import read_chrome_trace
 
 RECORDED = 4
 HOSTILE = "evil | name <script>alert(1)</script> [link](http://x)"

@@ -27,7 +27,7 @@ from stepscope.report.html import html_document
 from stepscope.report.overhead import overhead_lines
 from stepscope.report.terminal import render_report
 from stepscope.step_times import StepTimes
-from stepscope.trace.chrome import read_chrome_trace
+from stepscope.trace.chrome_reader import read_chrome_trace
 
 WAIT, WARMUP, ACTIVE, REPEAT = 2, 1, 2, 4
 """Unrecorded and recorded steps interleave (a busy machine's slow spells hit both kinds)."""

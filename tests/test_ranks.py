@@ -25,7 +25,7 @@ import pytest
 from stepscope.analysis.analyze import analyze
 from stepscope.analysis.steps import find_steps
 from stepscope.distributed import offset_bounds
-from stepscope.trace.chrome import read_chrome_trace
+from stepscope.trace.chrome_reader import read_chrome_trace
 from stepscope.trace.merge import merge_ranks
 from stepscope.trace.model import Trace, TraceBuilder
 from tests import test_report_html

@@ -14,7 +14,7 @@ import pytest
 import stepscope
 from stepscope.report.flamegraph import flamegraph_svg, write_flamegraph
 from stepscope.sampling import FunctionProfiler
-from stepscope.trace.chrome import ChromeTraceError, read_chrome_trace
+from stepscope.trace.chrome_reader import ChromeTraceError, read_chrome_trace
 
 
 def test_flame_graph_svg_holds_control_characters_and_lone_surrogates(tmp_path: Path) -> None:

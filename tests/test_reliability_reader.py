@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from stepscope._ext import native
-from stepscope.trace import chrome, chrome_reader, read_chrome_trace
-from stepscope.trace.chrome import ChromeTraceError
+from stepscope.trace import chrome_reader, read_chrome_trace
+from stepscope.trace.chrome_reader import ChromeTraceError
 
 # C-part tests (`-m native`): also run under Python 3.12 and 3.13 by `make test-monitoring`.
 pytestmark = pytest.mark.native
@@ -157,8 +157,10 @@ def test_a_gzip_bomb_stops_at_the_limit(tmp_path: Path) -> None:
     bomb = b"".join(compress.compress(zeros) for _ in range(300)) + compress.flush()
     path = tmp_path / "bomb.json.gz"
     path.write_bytes(bomb)  # about 300 kB that inflate to 300 MiB
-    assert len(bomb) * chrome.MAX_INFLATE_RATIO < 300 << 20
-    with pytest.raises(ChromeTraceError, match=f"more than {chrome.MIN_INFLATE_LIMIT} bytes"):
+    assert len(bomb) * chrome_reader.MAX_INFLATE_RATIO < 300 << 20
+    with pytest.raises(
+        ChromeTraceError, match=f"more than {chrome_reader.MIN_INFLATE_LIMIT} bytes"
+    ):
         read_chrome_trace(path)  # the default: 100x the file or 256 MiB
     with pytest.raises(ChromeTraceError, match="more than 1000 bytes"):
         read_chrome_trace(path, max_inflated_bytes=1000)

@@ -27,7 +27,7 @@ import pytest
 from stepscope.analysis.analyze import analyze
 from stepscope.cli import main
 from stepscope.report import html as report_html
-from stepscope.trace.chrome import read_chrome_trace
+from stepscope.trace.chrome_reader import read_chrome_trace
 from tests.analysis_helpers import SHARED
 
 ROOT = Path(__file__).resolve().parents[1]

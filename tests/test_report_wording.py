@@ -11,7 +11,7 @@ import pytest
 import stepscope
 from stepscope.analysis.analyze import analyze
 from stepscope.cli import main
-from stepscope.trace.chrome import read_chrome_trace
+from stepscope.trace.chrome_reader import read_chrome_trace
 from stepscope.trace.merge import merge_ranks
 from tests import test_report_html
 from tests.test_report_cli import record_loop, spin

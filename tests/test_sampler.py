@@ -31,7 +31,8 @@ from stepscope.collectors.sampler import (
 from stepscope.report.collapsed import collapsed_from_samples
 from stepscope.report.flamegraph import flamegraph_svg, write_flamegraph
 from stepscope.report.speedscope import SPEEDSCOPE_SCHEMA, speedscope_document, write_speedscope
-from stepscope.trace.chrome import read_chrome_trace, write_chrome_trace
+from stepscope.trace.chrome_reader import read_chrome_trace
+from stepscope.trace.chrome_writer import write_chrome_trace
 from stepscope.trace.model import Trace, TraceBuilder
 from stepscope.trace.sampled_spans import (
     IDLE_FRAME,
@@ -244,7 +245,7 @@ def test_switch_interval_is_lowered_for_high_rates_and_restored() -> None:
 def test_a_failing_backend_stops_sampling_without_breaking_the_program(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    sampler = Sampler(1000, thread_ids=[threading.get_native_id()], backend="python")
+    sampler = Sampler(1000, thread_ids=[threading.get_native_id()], implementation="python")
     sampler.start()
     backend = sampler._backend
     assert backend is not None
@@ -263,7 +264,13 @@ def test_a_failing_backend_stops_sampling_without_breaking_the_program(
 
 @pytest.mark.parametrize(
     "options",
-    [{"rate_hz": 0}, {"rate_hz": -5}, {"rate_hz": 1e6}, {"max_depth": 0}, {"max_samples": -1}],
+    [
+        {"sampling_rate_hz": 0},
+        {"sampling_rate_hz": -5},
+        {"sampling_rate_hz": 1e6},
+        {"max_depth": 0},
+        {"max_samples": -1},
+    ],
 )
 def test_bad_sampler_options_are_rejected(options: dict[str, float]) -> None:
     with pytest.raises(ValueError):

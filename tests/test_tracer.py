@@ -20,7 +20,8 @@ from stepscope._ext import native
 from stepscope.collectors.base import WindowContext
 from stepscope.collectors.python import PythonTracerCollector
 from stepscope.collectors.python_common import ModuleFilter, SourceNames, TracerOptions
-from stepscope.trace.chrome import read_chrome_trace, write_chrome_trace
+from stepscope.trace.chrome_reader import read_chrome_trace
+from stepscope.trace.chrome_writer import write_chrome_trace
 from stepscope.trace.model import Trace, TraceBuilder
 
 # C-part tests (`-m native`): also run under Python 3.12 and 3.13 by `make test-monitoring`.

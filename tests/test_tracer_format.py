@@ -20,7 +20,8 @@ import pytest
 
 import tests.tracer_workloads as w
 from stepscope._ext import native
-from stepscope.trace.chrome import read_chrome_trace, write_chrome_trace
+from stepscope.trace.chrome_reader import read_chrome_trace
+from stepscope.trace.chrome_writer import write_chrome_trace
 from stepscope.trace.model import Trace, TraceBuilder
 from tests.test_tracer import record as record_window
 

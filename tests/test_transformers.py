@@ -16,7 +16,7 @@ import pytest
 
 import stepscope
 from stepscope.analysis.analyze import analyze
-from stepscope.trace.chrome import read_chrome_trace
+from stepscope.trace.chrome_reader import read_chrome_trace
 from tests.integration_helpers import region_shares, step_spans
 
 torch = pytest.importorskip("torch")

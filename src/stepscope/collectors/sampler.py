@@ -34,7 +34,6 @@ from stepscope import clock
 from stepscope._ext import IMPLEMENTATIONS, native, resolve
 from stepscope.collectors.base import Collector, WindowContext
 from stepscope.collectors.sampler_twin import PyStackSampler
-from stepscope.renamed import renamed_option
 from stepscope.trace.model import TraceBuilder
 from stepscope.trace.names import OWN_WORK_FRAME, STEPSCOPE_ROOT, hidden_threads, is_hidden
 
@@ -63,7 +62,7 @@ IDLE_WINDOW_NS = 1_000_000
 TRUNCATED_FRAME = "[truncated]"
 SAMPLER_THREAD_NAME = "stepscope-sampler"
 BACKENDS = IMPLEMENTATIONS
-"""The values of ``implementation=`` (``backend=`` is its old spelling; None means ``auto``)."""
+"""The values of ``implementation=`` (None means ``auto``)."""
 MODES = ("signal", "thread")
 DRAIN_INTERVAL_S = 0.01
 """Signal mode: how often recorded samples are moved out of the handler's rings."""
@@ -222,26 +221,19 @@ class Sampler:
         self,
         sampling_rate_hz: float | None = None,
         *,
-        rate_hz: float | None = None,
         thread_ids: Iterable[int] | None = None,
         max_samples: int = DEFAULT_MAX_SAMPLES,
         max_depth: int = DEFAULT_MAX_DEPTH,
         max_duration_s: float | None = None,
         implementation: str | None = None,
-        backend: str | None = None,
         mode: str | None = None,
         adjust_switch_interval: bool = True,
         seed: int | None = None,
     ) -> None:
         """``mode``: ``signal``, ``thread`` or None (signal where it works); see the module.
-        ``implementation``: ``auto`` (default), ``native`` or ``python``.  ``rate_hz`` and
-        ``backend`` are the old spellings of ``sampling_rate_hz`` and ``implementation``."""
-        rate_hz = renamed_option(
-            "sampling_rate_hz", sampling_rate_hz, "rate_hz", rate_hz, DEFAULT_RATE_HZ
-        )
-        implementation = renamed_option(
-            "implementation", implementation, "backend", backend, "auto"
-        )
+        ``implementation``: ``auto`` (default), ``native`` or ``python``."""
+        rate_hz = DEFAULT_RATE_HZ if sampling_rate_hz is None else sampling_rate_hz
+        implementation = "auto" if implementation is None else implementation
         if implementation not in IMPLEMENTATIONS:
             raise ValueError(
                 f"sampler implementation must be one of {', '.join(IMPLEMENTATIONS)}, "
@@ -254,7 +246,9 @@ class Sampler:
                 f"rate_hz must be a positive number of samples per second, got {rate_hz!r}"
             )
         if rate_hz > 100_000:
-            raise ValueError(f"rate_hz={rate_hz} is above the supported 100000 samples per second")
+            raise ValueError(
+                f"sampling_rate_hz={rate_hz} is above the supported 100000 samples per second"
+            )
         if isinstance(max_samples, bool) or not isinstance(max_samples, int) or max_samples < 0:
             raise ValueError(f"max_samples must be a non-negative int, got {max_samples!r}")
         if isinstance(max_depth, bool) or not isinstance(max_depth, int) or max_depth < 1:
@@ -471,25 +465,19 @@ class SamplerCollector(Collector):
         self,
         sampling_rate_hz: float | None = None,
         *,
-        rate_hz: float | None = None,
         thread_ids: Iterable[int] | None = None,
         max_samples: int = DEFAULT_MAX_SAMPLES,
         max_depth: int = DEFAULT_MAX_DEPTH,
         implementation: str | None = None,
-        backend: str | None = None,
         mode: str | None = None,
         stop_timeout_s: float = 10.0,
     ) -> None:
-        rate_hz = renamed_option(
-            "sampling_rate_hz", sampling_rate_hz, "rate_hz", rate_hz, DEFAULT_RATE_HZ
-        )
+        rate_hz = DEFAULT_RATE_HZ if sampling_rate_hz is None else sampling_rate_hz
         self._options: dict[str, Any] = {
             "thread_ids": None if thread_ids is None else tuple(thread_ids),
             "max_samples": max_samples,
             "max_depth": max_depth,
-            "implementation": renamed_option(
-                "implementation", implementation, "backend", backend, "auto"
-            ),
+            "implementation": "auto" if implementation is None else implementation,
             "mode": mode,
         }
         Sampler(rate_hz, **self._options)  # validate the options now, not at the first window

@@ -23,7 +23,7 @@ from stepscope.analysis.steps import parse_step_range
 from stepscope.atomic import atomic_output
 from stepscope.commands.command import Command
 from stepscope.text import one_line, printable
-from stepscope.trace.chrome import read_chrome_trace
+from stepscope.trace.chrome_reader import read_chrome_trace
 from stepscope.trace.model import Trace
 
 __all__ = ["COMMAND", "add_arguments", "load_traces", "run", "trace_files", "write_text"]
