@@ -19,5 +19,6 @@ int ss_tracer_init(PyObject *module);
 int ss_sampler_init(PyObject *module);
 int ss_chrome_columns_init(PyObject *module);
 int ss_chrome_scanner_init(PyObject *module);
+int ss_alloc_hook_init(PyObject *module);
 
 #endif
