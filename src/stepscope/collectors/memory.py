@@ -1,6 +1,9 @@
-"""Memory per step (``profile_memory=True``): the Python heap, torch's tensors and the RSS.
+"""Memory per step (``profile_memory``): the Python heap, torch's tensors and the RSS.
 
-The Python heap is measured with ``tracemalloc``, started for the recording window only (a
+By default the Python heap is counted by the C allocation hook (``memory_sampled.py``): exact
+totals per step, sites from byte samples; tracemalloc is not touched.  With
+``profile_memory="exact"`` (or without the hook: the pure-Python twins, Python < 3.11) it is
+measured with ``tracemalloc``, started for the recording window only (a
 program that already traces keeps its tracing as it was). At each step end the collector takes a
 snapshot (grouped by allocating line, stepscope's own allocations left out), and a watcher thread
 polls the traced total every few milliseconds, taking a snapshot whenever the window reaches a
@@ -34,6 +37,7 @@ from stepscope.analysis.memory import (
     thin_points,
 )
 from stepscope.collectors.base import Collector, WindowContext
+from stepscope.collectors.memory_sampled import SampledHeap, sampling_error_note, unavailable_reason
 from stepscope.failures import failure_log
 from stepscope.trace.model import Trace, TraceBuilder
 from stepscope.trace.names import hide_thread, short_path
@@ -73,6 +77,8 @@ class PythonHeapPoint:
 
     t_ns: int
     sites: Sites
+    total: int | None = None
+    """The exact bytes held, when the sites are estimates from samples (they scale to it)."""
 
 
 @dataclass
@@ -102,6 +108,11 @@ class _Window:
     last_held: int = 0
     high_step: int = -1
     """The step of the last snapshot at a new high."""
+    heap: SampledHeap | None = None
+    """The allocation hook, when it counts the heap (else tracemalloc does)."""
+    hook_fallback: str = ""
+    tracing_lost_step: int | None = None
+    """The first step end at which the program had stopped tracemalloc (exact mode)."""
 
 
 @functools.lru_cache(maxsize=4096)
@@ -214,8 +225,12 @@ class MemoryCollector(Collector):
 
     name = "memory"
 
-    def __init__(self, torch_collector: Any = None, poll_interval_s: float = 0.005) -> None:
+    def __init__(
+        self, torch_collector: Any = None, poll_interval_s: float = 0.005, exact: bool = False
+    ) -> None:
         self.torch_collector = torch_collector
+        self.exact = exact
+        """Every allocation through tracemalloc (``profile_memory="exact"``), not sampled sites."""
         """The torch collector whose window result holds torch's memory events, if any."""
         self.poll_interval_s = poll_interval_s
         self._window: _Window | None = None
@@ -233,12 +248,18 @@ class MemoryCollector(Collector):
 
     # -- the window --------------------------------------------------------------------------
     def start(self, ctx: WindowContext) -> None:
-        """Start tracemalloc (unless already running), the watcher and the optimizer hook."""
+        """Start the allocation hook (or tracemalloc), the watcher and the optimizer hook."""
         w = self._window = _Window()
         self.optimizers = {}
-        if not tracemalloc.is_tracing():
-            tracemalloc.start(TRACEMALLOC_FRAMES)
-            w.started_tracing = True
+        reason = "profile_memory='exact'" if self.exact else unavailable_reason()
+        if reason is None:
+            w.heap = SampledHeap(_OWN_DIR, _is_library)
+            w.heap.start(seed=os.getpid())
+        else:
+            w.hook_fallback = reason
+            if not tracemalloc.is_tracing():
+                tracemalloc.start(TRACEMALLOC_FRAMES)
+                w.started_tracing = True
         step = steps.current_step()
         w.step = step if step is not None else 0
         w.window_start_ns = clock.now_ns()
@@ -254,11 +275,18 @@ class MemoryCollector(Collector):
             hide_thread(self._watcher_id)
 
     def _begin_step(self, w: _Window, now: int) -> None:
+        if w.heap is not None:  # the hook counts from zero: nothing before the window
+            if not w.ends:
+                w.ends.append(PythonHeapPoint(now, {}))
+            w.step_start_ns, w.step_peak = now, 0
+            self._note_rss(w, now)
+            return
         if not w.ends:  # the window's start: what was held before it
             sites, total = self._snapshot(w, STEP_END)
             w.own = max(tracemalloc.get_traced_memory()[0] - total, 0)
             w.ends.append(PythonHeapPoint(now, sites))
-        tracemalloc.reset_peak()
+        if w.started_tracing:  # a program's own tracing keeps its peak
+            tracemalloc.reset_peak()
         w.step_start_ns, w.step_peak = now, 0
         self._note_rss(w, now)
 
@@ -292,8 +320,16 @@ class MemoryCollector(Collector):
                 self._begin_step(w, clock.now_ns())
 
     def _end_step(self, w: _Window, now: int, last: bool = False) -> None:
+        if w.heap is not None:
+            self._end_sampled_step(w, w.heap, now)
+            return
+        if not tracemalloc.is_tracing():  # the program stopped it: nothing to read
+            if w.tracing_lost_step is None:
+                w.tracing_lost_step = w.step
+            w.rows.append({"step": w.step, "start_ns": w.step_start_ns, "end_ns": now})
+            return
         current, peak = tracemalloc.get_traced_memory()
-        step_peak = max(w.step_peak, peak - w.own)
+        step_peak = max(w.step_peak, (peak if w.started_tracing else current) - w.own)
         changes: list[list[int]] | None = None
         if last or self._affordable(w, now, STEP_END):
             sites, total = self._snapshot(w, STEP_END)
@@ -324,6 +360,39 @@ class MemoryCollector(Collector):
         if step_peak > w.peak_bytes:
             w.peak_bytes, w.peak_step = step_peak, w.step
 
+    def _end_sampled_step(self, w: _Window, heap: SampledHeap, now: int) -> None:
+        """A step of the hook: exact counters, the sampled sites at its end and at its peak."""
+        heap.pause(True)
+        try:
+            counts, sites = heap.end_step(want_peak_sites=True)
+            changes = self._site_changes(w, w.ends[-1].sites, sites)
+            w.ends.append(PythonHeapPoint(now, sites, counts["current"]))
+            _, high = heap.poll()
+            w.timeline.append((now, max(high, counts["peak"])))
+            w.timeline.append((now, counts["current"]))
+            row: dict[str, Any] = {
+                "step": w.step,
+                "start_ns": w.step_start_ns,
+                "end_ns": now,
+                "python_current": counts["current"],
+                "python_peak": counts["peak"],
+                "python_allocated": counts["allocated"],
+                "python_freed": counts["freed"],
+                "rss": rss_bytes(),
+                "site_changes": changes,
+                "site_changes_since_ns": w.ends[-2].t_ns,
+            }
+            cuda = _cuda_allocator_stats()
+            if cuda:
+                row["cuda_allocator"] = cuda
+            w.rows.append(row)
+            if counts["peak"] > w.peak_bytes and heap.peak_sites is not None:
+                w.peak_bytes, w.peak_step = counts["peak"], w.step
+                w.peak = PythonHeapPoint(heap.peak_t_ns or now, heap.peak_sites, counts["peak"])
+                w.peak_total = sum(b for b, _ in heap.peak_sites.values())
+        finally:
+            heap.pause(False)
+
     @staticmethod
     def _site_changes(w: _Window, before: Sites, after: Sites) -> list[list[int]]:
         """The sites whose held bytes changed most since the last snapshot: ``[site, bytes,
@@ -348,7 +417,12 @@ class MemoryCollector(Collector):
 
     def _watch(self) -> None:
         """The watcher thread: a failure there is counted and ends the watching, nothing more."""
+        w = self._window
         try:
+            if w is not None and w.heap is not None:
+                w.heap.pause(True)  # the watcher's own allocations are not the program's
+                self._poll_hook(w.heap)
+                return
             self._poll()
         except Exception as exc:
             w = self._window
@@ -361,6 +435,18 @@ class MemoryCollector(Collector):
                 strict=False,  # nothing could catch it in this thread
                 then="the peak table and the timeline use step ends only",
             )
+
+    def _poll_hook(self, heap: SampledHeap) -> None:
+        """Draw the timeline from the hook's exact counters: the most held in each interval."""
+        while not self._stop_watch.wait(self.poll_interval_s):
+            w = self._window
+            if w is None:
+                return
+            with self._lock:
+                _, high = heap.poll()
+                w.timeline.append((clock.now_ns(), high))
+                if len(w.timeline) > 2 * MAX_TIMELINE_POINTS:
+                    w.timeline = thin_points(w.timeline, MAX_TIMELINE_POINTS)
 
     def _poll(self) -> None:
         """Poll the traced total; snapshot each new high of the window (the peak table)."""
@@ -383,7 +469,8 @@ class MemoryCollector(Collector):
                     sites, total = self._snapshot(w, NEW_HIGH)
                     self._offer_peak(w, now, sites, total)
                     w.own = max(tracemalloc.get_traced_memory()[0] - total, 0)
-                    tracemalloc.reset_peak()  # the snapshot's own objects are not the program's
+                    if w.started_tracing:  # the snapshot's own objects are not the program's
+                        tracemalloc.reset_peak()
 
     def _new_high_wanted(self, w: _Window, now: int, settled: bool) -> bool:
         """Within the budget, every new high; beyond it, one settled high per step while
@@ -406,7 +493,9 @@ class MemoryCollector(Collector):
         try:
             self._end_step(w, clock.now_ns(), last=True)
         finally:
-            if w.started_tracing:
+            if w.heap is not None:
+                w.heap.stop()
+            if w.started_tracing and tracemalloc.is_tracing():
                 tracemalloc.stop()
 
     # -- torch's optimizers --------------------------------------------------------------------
@@ -434,9 +523,7 @@ class MemoryCollector(Collector):
         self.python_points = [*w.ends, *([w.peak] if w.peak is not None else [])]
         self.python_points.sort(key=lambda p: p.t_ns)
         meta: dict[str, Any] = {
-            "tracemalloc": "started for the window"
-            if w.started_tracing
-            else "already running: left as it was",
+            "tracemalloc": _tracemalloc_state(w),
             "steps": w.rows,
             "sites": [
                 {"function": function_at(file, line), "file": short_path(file), "line": line}
@@ -453,6 +540,18 @@ class MemoryCollector(Collector):
                 "t_ns": w.peak.t_ns,
                 "table": site_rows(w.peak.sites, PEAK_TABLE_ROWS),
             }
+        if w.heap is not None:
+            meta["heap"] = self._hook_meta(w.heap, meta["notes"])
+        elif self.exact is False and w.hook_fallback:
+            meta["notes"].append(
+                f"the Python heap was traced with tracemalloc ({w.hook_fallback}), which costs "
+                "several times more than the allocation hook"
+            )
+        if w.tracing_lost_step is not None:
+            meta["notes"].append(
+                f"the program stopped tracemalloc at step {w.tracing_lost_step}: no Python heap "
+                "figures from then on"
+            )
         if w.watch_error:
             meta["notes"].append(f"the memory watcher failed ({w.watch_error}): step ends only")
         if w.skipped_snapshots:
@@ -469,6 +568,28 @@ class MemoryCollector(Collector):
         for t, rss in thin_points(w.rss, MAX_TIMELINE_POINTS):
             builder.counter(RSS_TRACK, ctx.pid, t, {"bytes": rss})
         builder.metadata[MEMORY_KEY] = meta
+
+    @staticmethod
+    def _hook_meta(heap: SampledHeap, notes: list[str]) -> dict[str, Any]:
+        """The hook's mode, own memory and losses; notes for what the report must say."""
+        stats = heap.stats
+        notes.append(sampling_error_note(heap.mean_bytes))
+        if stats.get("dropped"):
+            notes.append(
+                f"{stats['dropped']} allocation samples were dropped (more than the buffer holds "
+                "between two step ends): sites are less certain"
+            )
+        if stats.get("untracked"):
+            notes.append(
+                f"{stats['untracked']} allocations could not be tracked (no memory for the "
+                "hook's table): their frees are not counted"
+            )
+        if not heap.restored:
+            notes.append(
+                "another allocator hook was set after stepscope's: stepscope's stays in its "
+                "chain as a pass-through"
+            )
+        return {"mode": "sampled", "mean_bytes": heap.mean_bytes, **stats}
 
     def _python_leak(self, w: _Window) -> dict[str, Any] | None:
         ends = [row["python_current"] for row in w.rows]
@@ -532,12 +653,20 @@ class MemoryCollector(Collector):
         self._optimizer_hook = None
         if w is not None and w.started_tracing and tracemalloc.is_tracing():
             tracemalloc.stop()
+        if w is not None and w.heap is not None:
+            w.heap.stop()
 
     def close(self) -> None:
         """Stop anything a window left running."""
         if self._window is not None:
             self.stop(WindowContext(window=-1))
             self._window = None
+
+
+def _tracemalloc_state(w: _Window) -> str:
+    if w.heap is not None:
+        return "not used (the allocation hook counted the heap)"
+    return "started for the window" if w.started_tracing else "already running: left as it was"
 
 
 def _cuda_allocator_stats() -> dict[str, int]:

@@ -18,7 +18,7 @@ import uuid
 import warnings
 from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal
 
 from stepscope import __version__, clock, forks, steps
 from stepscope.activity import ProfilerActivity, coerce_activities
@@ -74,7 +74,7 @@ class profile:
         schedule: Schedule | None = None,
         on_trace_ready: Callable[[profile], Any] | None = None,
         record_shapes: bool = False,
-        profile_memory: bool = False,
+        profile_memory: bool | Literal["exact"] = False,
         with_stack: bool = False,
         with_flops: bool = False,
         with_modules: bool = False,
@@ -125,7 +125,13 @@ class profile:
         self.schedule: Schedule = schedule or default_schedule
         self.on_trace_ready = on_trace_ready
         self.record_shapes = record_shapes
+        if profile_memory not in (True, False, "exact"):
+            raise ValueError(
+                f"profile_memory must be True, False or 'exact' (every allocation through "
+                f"tracemalloc), got {profile_memory!r}"
+            )
         self.profile_memory = profile_memory
+        """True: exact totals with sampled sites; "exact": every allocation's site."""
         self.with_stack = with_stack
         self.with_flops = with_flops
         self.with_modules = with_modules
@@ -195,7 +201,7 @@ class profile:
                     torch_activities,
                     # torch's memory categorizer needs shapes (export_memory_timeline).
                     record_shapes=self.record_shapes or self.profile_memory,
-                    profile_memory=self.profile_memory,
+                    profile_memory=bool(self.profile_memory),
                     with_flops=self.with_flops,
                     with_modules=self.with_modules,
                     experimental_config=self.experimental_config,
@@ -223,7 +229,8 @@ class profile:
             from stepscope.collectors.memory import MemoryCollector
 
             torch_collector = found[0] if found else None
-            found.append(MemoryCollector(torch_collector))
+            exact = self.profile_memory == "exact"
+            found.append(MemoryCollector(torch_collector, exact=exact))
         if _gc_info_requested(self.experimental_config):
             from stepscope.collectors.gc import GcCollector
 
@@ -583,7 +590,7 @@ class profile:
         return function_events(
             self._require_traces("events()"),
             use_device=self.use_device,
-            profile_memory=self.profile_memory,
+            profile_memory=bool(self.profile_memory),
             with_flops=self.with_flops,
             timeout_s=self.post_processing_timeout_s,
             overload_names=experimental_flag(self.experimental_config, "capture_overload_names"),
@@ -607,7 +614,7 @@ class profile:
             group_by_stack_n,
             group_by_overload_name,
             use_device=self.use_device,
-            profile_memory=self.profile_memory,
+            profile_memory=bool(self.profile_memory),
             with_flops=self.with_flops,
             overload_names=experimental_flag(self.experimental_config, "capture_overload_names"),
         )
