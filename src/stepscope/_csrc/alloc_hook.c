@@ -86,7 +86,8 @@ static struct {
     size_t n_events, events_capacity, max_events;
     uint64_t first_seq;  /* sequence number of events[0] */
     uint64_t peak_mark;  /* sequence number after the last event recorded at the step's peak */
-    uint64_t dropped;    /* sampled events lost to a full buffer */
+    uint64_t dropped;    /* samples lost to a full buffer */
+    uint64_t lost_frees; /* frees of sampled blocks lost to a failed buffer growth */
     uint64_t samples;
 } hs;
 
@@ -187,19 +188,26 @@ static int64_t next_gap(void) {
     return gap < 1.0 ? 1 : (int64_t)gap;
 }
 
-static ss_event *new_event(void) {
+/* A slot for one event.  Samples stop at max_events per drain (dropped and counted); the frees
+ * of sampled blocks are never capped (they are bounded by the samples alive): a lost free would
+ * leave its sample alive forever in the reader's replay. */
+static ss_event *new_event(int is_free) {
+    if (hs.n_events >= hs.max_events && !is_free) {
+        hs.dropped++;
+        return NULL;
+    }
     if (hs.n_events == hs.events_capacity) {
-        if (hs.events_capacity >= hs.max_events) {
-            hs.dropped++;
-            return NULL;
-        }
         size_t capacity = hs.events_capacity ? hs.events_capacity * 2 : 256;
-        if (capacity > hs.max_events) {
+        if (capacity > hs.max_events && !is_free) {
             capacity = hs.max_events;
         }
         ss_event *events = (ss_event *)realloc(hs.events, capacity * sizeof(ss_event));
         if (events == NULL) {
-            hs.dropped++;
+            if (is_free) {
+                hs.lost_frees++;
+            } else {
+                hs.dropped++;
+            }
             return NULL;
         }
         hs.events = events;
@@ -208,10 +216,11 @@ static ss_event *new_event(void) {
     return &hs.events[hs.n_events++];
 }
 
-static void record_sample(uintptr_t ptr, uint64_t size, double weight) {
-    ss_event *e = new_event();
+/* Record a sample; 0 when it was dropped (its block is then not marked as sampled). */
+static int record_sample(uintptr_t ptr, uint64_t size, double weight) {
+    ss_event *e = new_event(0);
     if (e == NULL) {
-        return;
+        return 0;
     }
     hs.samples++;
     e->ptr = ptr;
@@ -224,10 +233,11 @@ static void record_sample(uintptr_t ptr, uint64_t size, double weight) {
     for (int k = 0; k < e->nframes; k++) {
         Py_INCREF((PyObject *)e->codes[k]);
     }
+    return 1;
 }
 
 static void record_free(uintptr_t ptr) {
-    ss_event *e = new_event();
+    ss_event *e = new_event(1);
     if (e != NULL) {
         e->ptr = ptr;
         e->size = 0;
@@ -242,14 +252,16 @@ static void record_free(uintptr_t ptr) {
 static inline void on_alloc(void *p, size_t size) {
     uint64_t entry = (uint64_t)size;
     if (size >= hs.large) {
-        entry |= SS_SAMPLED_BIT;
-        record_sample((uintptr_t)p, size, (double)size);
+        if (record_sample((uintptr_t)p, size, (double)size)) {
+            entry |= SS_SAMPLED_BIT;
+        }
     } else {
         hs.countdown -= (int64_t)size;
         if (hs.countdown <= 0) {
-            entry |= SS_SAMPLED_BIT;
             double chance = 1.0 - exp(-(double)size / hs.mean);
-            record_sample((uintptr_t)p, size, chance > 0 ? (double)size / chance : hs.mean);
+            if (record_sample((uintptr_t)p, size, chance > 0 ? (double)size / chance : hs.mean)) {
+                entry |= SS_SAMPLED_BIT;
+            }
             hs.countdown = next_gap();
         }
     }
@@ -324,6 +336,107 @@ static void hook_free(void *ctx, void *ptr) {
         on_free(ptr);
     }
     layer->original.free(layer->original.ctx, ptr);
+}
+
+/* -- numpy's data allocations ------------------------------------------------------------------
+ * numpy (>= 1.22) allocates array data through a handler, by default a static struct of its own
+ * (PyDataMem_DefaultHandler, entry 306 of its C API table, layout version 1).  Its allocator
+ * functions are swapped for these while the hook runs, so every context and thread that uses the
+ * default handler is counted (PyDataMem_SetHandler would cover only the calling context).  numpy
+ * may allocate without the GIL: such calls pass through uncounted.  Arrays made before or after
+ * the swap reach the free they were made with: no block carries anything of the hook's. */
+typedef struct {
+    void *ctx;
+    void *(*malloc)(void *ctx, size_t size);
+    void *(*calloc)(void *ctx, size_t nelem, size_t elsize);
+    void *(*realloc)(void *ctx, void *ptr, size_t new_size);
+    void (*free)(void *ctx, void *ptr, size_t size);
+} ss_numpy_allocator;
+
+typedef struct {
+    char name[127];
+    uint8_t version;
+    ss_numpy_allocator allocator;
+} ss_numpy_handler;
+
+static ss_numpy_handler *numpy_handler = NULL;
+static ss_numpy_allocator numpy_original;
+static int numpy_active = 0;
+
+static inline int numpy_counting(void) { return numpy_active && PyGILState_Check(); }
+
+static void *np_malloc(void *ctx, size_t size) {
+    void *p = numpy_original.malloc(numpy_original.ctx, size);
+    if (p != NULL && numpy_counting() && !paused) {
+        on_alloc(p, size);
+    }
+    return p;
+}
+
+static void *np_calloc(void *ctx, size_t nelem, size_t elsize) {
+    void *p = numpy_original.calloc(numpy_original.ctx, nelem, elsize);
+    if (p != NULL && numpy_counting() && !paused) {
+        on_alloc(p, nelem * elsize);
+    }
+    return p;
+}
+
+static void *np_realloc(void *ctx, void *ptr, size_t size) {
+    void *p = numpy_original.realloc(numpy_original.ctx, ptr, size);
+    if (p != NULL && numpy_counting()) {
+        if (ptr != NULL) {
+            on_free(ptr);
+        }
+        if (!paused) {
+            on_alloc(p, size);
+        }
+    }
+    return p;
+}
+
+static void np_free(void *ctx, void *ptr, size_t size) {
+    if (ptr != NULL && numpy_counting()) {
+        on_free(ptr);
+    }
+    numpy_original.free(numpy_original.ctx, ptr, size);
+}
+
+static void numpy_unhook(void) {
+    if (numpy_handler != NULL) {
+        numpy_active = 0;
+        numpy_handler->allocator = numpy_original;
+        numpy_handler = NULL;
+    }
+}
+
+static PyObject *hook_numpy(PyObject *self, PyObject *api) {
+    (void)self;
+    if (current_layer < 0) {
+        PyErr_SetString(PyExc_RuntimeError, "start the allocation hook before hooking numpy");
+        return NULL;
+    }
+    if (numpy_handler != NULL) {
+        Py_RETURN_TRUE;
+    }
+    void **table = (void **)PyCapsule_GetPointer(api, NULL);
+    if (table == NULL) {
+        return NULL;
+    }
+    PyObject *capsule = *(PyObject **)table[306];
+    if (capsule == NULL || !PyCapsule_IsValid(capsule, "mem_handler")) {
+        Py_RETURN_FALSE;
+    }
+    ss_numpy_handler *handler = (ss_numpy_handler *)PyCapsule_GetPointer(capsule, "mem_handler");
+    if (handler == NULL || handler->version != 1 || handler->allocator.malloc == np_malloc) {
+        PyErr_Clear();
+        Py_RETURN_FALSE;
+    }
+    numpy_original = handler->allocator;
+    numpy_handler = handler;
+    ss_numpy_allocator ours = {NULL, np_malloc, np_calloc, np_realloc, np_free};
+    handler->allocator = ours;
+    numpy_active = 1;
+    Py_RETURN_TRUE;
 }
 
 static const PyMemAllocatorDomain domains[2] = {PYMEM_DOMAIN_MEM, PYMEM_DOMAIN_OBJ};
@@ -426,6 +539,7 @@ static PyObject *hook_stop(PyObject *self, PyObject *noargs) {
     if (current_layer < 0) {
         Py_RETURN_NONE;
     }
+    numpy_unhook();
     int restored = 1;
     for (int d = 0; d < 2; d++) {
         ss_layer *l = &layers[current_layer][d];
@@ -533,9 +647,10 @@ static PyObject *hook_stats(PyObject *self, PyObject *noargs) {
     (void)self;
     (void)noargs;
     size_t own = hs.capacity * sizeof(ss_slot) + hs.events_capacity * sizeof(ss_event);
-    return Py_BuildValue("{sKsKsKsKsKsisn}", "own_bytes", (unsigned long long)own, "live_blocks",
+    return Py_BuildValue("{sKsKsKsKsKsKsisn}", "own_bytes", (unsigned long long)own, "live_blocks",
                          (unsigned long long)hs.used, "untracked", (unsigned long long)hs.untracked,
-                         "dropped", (unsigned long long)hs.dropped, "samples",
+                         "dropped", (unsigned long long)hs.dropped, "lost_frees",
+                         (unsigned long long)hs.lost_frees, "samples",
                          (unsigned long long)hs.samples, "passthrough_layers", passthrough_layers,
                          "buffered", (Py_ssize_t)hs.n_events);
 }
@@ -562,6 +677,8 @@ static PyMethodDef hook_methods[] = {
     {"_alloc_hook_drain", hook_drain, METH_NOARGS,
      "(first sequence number, [(ptr, size, weight, t_ns, frames)]), size 0 for a free."},
     {"_alloc_hook_stats", hook_stats, METH_NOARGS, "The hook's own memory, drops and samples."},
+    {"_alloc_hook_numpy", hook_numpy, METH_O,
+     "Count numpy's default data allocations too (its _ARRAY_API capsule); False if unsupported."},
     {"_alloc_hook_pause", hook_pause, METH_O,
      "Stop (True) or resume (False) counting this thread's allocations (nests)."},
     {NULL, NULL, 0, NULL},

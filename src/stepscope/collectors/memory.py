@@ -589,7 +589,14 @@ class MemoryCollector(Collector):
                 "another allocator hook was set after stepscope's: stepscope's stays in its "
                 "chain as a pass-through"
             )
-        return {"mode": "sampled", "mean_bytes": heap.mean_bytes, **stats}
+        if stats.get("lost_frees"):
+            notes.append(
+                f"{stats['lost_frees']} frees of sampled blocks were lost (no memory for the "
+                "buffer): some sites may be shown alive after they were freed"
+            )
+        if heap.numpy.startswith("not counted"):
+            notes.append(f"numpy arrays: {heap.numpy}")
+        return {"mode": "sampled", "mean_bytes": heap.mean_bytes, "numpy": heap.numpy, **stats}
 
     def _python_leak(self, w: _Window) -> dict[str, Any] | None:
         ends = [row["python_current"] for row in w.rows]

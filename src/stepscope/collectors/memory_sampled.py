@@ -85,11 +85,17 @@ class SampledHeap:
     last_sample_ns: int = 0
     stats: dict[str, int] = field(default_factory=dict)
     restored: bool = True
+    numpy: str = "not loaded"
+    """Whether numpy's array data is counted: ``counted``, ``not loaded`` or why not."""
 
     def start(self, seed: int) -> None:
         """Hook the allocator domains; counting starts now."""
         native: Any = _ext.native()
         native._alloc_hook_start(float(self.mean_bytes), LARGE_BYTES, MAX_EVENTS, seed)
+        try:
+            self.numpy = _hook_numpy(native)
+        except Exception as exc:  # a numpy the hook does not know: its arrays go uncounted
+            self.numpy = f"not counted ({type(exc).__name__}: {exc})"
         native._alloc_hook_end_step()
 
     @staticmethod
@@ -172,6 +178,25 @@ class SampledHeap:
         self.stats = {k: int(v) for k, v in native._alloc_hook_stats().items()}
         self.restored = bool(native._alloc_hook_stop())
         self.lines.clear()
+
+
+def _hook_numpy(native: Any) -> str:
+    """Swap numpy's default data allocator for the hook's, where numpy is loaded."""
+    numpy = sys.modules.get("numpy")
+    if numpy is None:
+        return "not loaded"
+    version = tuple(int(p) for p in numpy.__version__.split(".")[:2] if p.isdigit())
+    if version < (1, 22):
+        return f"not counted (numpy {numpy.__version__} has no allocation handler; 1.22+ has)"
+    core = sys.modules.get("numpy._core._multiarray_umath") or sys.modules.get(
+        "numpy.core._multiarray_umath"
+    )
+    api = getattr(core, "_ARRAY_API", None)
+    if api is None:
+        return "not counted (numpy's C API table was not found)"
+    if not native._alloc_hook_numpy(api):
+        return "not counted (numpy's default handler is not the one the hook knows)"
+    return "counted"
 
 
 def _line_of(code: CodeType, offset: int) -> int:
