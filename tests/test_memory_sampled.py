@@ -4,6 +4,7 @@ exactly as it was."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import sys
 import tracemalloc
@@ -15,10 +16,13 @@ import stepscope
 from stepscope.analysis.memory import memory_summary
 from stepscope.collectors import memory_sampled
 
-pytestmark = pytest.mark.skipif(
-    memory_sampled.unavailable_reason() is not None,
-    reason=str(memory_sampled.unavailable_reason()),
-)
+pytestmark = [
+    pytest.mark.native,
+    pytest.mark.skipif(
+        memory_sampled.unavailable_reason() is not None,
+        reason=str(memory_sampled.unavailable_reason()),
+    ),
+]
 
 
 def meta_of(prof: stepscope.profile) -> dict[str, Any]:
@@ -37,13 +41,13 @@ def test_per_step_held_and_peak_within_1_percent_of_what_the_loop_allocated() ->
     meta = meta_of(prof)
     assert meta["tracemalloc"].startswith("not used") and meta["heap"]["mode"] == "sampled"
     rows = meta["steps"][:-1]
-    transient = sys.getsizeof([None] * 1000) + 1000 * sys.getsizeof(bytearray(3000))
+    transient_bytes = sys.getsizeof([None] * 1000) + 1000 * sys.getsizeof(bytearray(3000))
     kept = sys.getsizeof(held[0]) + 2000 * sys.getsizeof(bytearray(500))
-    for before, row in zip(rows, rows[1:], strict=False):
+    for before, row in itertools.pairwise(rows):
         # the list's own growth makes its size differ a little from getsizeof: 1 %
         assert row["python_current"] - before["python_current"] == pytest.approx(kept, rel=0.01)
         rise = row["python_peak"] - before["python_current"]
-        assert rise == pytest.approx(transient, rel=0.01)
+        assert rise == pytest.approx(transient_bytes, rel=0.01)
         assert row["python_allocated"] - row["python_freed"] == pytest.approx(kept, rel=0.01)
 
 
@@ -125,7 +129,7 @@ def test_a_numpy_array_kept_per_step_is_blamed_on_the_programs_line() -> None:
     meta = meta_of(prof)
     assert meta["heap"]["numpy"] == "counted"
     rows = meta["steps"][:-1]
-    for before, row in zip(rows, rows[1:], strict=False):
+    for before, row in itertools.pairwise(rows):
         grew = row["python_current"] - before["python_current"]
         assert grew == pytest.approx(sys.getsizeof(held[0]), rel=0.01)  # data and header
         assert row["python_peak"] - before["python_current"] >= held[0].nbytes + 65_536 * 8

@@ -43,9 +43,18 @@ def unavailable_reason() -> str | None:
         return "the allocation hook reads frames on Python 3.11+ only"
     if sysconfig.get_config_var("Py_GIL_DISABLED"):
         return "the allocation hook needs the GIL (free-threaded build)"
-    if _ext.native() is None:
+    native = _ext.native()
+    if native is None:
         return f"the C extension is not in use ({_ext.status().get('reason')})"
+    if not hasattr(native, "_alloc_hook_start"):
+        return "the C extension was built without the allocation hook (rebuild it)"
     return None
+
+
+def _native() -> _ext.NativeModule:
+    native = _ext.native()
+    assert native is not None  # checked by unavailable_reason before the window starts
+    return native
 
 
 def sampling_error_note(mean_bytes: int) -> str:
@@ -90,7 +99,7 @@ class SampledHeap:
 
     def start(self, seed: int) -> None:
         """Hook the allocator domains; counting starts now."""
-        native: Any = _ext.native()
+        native = _native()
         native._alloc_hook_start(float(self.mean_bytes), LARGE_BYTES, MAX_EVENTS, seed)
         try:
             self.numpy = _hook_numpy(native)
@@ -101,29 +110,30 @@ class SampledHeap:
     @staticmethod
     def pause(on: bool) -> None:
         """Leave this thread's allocations out of the counts (stepscope's own work), or not."""
-        native: Any = _ext.native()
+        native = _native()
         native._alloc_hook_pause(on)
 
     @staticmethod
     def poll() -> tuple[int, int]:
         """(bytes held now, the most held since the last poll)."""
-        native: Any = _ext.native()
+        native = _native()
         current, high = native._alloc_hook_poll()
         return int(current), int(high)
 
     @staticmethod
     def hooked() -> bool:
         """Whether the hook is still the top of the domains' allocator chain."""
-        native: Any = _ext.native()
+        native = _native()
         return bool(native._alloc_hook_hooked())
 
     def end_step(self, want_peak_sites: bool) -> tuple[dict[str, int], dict[Site, tuple[int, int]]]:
         """The closing step's exact counters and the sampled sites alive at its end; with
         ``want_peak_sites``, ``peak_sites`` becomes the sites alive at the step's peak."""
-        native: Any = _ext.native()
-        row = native._alloc_hook_end_step()
+        native = _native()
+        counts = native._alloc_hook_end_step()
         first, events = native._alloc_hook_drain()
-        mark = max(int(row.pop("peak_mark")), first)
+        mark = max(counts["peak_mark"], first)
+        row = {k: int(v) for k, v in counts.items() if k != "peak_mark" and isinstance(v, int)}
         for offset, (ptr, size, weight, t_ns, frames) in enumerate(events):
             if want_peak_sites and first + offset == mark:
                 self._take_peak()
@@ -174,13 +184,15 @@ class SampledHeap:
     def stop(self) -> None:
         """Unhook (or leave a pass-through where another hook was set on top) and keep the
         hook's own figures in ``stats``."""
-        native: Any = _ext.native()
-        self.stats = {k: int(v) for k, v in native._alloc_hook_stats().items()}
+        native = _native()
+        self.stats = {
+            k: int(v) for k, v in native._alloc_hook_stats().items() if isinstance(v, int)
+        }
         self.restored = bool(native._alloc_hook_stop())
         self.lines.clear()
 
 
-def _hook_numpy(native: Any) -> str:
+def _hook_numpy(native: _ext.NativeModule) -> str:
     """Swap numpy's default data allocator for the hook's, where numpy is loaded."""
     numpy = sys.modules.get("numpy")
     if numpy is None:

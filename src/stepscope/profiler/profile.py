@@ -200,7 +200,7 @@ class profile:
                 TorchCollector(
                     torch_activities,
                     # torch's memory categorizer needs shapes (export_memory_timeline).
-                    record_shapes=self.record_shapes or self.profile_memory,
+                    record_shapes=self.record_shapes or bool(self.profile_memory),
                     profile_memory=bool(self.profile_memory),
                     with_flops=self.with_flops,
                     with_modules=self.with_modules,
