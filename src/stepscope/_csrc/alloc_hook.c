@@ -93,8 +93,13 @@ static struct {
 
 /* -- the block table -------------------------------------------------------------------------- */
 
+/* Fibonacci hashing: the product's high bits, which every bit of the pointer reaches (pymalloc
+ * hands out neighbouring blocks, so the low bits alone would cluster). */
 static inline size_t slot_of(uintptr_t ptr, size_t mask) {
-    return (size_t)(((uint64_t)(ptr >> 4) * 0x9E3779B97F4A7C15ULL) >> 17) & mask;
+    uint64_t h = (uint64_t)ptr * 0x9E3779B97F4A7C15ULL;
+    h ^= h >> 29;
+    h *= 0xBF58476D1CE4E5B9ULL;
+    return (size_t)(h >> 32) & mask;
 }
 
 static int table_grow(void) {
