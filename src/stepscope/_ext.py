@@ -107,7 +107,6 @@ if TYPE_CHECKING:
         _sampler_after_fork_in_child = staticmethod(_native._sampler_after_fork_in_child)
         _alloc_hook_start = staticmethod(_native._alloc_hook_start)
         _alloc_hook_stop = staticmethod(_native._alloc_hook_stop)
-        _alloc_hook_hooked = staticmethod(_native._alloc_hook_hooked)
         _alloc_hook_end_step = staticmethod(_native._alloc_hook_end_step)
         _alloc_hook_poll = staticmethod(_native._alloc_hook_poll)
         _alloc_hook_drain = staticmethod(_native._alloc_hook_drain)

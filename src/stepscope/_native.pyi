@@ -323,9 +323,6 @@ def _alloc_hook_start(mean_bytes: float, large_bytes: int, max_events: int, seed
 def _alloc_hook_stop() -> bool:
     """Unhook; True when the originals were restored, False when left as a pass-through."""
 
-def _alloc_hook_hooked() -> bool:
-    """Whether the hook is still the domains' top."""
-
 def _alloc_hook_end_step() -> _AllocStep:
     """The closing step's exact counters; the next step starts from the current bytes."""
 

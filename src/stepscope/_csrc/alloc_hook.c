@@ -567,17 +567,6 @@ static PyObject *hook_stop(PyObject *self, PyObject *noargs) {
     return PyBool_FromLong(restored);
 }
 
-static PyObject *hook_hooked(PyObject *self, PyObject *noargs) {
-    (void)self;
-    (void)noargs;
-    if (current_layer < 0) {
-        Py_RETURN_FALSE;
-    }
-    PyMemAllocatorEx now;
-    PyMem_GetAllocator(PYMEM_DOMAIN_OBJ, &now);
-    return PyBool_FromLong(is_ours(&now, &layers[current_layer][1]));
-}
-
 static PyObject *hook_end_step(PyObject *self, PyObject *noargs) {
     (void)self;
     (void)noargs;
@@ -675,7 +664,6 @@ static PyMethodDef hook_methods[] = {
      "Hook the MEM and OBJ domains: (mean_bytes, large_bytes, max_events, seed)."},
     {"_alloc_hook_stop", hook_stop, METH_NOARGS,
      "Unhook; True when the originals were restored, False when left as a pass-through."},
-    {"_alloc_hook_hooked", hook_hooked, METH_NOARGS, "Whether the hook is still the domains' top."},
     {"_alloc_hook_end_step", hook_end_step, METH_NOARGS,
      "The closing step's exact counters; the next step starts from the current bytes."},
     {"_alloc_hook_poll", hook_poll, METH_NOARGS, "(current, highest since the last poll)."},

@@ -253,9 +253,13 @@ class MemoryCollector(Collector):
         self.optimizers = {}
         reason = "profile_memory='exact'" if self.exact else unavailable_reason()
         if reason is None:
-            w.heap = SampledHeap(_OWN_DIR, _is_library)
-            w.heap.start(seed=os.getpid())
-        else:
+            heap = SampledHeap(_OWN_DIR, _is_library)
+            try:
+                heap.start(seed=os.getpid())
+                w.heap = heap
+            except RuntimeError as exc:  # another profile's window holds the hook
+                reason = str(exc)
+        if reason is not None:
             w.hook_fallback = reason
             if not tracemalloc.is_tracing():
                 tracemalloc.start(TRACEMALLOC_FRAMES)

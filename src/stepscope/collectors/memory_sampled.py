@@ -120,12 +120,6 @@ class SampledHeap:
         current, high = native._alloc_hook_poll()
         return int(current), int(high)
 
-    @staticmethod
-    def hooked() -> bool:
-        """Whether the hook is still the top of the domains' allocator chain."""
-        native = _native()
-        return bool(native._alloc_hook_hooked())
-
     def end_step(self, want_peak_sites: bool) -> tuple[dict[str, int], dict[Site, tuple[int, int]]]:
         """The closing step's exact counters and the sampled sites alive at its end; with
         ``want_peak_sites``, ``peak_sites`` becomes the sites alive at the step's peak."""
