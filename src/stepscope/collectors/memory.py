@@ -61,6 +61,8 @@ above any library's."""
 PEAK_TABLE_ROWS = 25
 SNAPSHOT_SHARE = 0.03
 """Snapshots of each kind may take at most this share of the window's time."""
+CHEAP_SNAPSHOT_NS = 20_000_000
+"""A snapshot this quick is taken at the first step ends and the last whatever the budget."""
 OVER_BUDGET_CAP = 3
 """Past the budget, a step's settled high is still snapshotted while within this many budgets."""
 STEP_END, NEW_HIGH = 0, 1
@@ -105,6 +107,8 @@ class _Window:
     site_ids: dict[tuple[str, int], int] = field(default_factory=dict)
     """Allocation sites named by the per-step changes, interned (the metadata's ``sites``)."""
     watch_error: str = ""
+    last_snapshot_ns: int = 0
+    """How long the last snapshot took."""
     last_held: int = 0
     high_step: int = -1
     """The step of the last snapshot at a new high."""
@@ -298,14 +302,16 @@ class MemoryCollector(Collector):
     def _snapshot(w: _Window, kind: int) -> tuple[Sites, int]:
         begin = clock.now_ns()
         found = _snapshot_sites()
-        w.snapshot_ns[kind] += clock.now_ns() - begin
+        w.last_snapshot_ns = clock.now_ns() - begin
+        w.snapshot_ns[kind] += w.last_snapshot_ns
         return found
 
     @staticmethod
     def _affordable(w: _Window, now: int, kind: int) -> bool:
         """Snapshots cost time proportional to the live blocks: keep each kind (step ends,
-        new highs) to a share of the window's time; the first few step ends are always taken."""
-        if kind == STEP_END and len(w.ends) <= 3:
+        new highs) to a share of the window's time; the first few step ends, and the last, are
+        taken anyway while a snapshot is cheap (a big heap's are not: each copies every trace)."""
+        if kind == STEP_END and len(w.ends) <= 3 and w.last_snapshot_ns <= CHEAP_SNAPSHOT_NS:
             return True
         return w.snapshot_ns[kind] <= SNAPSHOT_SHARE * (now - w.window_start_ns)
 
@@ -335,7 +341,8 @@ class MemoryCollector(Collector):
         current, peak = tracemalloc.get_traced_memory()
         step_peak = max(w.step_peak, (peak if w.started_tracing else current) - w.own)
         changes: list[list[int]] | None = None
-        if last or self._affordable(w, now, STEP_END):
+        cheap_last = last and w.last_snapshot_ns <= CHEAP_SNAPSHOT_NS
+        if cheap_last or self._affordable(w, now, STEP_END):
             sites, total = self._snapshot(w, STEP_END)
             w.own = max(current - total, 0)
             changes = self._site_changes(w, w.ends[-1].sites, sites)
