@@ -31,6 +31,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "sampler_signal.h"
 
@@ -102,9 +103,31 @@ static inline size_t slot_of(uintptr_t ptr, size_t mask) {
     return (size_t)(h >> 32) & mask;
 }
 
+/* Zeroed table memory from mmap, on huge pages where the kernel gives them on request: every
+ * table access is a random one, and a big table's cost is mostly TLB misses. */
+static ss_slot *slots_new(size_t capacity) {
+    void *p = mmap(NULL, capacity * sizeof(ss_slot), PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
+        return NULL;
+    }
+#ifdef MADV_HUGEPAGE
+    if (capacity * sizeof(ss_slot) >= ((size_t)2 << 20)) {
+        madvise(p, capacity * sizeof(ss_slot), MADV_HUGEPAGE);
+    }
+#endif
+    return (ss_slot *)p;
+}
+
+static void slots_free(ss_slot *slots, size_t capacity) {
+    if (slots != NULL) {
+        munmap(slots, capacity * sizeof(ss_slot));
+    }
+}
+
 static int table_grow(void) {
     size_t capacity = hs.capacity ? hs.capacity * 2 : 4096;
-    ss_slot *slots = (ss_slot *)calloc(capacity, sizeof(ss_slot));
+    ss_slot *slots = slots_new(capacity);
     if (slots == NULL) {
         return -1;
     }
@@ -118,7 +141,7 @@ static int table_grow(void) {
             slots[j] = hs.slots[i];
         }
     }
-    free(hs.slots);
+    slots_free(hs.slots, hs.capacity);
     hs.slots = slots;
     hs.capacity = capacity;
     return 0;
@@ -475,9 +498,10 @@ static void release_events(ss_event *events, size_t n) {
 static void release_all(void) {
     paused++;
     ss_slot *slots = hs.slots;
+    size_t capacity = hs.capacity;
     hs.slots = NULL;
     hs.capacity = hs.used = 0;
-    free(slots);
+    slots_free(slots, capacity);
     size_t n;
     ss_event *events = detach_events(&n);
     release_events(events, n);
