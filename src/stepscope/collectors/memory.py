@@ -233,9 +233,9 @@ class MemoryCollector(Collector):
         self, torch_collector: Any = None, poll_interval_s: float = 0.005, exact: bool = False
     ) -> None:
         self.torch_collector = torch_collector
+        """The torch collector whose window result holds torch's memory events, if any."""
         self.exact = exact
         """Every allocation through tracemalloc (``profile_memory="exact"``), not sampled sites."""
-        """The torch collector whose window result holds torch's memory events, if any."""
         self.poll_interval_s = poll_interval_s
         self._window: _Window | None = None
         self._lock = threading.Lock()
