@@ -194,3 +194,8 @@ def test_the_hooks_own_memory_is_counted_and_its_drops_noted(
     heap = meta_of(prof)["heap"]
     assert heap["own_bytes"] > 0 and heap["dropped"] > 0
     assert any("samples were dropped" in note for note in meta_of(prof)["notes"])
+
+
+def test_a_wrong_profile_memory_value_is_refused_in_one_line() -> None:
+    with pytest.raises(ValueError, match="profile_memory must be True, False or 'exact'"):
+        stepscope.profile(profile_memory="sampled")  # type: ignore[arg-type]

@@ -127,11 +127,9 @@ class profile:
         self.record_shapes = record_shapes
         if profile_memory not in (True, False, "exact"):
             raise ValueError(
-                f"profile_memory must be True, False or 'exact' (every allocation through "
-                f"tracemalloc), got {profile_memory!r}"
+                f"profile_memory must be True, False or 'exact', not {profile_memory!r}"
             )
-        self.profile_memory = profile_memory
-        """True: exact totals with sampled sites; "exact": every allocation's site."""
+        self.profile_memory = profile_memory  # True: sampled sites; "exact": tracemalloc's
         self.with_stack = with_stack
         self.with_flops = with_flops
         self.with_modules = with_modules
@@ -229,8 +227,7 @@ class profile:
             from stepscope.collectors.memory import MemoryCollector
 
             torch_collector = found[0] if found else None
-            exact = self.profile_memory == "exact"
-            found.append(MemoryCollector(torch_collector, exact=exact))
+            found.append(MemoryCollector(torch_collector, exact=self.profile_memory == "exact"))
         if _gc_info_requested(self.experimental_config):
             from stepscope.collectors.gc import GcCollector
 
