@@ -199,3 +199,29 @@ def test_the_hooks_own_memory_is_counted_and_its_drops_noted(
 def test_a_wrong_profile_memory_value_is_refused_in_one_line() -> None:
     with pytest.raises(ValueError, match="profile_memory must be True, False or 'exact'"):
         stepscope.profile(profile_memory="sampled")  # type: ignore[arg-type]
+
+
+def test_threads_allocating_together_are_counted_exactly() -> None:
+    import threading
+
+    held: list[Any] = []
+    lock = threading.Lock()
+
+    def keep() -> None:
+        mine = [bytearray(700) for _ in range(3000)]
+        with lock:
+            held.append(mine)
+
+    with stepscope.profile(profile_memory=True, torch_ops=False) as prof:
+        for _ in range(3):
+            workers = [threading.Thread(target=keep) for _ in range(4)]
+            for t in workers:
+                t.start()
+            for t in workers:
+                t.join()
+            prof.step()
+    rows = meta_of(prof)["steps"][:-1]
+    per_step = 4 * (sys.getsizeof(held[0]) + 3000 * sys.getsizeof(bytearray(700)))
+    for before, row in itertools.pairwise(rows):
+        # the threads' own small objects come and go: 2 %
+        assert row["python_current"] - before["python_current"] == pytest.approx(per_step, rel=0.02)
