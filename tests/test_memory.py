@@ -210,7 +210,7 @@ def test_torch_tensors_per_step_within_5_percent_and_the_leak() -> None:
     assert summary.leaks[0].per_step_bytes == pytest.approx(kept, rel=0.05)
     # what grew: the tensors kept after the first step, by the operator that made them
     [site] = summary.leaks[0].sites
-    assert site.function in ("aten::zeros", "aten::empty")
+    assert site.function == "aten::zeros"  # the op the program called, not aten::empty
     assert site.growth_bytes == (len(held) - 1) * kept
     # one counter track per device, as Perfetto shows them
     counters = {c.name for c in trace.iter_counter_events()}
@@ -376,23 +376,13 @@ def test_the_watcher_thread_is_never_sampled() -> None:
 
 
 def test_exact_mode_snapshots_of_a_big_heap_stay_within_the_budget() -> None:
-    def loop(step: Callable[[], None]) -> float:
-        kept: list[Any] = []
-        begin = time.perf_counter()
+    kept: list[Any] = []
+    with stepscope.profile(profile_memory="exact", torch_ops=False) as prof:
         for _ in range(6):
             kept.append([(i,) for i in range(150_000)])
-            step()
-        return time.perf_counter() - begin
-
-    tracemalloc.start(1)
-    try:
-        alone = loop(lambda: None)
-    finally:
-        tracemalloc.stop()
-    with stepscope.profile(profile_memory="exact", torch_ops=False) as prof:
-        profiled = loop(prof.step)
-    # before: the first three step ends and the last each copied every trace, whatever it
-    # cost (12x tracemalloc alone on a 6 M-block heap); the watcher's polls remain
-    assert profiled <= 3 * alone, (profiled, alone)
+            prof.step()
     notes = prof.trace().metadata["stepscope_memory"]["notes"]
-    assert any("step-end snapshots of the Python heap were skipped" in n for n in notes)
+    [note] = [n for n in notes if "step-end snapshots of the Python heap were skipped" in n]
+    # before, the first three step ends and the last were copied whatever they cost (12x
+    # tracemalloc alone on a 6 M-block heap): at most the 4th and 5th could be skipped
+    assert int(note.split()[0]) >= 4
