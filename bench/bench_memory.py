@@ -173,6 +173,83 @@ def python_case(report: Report, steps: int, repeat: int) -> None:
     )
 
 
+def make_rnn(steps: int) -> Callable[[Callable[[], None] | None], None]:
+    """pytorch/examples' mnist_rnn model (an LSTM over the image's rows) on random data."""
+    import torch
+
+    torch.manual_seed(0)
+    torch.set_num_threads(1)  # one intra-op thread: a shared machine's other load varies less
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.rnn = torch.nn.LSTM(input_size=28, hidden_size=64, batch_first=True)
+            self.batchnorm = torch.nn.BatchNorm1d(64)
+            self.fc1 = torch.nn.Linear(64, 32)
+            self.fc2 = torch.nn.Linear(32, 10)
+
+        def forward(self, x: Any) -> Any:
+            x, _ = self.rnn(x.reshape(-1, 28, 28))
+            x = self.batchnorm(x[:, -1, :])
+            x = torch.nn.functional.relu(self.fc1(x))
+            return torch.nn.functional.log_softmax(self.fc2(x), dim=1)
+
+    model = Net()
+    opt = torch.optim.Adadelta(model.parameters(), lr=0.1)
+    data = [(torch.randn(64, 1, 28, 28), torch.randint(0, 10, (64,))) for _ in range(8)]
+
+    def train(step: Callable[[], None] | None) -> None:
+        for i in range(steps):
+            x, y = data[i % len(data)]
+            opt.zero_grad()
+            loss = torch.nn.functional.nll_loss(model(x), y)
+            loss.backward()
+            opt.step()
+            if step is not None:
+                step()
+
+    return train
+
+
+def rnn_case(report: Report, steps: int, repeat: int) -> None:
+    """mnist_rnn's loop: unprofiled, stepscope with and without profile_memory, torch's
+    profile_memory, alternating."""
+    import torch.profiler
+
+    import stepscope
+
+    train = make_rnn(steps)
+    train(None)
+    runs: dict[str, list[float]] = {
+        "no profiler": [],
+        "stepscope profile_memory": [],
+        "stepscope without memory": [],
+        "torch.profiler profile_memory": [],
+    }
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for _ in range(repeat):
+            runs["no profiler"].append(_timed(lambda: None, lambda: None, lambda: train(None)))
+            for memory in (True, False):
+                ours = stepscope.profile(activities=["CPU"], profile_memory=memory)
+                name = "stepscope profile_memory" if memory else "stepscope without memory"
+                runs[name].append(_timed(ours.start, ours.stop, lambda p=ours: train(p.step)))
+            theirs = torch.profiler.profile(
+                activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True
+            )
+            runs["torch.profiler profile_memory"].append(
+                _timed(theirs.start, theirs.stop, lambda p=theirs: train(p.step))
+            )
+    case = f"mnist_rnn {steps} steps, loop + stop"
+    baseline = report.add(case, "no profiler", "s", runs.pop("no profiler"))
+    over = _overheads(report, case, baseline, runs)
+    report.target(
+        "mnist_rnn: stepscope profile_memory time / unprofiled <= 1.05",
+        1 + over["stepscope profile_memory"],
+        1.05,
+    )
+
+
 BIG_HEAP_MODES = ("none", "stepscope", "tracemalloc", "exact", "stepscope without memory")
 """Each big-heap child's mode; the last is the same profile without profile_memory (the window's
 own cost, apart from the memory collector's)."""
@@ -256,6 +333,7 @@ def run(report: Report) -> None:
         report.note("torch not installed: training case skipped")
     else:
         train_case(report, 20 if report.quick else 40, repeat)
+        rnn_case(report, 20 if report.quick else 60, repeat)
     python_case(report, 20 if report.quick else 40, repeat)
     big = 2_000_000 if report.quick else 10_000_000
     big_heap_case(report, big, 0, 6, 1 if report.quick else 3)
