@@ -322,9 +322,28 @@ static inline void on_free(void *p) {
     }
 }
 
+/* From 3.12 a sub-interpreter may run under its own GIL, while the allocator hooks are shared
+ * by the whole process: only the interpreter that started the hook (whose GIL guards the
+ * table) is counted; the others pass through. */
+static PyInterpreterState *hook_interp = NULL;
+
+static inline int own_interpreter(void) {
+#if PY_VERSION_HEX >= 0x030D0000
+    PyThreadState *ts = PyThreadState_GetUnchecked();
+    return ts != NULL && ts->interp == hook_interp;
+#elif PY_VERSION_HEX >= 0x030C0000
+    PyThreadState *ts = _PyThreadState_UncheckedGet();
+    return ts != NULL && ts->interp == hook_interp;
+#else
+    return 1;
+#endif
+}
+
 /* Allocations of a paused thread (stepscope's own work) are not counted; frees always are, so
  * a counted block freed during a pause leaves the table. */
-static inline int counting(ss_layer *layer) { return layer->active && !paused; }
+static inline int counting(ss_layer *layer) { return layer->active && !paused && own_interpreter(); }
+
+static inline int counting_frees(ss_layer *layer) { return layer->active && own_interpreter(); }
 
 static void *hook_malloc(void *ctx, size_t size) {
     ss_layer *layer = (ss_layer *)ctx;
@@ -347,7 +366,7 @@ static void *hook_calloc(void *ctx, size_t nelem, size_t elsize) {
 static void *hook_realloc(void *ctx, void *ptr, size_t size) {
     ss_layer *layer = (ss_layer *)ctx;
     void *p = layer->original.realloc(layer->original.ctx, ptr, size);
-    if (p != NULL && layer->active) {
+    if (p != NULL && counting_frees(layer)) {
         if (ptr != NULL) {
             on_free(ptr);
         }
@@ -360,7 +379,7 @@ static void *hook_realloc(void *ctx, void *ptr, size_t size) {
 
 static void hook_free(void *ctx, void *ptr) {
     ss_layer *layer = (ss_layer *)ctx;
-    if (ptr != NULL && layer->active) {
+    if (ptr != NULL && counting_frees(layer)) {
         on_free(ptr);
     }
     layer->original.free(layer->original.ctx, ptr);
@@ -391,7 +410,9 @@ static ss_numpy_handler *numpy_handler = NULL;
 static ss_numpy_allocator numpy_original;
 static int numpy_active = 0;
 
-static inline int numpy_counting(void) { return numpy_active && PyGILState_Check(); }
+static inline int numpy_counting(void) {
+    return numpy_active && PyGILState_Check() && own_interpreter();
+}
 
 static void *np_malloc(void *ctx, size_t size) {
     void *p = numpy_original.malloc(numpy_original.ctx, size);
@@ -550,6 +571,7 @@ static PyObject *hook_start(PyObject *self, PyObject *args) {
     if (table_grow() < 0) {
         return PyErr_NoMemory();
     }
+    hook_interp = PyInterpreterState_Get();
     int layer = layers_used++;
     for (int d = 0; d < 2; d++) {
         ss_layer *l = &layers[layer][d];
