@@ -225,3 +225,30 @@ def test_threads_allocating_together_are_counted_exactly() -> None:
     for before, row in itertools.pairwise(rows):
         # the threads' own small objects come and go: 2 %
         assert row["python_current"] - before["python_current"] == pytest.approx(per_step, rel=0.02)
+
+
+def test_a_sub_interpreter_with_its_own_gil_passes_through_uncounted() -> None:
+    import importlib
+    import threading
+
+    if sys.version_info < (3, 12):
+        pytest.skip("sub-interpreters with their own GIL are 3.12+")
+    try:
+        interpreters: Any = importlib.import_module("_interpreters")
+    except ImportError:
+        interpreters = pytest.importorskip("_xxsubinterpreters")
+    run = getattr(interpreters, "exec", None) or interpreters.run_string
+    interp = interpreters.create()
+    code = (
+        "x = []\nfor i in range(100_000):\n    x.append(str(i))\n    if len(x) > 999: x.clear()\n"
+    )
+    with stepscope.profile(profile_memory=True, torch_ops=False) as prof:
+        worker = threading.Thread(target=lambda: [run(interp, code) for _ in range(3)])
+        worker.start()
+        kept = [bytearray(1000) for _ in range(5000)]
+        worker.join()
+        prof.step()
+    interpreters.destroy(interp)
+    row = meta_of(prof)["steps"][0]
+    mine = sys.getsizeof(kept) + 5000 * sys.getsizeof(bytearray(1000))
+    assert row["python_current"] == pytest.approx(mine, rel=0.02)
