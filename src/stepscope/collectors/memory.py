@@ -109,6 +109,8 @@ class _Window:
     watch_error: str = ""
     last_snapshot_ns: int = 0
     """How long the last snapshot took."""
+    last_snapshot_traced: int = 0
+    """The bytes tracemalloc traced then (the next snapshot's cost grows with them)."""
     last_held: int = 0
     high_step: int = -1
     """The step of the last snapshot at a new high."""
@@ -303,8 +305,18 @@ class MemoryCollector(Collector):
         begin = clock.now_ns()
         found = _snapshot_sites()
         w.last_snapshot_ns = clock.now_ns() - begin
+        w.last_snapshot_traced = tracemalloc.get_traced_memory()[0]
         w.snapshot_ns[kind] += w.last_snapshot_ns
         return found
+
+    @staticmethod
+    def _next_snapshot_ns(w: _Window) -> int:
+        """What the next snapshot should cost (the last one's, scaled by the bytes traced) when
+        the last was dear; 0 else (small heaps keep every snapshot the budget allows)."""
+        if w.last_snapshot_ns < CHEAP_SNAPSHOT_NS // 4:  # too quick to scale from
+            return 0
+        traced = tracemalloc.get_traced_memory()[0]
+        return w.last_snapshot_ns * traced // max(w.last_snapshot_traced, 1)
 
     @staticmethod
     def _affordable(w: _Window, now: int, kind: int) -> bool:
@@ -313,7 +325,8 @@ class MemoryCollector(Collector):
         taken anyway while a snapshot is cheap (a big heap's are not: each copies every trace)."""
         if kind == STEP_END and len(w.ends) <= 3 and w.last_snapshot_ns <= CHEAP_SNAPSHOT_NS:
             return True
-        return w.snapshot_ns[kind] <= SNAPSHOT_SHARE * (now - w.window_start_ns)
+        spent = w.snapshot_ns[kind] + MemoryCollector._next_snapshot_ns(w)
+        return spent <= SNAPSHOT_SHARE * (now - w.window_start_ns)
 
     def _note_rss(self, w: _Window, now: int) -> None:
         rss = rss_bytes()
@@ -489,7 +502,8 @@ class MemoryCollector(Collector):
         if self._affordable(w, now, NEW_HIGH):
             return True
         cap = OVER_BUDGET_CAP * SNAPSHOT_SHARE * (now - w.window_start_ns)
-        return settled and w.high_step != w.step and w.snapshot_ns[NEW_HIGH] <= cap
+        spent = w.snapshot_ns[NEW_HIGH] + self._next_snapshot_ns(w)
+        return settled and w.high_step != w.step and spent <= cap
 
     def stop(self, ctx: WindowContext) -> None:
         """End the last step, stop the watcher, and tracemalloc if stepscope started it."""
