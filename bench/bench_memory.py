@@ -7,7 +7,11 @@ Plain-Python loop (dicts and lists built and dropped, some kept): stepscope's
 ``profile_memory=True`` against ``memray.Tracker``.
 Overhead = profiled time / unprofiled time - 1, all in the same run.
 Targets (issue 17): stepscope's overhead <= 0.5x torch's on the training loop; <= memray's on the
-plain-Python loop.
+plain-Python loop.  Issue 25: the default mode (the C allocation hook) <= memray's overhead on
+the plain-Python loop (``profile_memory="exact"``, the tracemalloc path, shown beside it); on a
+big heap (10 M live blocks, and 1 M tuples kept per step for 6 steps, issue 24), each in its own
+child process for its peak RSS: time <= 1.1x the unprofiled loop and peak RSS <= unprofiled +
+10 %, with tracemalloc alone as the peer.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from bench_train import make_workload
-from harness import Report
+from harness import Report, run_json_child
 
 
 def _timed(start: Callable[[], Any], stop: Callable[[], Any], loop: Callable[[], None]) -> float:
@@ -137,12 +141,20 @@ def python_case(report: Report, steps: int, repeat: int) -> None:
     ]
     case = f"python loop {steps} steps"
     baseline = report.add(case, "no profiler", "s", base)
-    runs: dict[str, list[float]] = {"stepscope profile_memory": [], "memray": []}
+    runs: dict[str, list[float]] = {
+        "stepscope profile_memory": [],
+        "memray": [],
+        "stepscope exact": [],
+    }
     with tempfile.TemporaryDirectory() as tmp:
         for n in range(repeat):
             ours = stepscope.profile(activities=["CPU"], profile_memory=True, torch_ops=False)
             runs["stepscope profile_memory"].append(
                 _timed(ours.start, ours.stop, lambda p=ours: python_workload(steps, p.step))
+            )
+            exact = stepscope.profile(activities=["CPU"], profile_memory="exact", torch_ops=False)
+            runs["stepscope exact"].append(
+                _timed(exact.start, exact.stop, lambda p=exact: python_workload(steps, p.step))
             )
             tracker = memray.Tracker(str(Path(tmp) / f"memray{n}.bin"))
             runs["memray"].append(
@@ -161,6 +173,157 @@ def python_case(report: Report, steps: int, repeat: int) -> None:
     )
 
 
+def make_rnn(steps: int) -> Callable[[Callable[[], None] | None], None]:
+    """pytorch/examples' mnist_rnn model (an LSTM over the image's rows) on random data."""
+    import torch
+
+    torch.manual_seed(0)
+    torch.set_num_threads(1)  # one intra-op thread: a shared machine's other load varies less
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.rnn = torch.nn.LSTM(input_size=28, hidden_size=64, batch_first=True)
+            self.batchnorm = torch.nn.BatchNorm1d(64)
+            self.fc1 = torch.nn.Linear(64, 32)
+            self.fc2 = torch.nn.Linear(32, 10)
+
+        def forward(self, x: Any) -> Any:
+            x, _ = self.rnn(x.reshape(-1, 28, 28))
+            x = self.batchnorm(x[:, -1, :])
+            x = torch.nn.functional.relu(self.fc1(x))
+            return torch.nn.functional.log_softmax(self.fc2(x), dim=1)
+
+    model = Net()
+    opt = torch.optim.Adadelta(model.parameters(), lr=0.1)
+    data = [(torch.randn(64, 1, 28, 28), torch.randint(0, 10, (64,))) for _ in range(8)]
+
+    def train(step: Callable[[], None] | None) -> None:
+        for i in range(steps):
+            x, y = data[i % len(data)]
+            opt.zero_grad()
+            loss = torch.nn.functional.nll_loss(model(x), y)
+            loss.backward()
+            opt.step()
+            if step is not None:
+                step()
+
+    return train
+
+
+def rnn_case(report: Report, steps: int, repeat: int) -> None:
+    """mnist_rnn's loop: unprofiled, stepscope with and without profile_memory, torch's
+    profile_memory, alternating."""
+    import torch.profiler
+
+    import stepscope
+
+    train = make_rnn(steps)
+    train(None)
+    runs: dict[str, list[float]] = {
+        "no profiler": [],
+        "stepscope profile_memory": [],
+        "stepscope without memory": [],
+        "torch.profiler profile_memory": [],
+    }
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for _ in range(repeat):
+            runs["no profiler"].append(_timed(lambda: None, lambda: None, lambda: train(None)))
+            for memory in (True, False):
+                ours = stepscope.profile(activities=["CPU"], profile_memory=memory)
+                name = "stepscope profile_memory" if memory else "stepscope without memory"
+                runs[name].append(_timed(ours.start, ours.stop, lambda p=ours: train(p.step)))
+            theirs = torch.profiler.profile(
+                activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True
+            )
+            runs["torch.profiler profile_memory"].append(
+                _timed(theirs.start, theirs.stop, lambda p=theirs: train(p.step))
+            )
+    case = f"mnist_rnn {steps} steps, loop + stop"
+    baseline = report.add(case, "no profiler", "s", runs.pop("no profiler"))
+    over = _overheads(report, case, baseline, runs)
+    report.target(
+        "mnist_rnn: stepscope profile_memory time / unprofiled <= 1.05",
+        1 + over["stepscope profile_memory"],
+        1.05,
+    )
+
+
+BIG_HEAP_MODES = ("none", "stepscope", "tracemalloc", "exact", "stepscope without memory")
+"""Each big-heap child's mode; the last is the same profile without profile_memory (the window's
+own cost, apart from the memory collector's)."""
+
+
+def big_heap_child(mode: str, live: int, kept_per_step: int, steps: int) -> dict[str, float]:
+    """One big-heap run (its own process): ``live`` blocks held before the window, then steps
+    that each drop 200 k small objects and keep ``kept_per_step`` tuples; the loop's seconds
+    (window start and stop included) and the process's peak RSS."""
+    import resource
+    import tracemalloc
+
+    import stepscope
+
+    held = [(i,) for i in range(live)]
+    kept: list[Any] = []
+    gc.collect()
+    begin = time.perf_counter()
+    prof: Any = None
+    if mode == "tracemalloc":
+        tracemalloc.start(1)
+    elif mode.startswith("stepscope") or mode == "exact":
+        memory: Any = {"stepscope": True, "exact": "exact"}.get(mode, False)
+        prof = stepscope.profile(activities=["CPU"], profile_memory=memory, torch_ops=False)
+        prof.start()
+    for _ in range(steps):
+        transient = [str(i) for i in range(200_000)]
+        del transient
+        kept.append([(i,) for i in range(kept_per_step)])
+        if prof is not None:
+            prof.step()
+    if prof is not None:
+        prof.stop()
+    if mode == "tracemalloc":
+        tracemalloc.stop()
+    seconds = time.perf_counter() - begin
+    del held, kept
+    return {"s": seconds, "rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+
+
+def big_heap_case(report: Report, live: int, kept: int, steps: int, repeat: int) -> None:
+    """Alternating child runs of each mode; time and peak RSS against the unprofiled run."""
+    import sys
+
+    times: dict[str, list[float]] = {mode: [] for mode in BIG_HEAP_MODES}
+    rss: dict[str, list[float]] = {mode: [] for mode in BIG_HEAP_MODES}
+    for _ in range(repeat):
+        for mode in BIG_HEAP_MODES:
+            argv = [sys.executable, __file__, mode, str(live), str(kept), str(steps)]
+            _, got = run_json_child(argv, timeout=900)
+            times[mode].append(got["s"])
+            rss[mode].append(got["rss"] / 2**20)
+    case = f"big heap: {live:,} live blocks, {kept:,} tuples kept per step, {steps} steps"
+    base = report.add(case, "no profiler", "s", times["none"])
+    base_rss = report.add(f"{case}: peak RSS", "no profiler", "MiB", rss["none"])
+    for mode in BIG_HEAP_MODES[1:]:
+        result = report.add(case, mode, "s", times[mode])
+        memory = report.add(f"{case}: peak RSS", mode, "MiB", rss[mode])
+        report.note(
+            f"{case}: {mode} {result.median / base.median:.2f}x the time, peak RSS "
+            f"{memory.median / base_rss.median:.2f}x"
+        )
+    median = {mode: sorted(v)[len(v) // 2] for mode, v in times.items()}
+    median_rss = {mode: sorted(v)[len(v) // 2] for mode, v in rss.items()}
+    report.target(
+        f"{case}: stepscope time / unprofiled <= 1.1", median["stepscope"] / base.median, 1.1
+    )
+    report.target(
+        f"{case}: stepscope peak RSS / unprofiled <= 1.1",
+        median_rss["stepscope"] / base_rss.median,
+        1.1,
+    )
+
+
 def run(report: Report) -> None:
     """Run the memory benchmark."""
     repeat = 3 if report.quick else 7
@@ -170,4 +333,16 @@ def run(report: Report) -> None:
         report.note("torch not installed: training case skipped")
     else:
         train_case(report, 20 if report.quick else 40, repeat)
+        rnn_case(report, 20 if report.quick else 60, repeat)
     python_case(report, 20 if report.quick else 40, repeat)
+    big = 2_000_000 if report.quick else 10_000_000
+    big_heap_case(report, big, 0, 6, 1 if report.quick else 3)
+    big_heap_case(report, 0, 1_000_000, 6, 1 if report.quick else 3)
+
+
+if __name__ == "__main__":  # one big-heap child run: mode, live blocks, kept per step, steps
+    import json
+    import sys
+
+    mode, live, kept, steps = sys.argv[1], *map(int, sys.argv[2:5])  # mode may hold spaces
+    print(json.dumps(big_heap_child(mode, live, kept, steps)))

@@ -30,6 +30,8 @@ TYPING_ONLY = {
     "_TracerStats",
     "_SamplerExport",
     "_SignalStats",
+    "_AllocStep",
+    "_AllocStats",
 }
 """Names the stub declares for the type checker alone (aliases, TypedDicts, a TypeVar)."""
 

@@ -105,6 +105,14 @@ if TYPE_CHECKING:
         StackSampler = _native.StackSampler
         StepRing = _native.StepRing
         _sampler_after_fork_in_child = staticmethod(_native._sampler_after_fork_in_child)
+        _alloc_hook_start = staticmethod(_native._alloc_hook_start)
+        _alloc_hook_stop = staticmethod(_native._alloc_hook_stop)
+        _alloc_hook_end_step = staticmethod(_native._alloc_hook_end_step)
+        _alloc_hook_poll = staticmethod(_native._alloc_hook_poll)
+        _alloc_hook_drain = staticmethod(_native._alloc_hook_drain)
+        _alloc_hook_stats = staticmethod(_native._alloc_hook_stats)
+        _alloc_hook_numpy = staticmethod(_native._alloc_hook_numpy)
+        _alloc_hook_pause = staticmethod(_native._alloc_hook_pause)
 
 else:
     NativeModule = ModuleType

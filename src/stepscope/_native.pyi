@@ -308,3 +308,50 @@ class StepRing:
 
 def _sampler_after_fork_in_child() -> None:
     """Forget a signal-sampling run inherited from the parent (in a forked child)."""
+
+# -- the allocation hook (alloc_hook.c) ---------------------------------------------------------
+
+class _AllocStep(TypedDict):
+    current: int
+    peak: int
+    allocated: int
+    freed: int
+    allocs: int
+    frees: int
+    peak_mark: int
+
+class _AllocStats(TypedDict):
+    own_bytes: int
+    live_blocks: int
+    untracked: int
+    dropped: int
+    lost_frees: int
+    samples: int
+    passthrough_layers: int
+    buffered: int
+
+def _alloc_hook_start(mean_bytes: float, large_bytes: int, max_events: int, seed: int, /) -> None:
+    """Hook the MEM and OBJ domains: exact totals, allocations sampled by bytes."""
+
+def _alloc_hook_stop() -> bool:
+    """Unhook; True when the originals were restored, False when left as a pass-through."""
+
+def _alloc_hook_end_step() -> _AllocStep:
+    """The closing step's exact counters; the next step starts from the current bytes."""
+
+def _alloc_hook_poll() -> tuple[int, int]:
+    """(current, highest since the last poll)."""
+
+def _alloc_hook_drain() -> tuple[
+    int, list[tuple[int, int, float, int, tuple[tuple[CodeType, int], ...]]]
+]:
+    """(first sequence number, [(ptr, size, weight, t_ns, frames)]), size 0 for a free."""
+
+def _alloc_hook_stats() -> _AllocStats:
+    """The hook's own memory, drops and samples."""
+
+def _alloc_hook_numpy(api: object, /) -> bool:
+    """Count numpy's default data allocations too (its _ARRAY_API capsule)."""
+
+def _alloc_hook_pause(on: object, /) -> None:
+    """Stop (True) or resume (False) counting this thread's allocations (nests)."""

@@ -20,5 +20,6 @@ int ss_sampler_init(PyObject *module);
 int ss_chrome_columns_init(PyObject *module);
 int ss_chrome_scanner_init(PyObject *module);
 int ss_step_times_init(PyObject *module);
+int ss_alloc_hook_init(PyObject *module);
 
 #endif

@@ -168,6 +168,11 @@ def _memory_instants(trace: Trace) -> list[TensorEvent]:
     )
 
 
+OP_CATEGORY = "cpu_op"
+"""torch's operators: a tensor is named by the outermost one open at its allocation (the op the
+program called, ``aten::zeros``, not the ``aten::empty`` it called in turn)."""
+
+
 def _tensor_peak_table(
     trace: Trace, events: Sequence[TensorEvent], device: str, top: int
 ) -> tuple[int, list[PeakRow]]:
@@ -185,7 +190,7 @@ def _tensor_peak_table(
         else:
             live.pop(e.addr, None)
     points = [(e.pid, e.tid, e.ts_ns) for e in live.values()]
-    spans = innermost_spans_at(trace, points)
+    spans = innermost_spans_at(trace, points, outermost_of=OP_CATEGORY)
     groups: dict[str, list[int]] = {}
     for e, point in zip(live.values(), points, strict=True):
         index = spans.get(point, -1)
@@ -226,7 +231,7 @@ def _tensor_growth(
             live.pop(e.addr, None)
     grown = [e for e in live.values() if e.ts_ns >= after]
     points = [(e.pid, e.tid, e.ts_ns) for e in grown]
-    spans = innermost_spans_at(trace, points)
+    spans = innermost_spans_at(trace, points, outermost_of=OP_CATEGORY)
     by_op: dict[str, int] = {}
     for e, point in zip(grown, points, strict=True):
         index = spans.get(point, -1)

@@ -1,6 +1,9 @@
-"""Memory per step (``profile_memory=True``): the Python heap, torch's tensors and the RSS.
+"""Memory per step (``profile_memory``): the Python heap, torch's tensors and the RSS.
 
-The Python heap is measured with ``tracemalloc``, started for the recording window only (a
+By default the Python heap is counted by the C allocation hook (``memory_sampled.py``): exact
+totals per step, sites from byte samples; tracemalloc is not touched.  With
+``profile_memory="exact"`` (or without the hook: the pure-Python twins, Python < 3.11) it is
+measured with ``tracemalloc``, started for the recording window only (a
 program that already traces keeps its tracing as it was). At each step end the collector takes a
 snapshot (grouped by allocating line, stepscope's own allocations left out), and a watcher thread
 polls the traced total every few milliseconds, taking a snapshot whenever the window reaches a
@@ -35,6 +38,7 @@ from stepscope.analysis.memory import (
 )
 from stepscope.collectors import optimizer_hook
 from stepscope.collectors.base import Collector, WindowContext
+from stepscope.collectors.memory_sampled import SampledHeap, sampling_error_note, unavailable_reason
 from stepscope.failures import failure_log
 from stepscope.trace.model import Trace, TraceBuilder
 from stepscope.trace.names import hide_thread, short_path
@@ -58,6 +62,8 @@ above any library's."""
 PEAK_TABLE_ROWS = 25
 SNAPSHOT_SHARE = 0.03
 """Snapshots of each kind may take at most this share of the window's time."""
+CHEAP_SNAPSHOT_NS = 20_000_000
+"""A snapshot this quick is taken at the first step ends and the last whatever the budget."""
 OVER_BUDGET_CAP = 3
 """Past the budget, a step's settled high is still snapshotted while within this many budgets."""
 STEP_END, NEW_HIGH = 0, 1
@@ -74,6 +80,8 @@ class PythonHeapPoint:
 
     t_ns: int
     sites: Sites
+    total: int | None = None
+    """The exact bytes held, when the sites are estimates from samples (they scale to it)."""
 
 
 @dataclass
@@ -100,9 +108,18 @@ class _Window:
     site_ids: dict[tuple[str, int], int] = field(default_factory=dict)
     """Allocation sites named by the per-step changes, interned (the metadata's ``sites``)."""
     watch_error: str = ""
+    last_snapshot_ns: int = 0
+    """How long the last snapshot took."""
+    last_snapshot_traced: int = 0
+    """The bytes tracemalloc traced then (the next snapshot's cost grows with them)."""
     last_held: int = 0
     high_step: int = -1
     """The step of the last snapshot at a new high."""
+    heap: SampledHeap | None = None
+    """The allocation hook, when it counts the heap (else tracemalloc does)."""
+    hook_fallback: str = ""
+    tracing_lost_step: int | None = None
+    """The first step end at which the program had stopped tracemalloc (exact mode)."""
 
 
 @functools.lru_cache(maxsize=4096)
@@ -215,9 +232,13 @@ class MemoryCollector(Collector):
 
     name = "memory"
 
-    def __init__(self, torch_collector: Any = None, poll_interval_s: float = 0.005) -> None:
+    def __init__(
+        self, torch_collector: Any = None, poll_interval_s: float = 0.005, exact: bool = False
+    ) -> None:
         self.torch_collector = torch_collector
         """The torch collector whose window result holds torch's memory events, if any."""
+        self.exact = exact
+        """Every allocation through tracemalloc (``profile_memory="exact"``), not sampled sites."""
         self.poll_interval_s = poll_interval_s
         self._window: _Window | None = None
         self._lock = threading.Lock()
@@ -235,12 +256,22 @@ class MemoryCollector(Collector):
 
     # -- the window --------------------------------------------------------------------------
     def start(self, ctx: WindowContext) -> None:
-        """Start tracemalloc (unless already running), the watcher and the optimizer hook."""
+        """Start the allocation hook (or tracemalloc), the watcher and the optimizer hook."""
         w = self._window = _Window()
         self.optimizers = {}
-        if not tracemalloc.is_tracing():
-            tracemalloc.start(TRACEMALLOC_FRAMES)
-            w.started_tracing = True
+        reason = "profile_memory='exact'" if self.exact else unavailable_reason()
+        if reason is None:
+            heap = SampledHeap(_OWN_DIR, _is_library)
+            try:
+                heap.start(seed=os.getpid())
+                w.heap = heap
+            except RuntimeError as exc:  # another profile's window holds the hook
+                reason = str(exc)
+        if reason is not None:
+            w.hook_fallback = reason
+            if not tracemalloc.is_tracing():
+                tracemalloc.start(TRACEMALLOC_FRAMES)
+                w.started_tracing = True
         step = steps.current_step()
         w.step = step if step is not None else 0
         w.window_start_ns = clock.now_ns()
@@ -256,11 +287,18 @@ class MemoryCollector(Collector):
             hide_thread(self._watcher_id)
 
     def _begin_step(self, w: _Window, now: int) -> None:
+        if w.heap is not None:  # the hook counts from zero: nothing before the window
+            if not w.ends:
+                w.ends.append(PythonHeapPoint(now, {}))
+            w.step_start_ns, w.step_peak = now, 0
+            self._note_rss(w, now)
+            return
         if not w.ends:  # the window's start: what was held before it
             sites, total = self._snapshot(w, STEP_END)
             w.own = max(tracemalloc.get_traced_memory()[0] - total, 0)
             w.ends.append(PythonHeapPoint(now, sites))
-        tracemalloc.reset_peak()
+        if w.started_tracing:  # a program's own tracing keeps its peak
+            tracemalloc.reset_peak()
         w.step_start_ns, w.step_peak = now, 0
         self._note_rss(w, now)
 
@@ -268,16 +306,29 @@ class MemoryCollector(Collector):
     def _snapshot(w: _Window, kind: int) -> tuple[Sites, int]:
         begin = clock.now_ns()
         found = _snapshot_sites()
-        w.snapshot_ns[kind] += clock.now_ns() - begin
+        w.last_snapshot_ns = clock.now_ns() - begin
+        w.last_snapshot_traced = tracemalloc.get_traced_memory()[0]
+        w.snapshot_ns[kind] += w.last_snapshot_ns
         return found
+
+    @staticmethod
+    def _next_snapshot_ns(w: _Window) -> int:
+        """What the next snapshot should cost (the last one's, scaled by the bytes traced) when
+        the last was dear; 0 else (small heaps keep every snapshot the budget allows)."""
+        if w.last_snapshot_ns < CHEAP_SNAPSHOT_NS // 4:  # too quick to scale from
+            return 0
+        traced = tracemalloc.get_traced_memory()[0]
+        return w.last_snapshot_ns * traced // max(w.last_snapshot_traced, 1)
 
     @staticmethod
     def _affordable(w: _Window, now: int, kind: int) -> bool:
         """Snapshots cost time proportional to the live blocks: keep each kind (step ends,
-        new highs) to a share of the window's time; the first few step ends are always taken."""
-        if kind == STEP_END and len(w.ends) <= 3:
+        new highs) to a share of the window's time; the first few step ends, and the last, are
+        taken anyway while a snapshot is cheap (a big heap's are not: each copies every trace)."""
+        if kind == STEP_END and len(w.ends) <= 3 and w.last_snapshot_ns <= CHEAP_SNAPSHOT_NS:
             return True
-        return w.snapshot_ns[kind] <= SNAPSHOT_SHARE * (now - w.window_start_ns)
+        spent = w.snapshot_ns[kind] + MemoryCollector._next_snapshot_ns(w)
+        return spent <= SNAPSHOT_SHARE * (now - w.window_start_ns)
 
     def _note_rss(self, w: _Window, now: int) -> None:
         rss = rss_bytes()
@@ -294,10 +345,19 @@ class MemoryCollector(Collector):
                 self._begin_step(w, clock.now_ns())
 
     def _end_step(self, w: _Window, now: int, last: bool = False) -> None:
+        if w.heap is not None:
+            self._end_sampled_step(w, w.heap, now)
+            return
+        if not tracemalloc.is_tracing():  # the program stopped it: nothing to read
+            if w.tracing_lost_step is None:
+                w.tracing_lost_step = w.step
+            w.rows.append({"step": w.step, "start_ns": w.step_start_ns, "end_ns": now})
+            return
         current, peak = tracemalloc.get_traced_memory()
-        step_peak = max(w.step_peak, peak - w.own)
+        step_peak = max(w.step_peak, (peak if w.started_tracing else current) - w.own)
         changes: list[list[int]] | None = None
-        if last or self._affordable(w, now, STEP_END):
+        cheap_last = last and w.last_snapshot_ns <= CHEAP_SNAPSHOT_NS
+        if cheap_last or self._affordable(w, now, STEP_END):
             sites, total = self._snapshot(w, STEP_END)
             w.own = max(current - total, 0)
             changes = self._site_changes(w, w.ends[-1].sites, sites)
@@ -326,6 +386,39 @@ class MemoryCollector(Collector):
         if step_peak > w.peak_bytes:
             w.peak_bytes, w.peak_step = step_peak, w.step
 
+    def _end_sampled_step(self, w: _Window, heap: SampledHeap, now: int) -> None:
+        """A step of the hook: exact counters, the sampled sites at its end and at its peak."""
+        heap.pause(True)
+        try:
+            counts, sites = heap.end_step(want_peak_sites=True)
+            changes = self._site_changes(w, w.ends[-1].sites, sites)
+            w.ends.append(PythonHeapPoint(now, sites, counts["current"]))
+            _, high = heap.poll()
+            w.timeline.append((now, max(high, counts["peak"])))
+            w.timeline.append((now, counts["current"]))
+            row: dict[str, Any] = {
+                "step": w.step,
+                "start_ns": w.step_start_ns,
+                "end_ns": now,
+                "python_current": counts["current"],
+                "python_peak": counts["peak"],
+                "python_allocated": counts["allocated"],
+                "python_freed": counts["freed"],
+                "rss": rss_bytes(),
+                "site_changes": changes,
+                "site_changes_since_ns": w.ends[-2].t_ns,
+            }
+            cuda = _cuda_allocator_stats()
+            if cuda:
+                row["cuda_allocator"] = cuda
+            w.rows.append(row)
+            if counts["peak"] > w.peak_bytes and heap.peak_sites is not None:
+                w.peak_bytes, w.peak_step = counts["peak"], w.step
+                w.peak = PythonHeapPoint(heap.peak_t_ns or now, heap.peak_sites, counts["peak"])
+                w.peak_total = sum(b for b, _ in heap.peak_sites.values())
+        finally:
+            heap.pause(False)
+
     @staticmethod
     def _site_changes(w: _Window, before: Sites, after: Sites) -> list[list[int]]:
         """The sites whose held bytes changed most since the last snapshot: ``[site, bytes,
@@ -350,7 +443,12 @@ class MemoryCollector(Collector):
 
     def _watch(self) -> None:
         """The watcher thread: a failure there is counted and ends the watching, nothing more."""
+        w = self._window
         try:
+            if w is not None and w.heap is not None:
+                w.heap.pause(True)  # the watcher's own allocations are not the program's
+                self._poll_hook(w.heap)
+                return
             self._poll()
         except Exception as exc:
             w = self._window
@@ -363,6 +461,18 @@ class MemoryCollector(Collector):
                 strict=False,  # nothing could catch it in this thread
                 then="the peak table and the timeline use step ends only",
             )
+
+    def _poll_hook(self, heap: SampledHeap) -> None:
+        """Draw the timeline from the hook's exact counters: the most held in each interval."""
+        while not self._stop_watch.wait(self.poll_interval_s):
+            w = self._window
+            if w is None:
+                return
+            with self._lock:
+                _, high = heap.poll()
+                w.timeline.append((clock.now_ns(), high))
+                if len(w.timeline) > 2 * MAX_TIMELINE_POINTS:
+                    w.timeline = thin_points(w.timeline, MAX_TIMELINE_POINTS)
 
     def _poll(self) -> None:
         """Poll the traced total; snapshot each new high of the window (the peak table)."""
@@ -385,7 +495,8 @@ class MemoryCollector(Collector):
                     sites, total = self._snapshot(w, NEW_HIGH)
                     self._offer_peak(w, now, sites, total)
                     w.own = max(tracemalloc.get_traced_memory()[0] - total, 0)
-                    tracemalloc.reset_peak()  # the snapshot's own objects are not the program's
+                    if w.started_tracing:  # the snapshot's own objects are not the program's
+                        tracemalloc.reset_peak()
 
     def _new_high_wanted(self, w: _Window, now: int, settled: bool) -> bool:
         """Within the budget, every new high; beyond it, one settled high per step while
@@ -393,7 +504,8 @@ class MemoryCollector(Collector):
         if self._affordable(w, now, NEW_HIGH):
             return True
         cap = OVER_BUDGET_CAP * SNAPSHOT_SHARE * (now - w.window_start_ns)
-        return settled and w.high_step != w.step and w.snapshot_ns[NEW_HIGH] <= cap
+        spent = w.snapshot_ns[NEW_HIGH] + self._next_snapshot_ns(w)
+        return settled and w.high_step != w.step and spent <= cap
 
     def stop(self, ctx: WindowContext) -> None:
         """End the last step, stop the watcher, and tracemalloc if stepscope started it."""
@@ -408,7 +520,9 @@ class MemoryCollector(Collector):
         try:
             self._end_step(w, clock.now_ns(), last=True)
         finally:
-            if w.started_tracing:
+            if w.heap is not None:
+                w.heap.stop()
+            if w.started_tracing and tracemalloc.is_tracing():
                 tracemalloc.stop()
 
     # -- torch's optimizers --------------------------------------------------------------------
@@ -437,9 +551,7 @@ class MemoryCollector(Collector):
         self.python_points = [*w.ends, *([w.peak] if w.peak is not None else [])]
         self.python_points.sort(key=lambda p: p.t_ns)
         meta: dict[str, Any] = {
-            "tracemalloc": "started for the window"
-            if w.started_tracing
-            else "already running: left as it was",
+            "tracemalloc": _tracemalloc_state(w),
             "steps": w.rows,
             "sites": [
                 {"function": function_at(file, line), "file": short_path(file), "line": line}
@@ -456,6 +568,18 @@ class MemoryCollector(Collector):
                 "t_ns": w.peak.t_ns,
                 "table": site_rows(w.peak.sites, PEAK_TABLE_ROWS),
             }
+        if w.heap is not None:
+            meta["heap"] = self._hook_meta(w.heap, meta["notes"])
+        elif self.exact is False and w.hook_fallback:
+            meta["notes"].append(
+                f"the Python heap was traced with tracemalloc ({w.hook_fallback}), which costs "
+                "several times more than the allocation hook"
+            )
+        if w.tracing_lost_step is not None:
+            meta["notes"].append(
+                f"the program stopped tracemalloc at step {w.tracing_lost_step}: no Python heap "
+                "figures from then on"
+            )
         if w.watch_error:
             meta["notes"].append(f"the memory watcher failed ({w.watch_error}): step ends only")
         if w.skipped_snapshots:
@@ -472,6 +596,35 @@ class MemoryCollector(Collector):
         for t, rss in thin_points(w.rss, MAX_TIMELINE_POINTS):
             builder.counter(RSS_TRACK, ctx.pid, t, {"bytes": rss})
         builder.metadata[MEMORY_KEY] = meta
+
+    @staticmethod
+    def _hook_meta(heap: SampledHeap, notes: list[str]) -> dict[str, Any]:
+        """The hook's mode, own memory and losses; notes for what the report must say."""
+        stats = heap.stats
+        notes.append(sampling_error_note(heap.mean_bytes))
+        if stats.get("dropped"):
+            notes.append(
+                f"{stats['dropped']} allocation samples were dropped (more than the buffer holds "
+                "between two step ends): sites are less certain"
+            )
+        if stats.get("untracked"):
+            notes.append(
+                f"{stats['untracked']} allocations could not be tracked (no memory for the "
+                "hook's table): their frees are not counted"
+            )
+        if not heap.restored:
+            notes.append(
+                "another allocator hook was set after stepscope's: stepscope's stays in its "
+                "chain as a pass-through"
+            )
+        if stats.get("lost_frees"):
+            notes.append(
+                f"{stats['lost_frees']} frees of sampled blocks were lost (no memory for the "
+                "buffer): some sites may be shown alive after they were freed"
+            )
+        if heap.numpy.startswith("not counted"):
+            notes.append(f"numpy arrays: {heap.numpy}")
+        return {"mode": "sampled", "mean_bytes": heap.mean_bytes, "numpy": heap.numpy, **stats}
 
     def _python_leak(self, w: _Window) -> dict[str, Any] | None:
         ends = [row["python_current"] for row in w.rows]
@@ -535,12 +688,20 @@ class MemoryCollector(Collector):
         self._unhook_optimizers()
         if w is not None and w.started_tracing and tracemalloc.is_tracing():
             tracemalloc.stop()
+        if w is not None and w.heap is not None:
+            w.heap.stop()
 
     def close(self) -> None:
         """Stop anything a window left running."""
         if self._window is not None:
             self.stop(WindowContext(window=-1))
             self._window = None
+
+
+def _tracemalloc_state(w: _Window) -> str:
+    if w.heap is not None:
+        return "not used (the allocation hook counted the heap)"
+    return "started for the window" if w.started_tracing else "already running: left as it was"
 
 
 def _cuda_allocator_stats() -> dict[str, int]:

@@ -4,7 +4,8 @@ With torch's data the timeline is torch's own: ``torch.profiler._memory_profiler
 categorizes the window's tensors (it needs ``record_shapes``, which ``profile_memory`` turns on),
 and the optimizers stepped during the window name their parameters and state (torch finds those
 with its Python tracer, which stepscope does not run). Without torch, the Python heap's snapshots
-are the timeline, one category per allocating module. The file's suffix picks the shape, as in
+are the timeline, one category per allocating module (with the allocation hook, the sampled
+modules' shares of the exact bytes held). The file's suffix picks the shape, as in
 torch: ``.html`` (a self-contained page), ``.json`` / ``.json.gz`` (``[times, sizes]``) and
 ``.raw.json.gz`` (rows ``[ts, action, bytes, category]``).
 """
@@ -23,6 +24,9 @@ from stepscope.collectors.memory import MemoryCollector, PythonHeapPoint, module
 from stepscope.jsonenc import json_bytes
 
 __all__ = ["TORCH_CATEGORIES", "Timeline", "export_memory_timeline", "memory_timeline"]
+
+UNSAMPLED = "(no sample)"
+"""The category of bytes held when no sampled allocation was alive to name their module."""
 
 TORCH_CATEGORIES = (
     "PARAMETER",
@@ -169,7 +173,7 @@ def python_timeline(points: Sequence[PythonHeapPoint]) -> Timeline:
         for (file, _line), (size, _count) in point.sites.items():
             module = module_of(file)
             held[module] = held.get(module, 0) + size
-        by_module.append(held)
+        by_module.append(_scaled(held, point.total))
     peak: dict[str, int] = {}
     for held in by_module:
         for module, size in held.items():
@@ -189,6 +193,19 @@ def python_timeline(points: Sequence[PythonHeapPoint]) -> Timeline:
                 raw.append((t, DESTROY, delta, index[module]))
         before = held
     return Timeline("python", categories, times, sizes, raw)
+
+
+def _scaled(held: dict[str, int], total: int | None) -> dict[str, int]:
+    """Sampled shares scaled to the exact total held (the remainder to the biggest module)."""
+    if total is None:
+        return held
+    sampled = sum(held.values())
+    if sampled <= 0:
+        return {UNSAMPLED: total} if total > 0 else {}
+    out = {module: size * total // sampled for module, size in held.items()}
+    biggest = max(out, key=lambda m: out[m])
+    out[biggest] += total - sum(out.values())
+    return out
 
 
 def _suffix(path: str) -> str:

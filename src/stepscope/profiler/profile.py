@@ -19,7 +19,7 @@ import uuid
 import warnings
 from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal
 
 from stepscope import clock, forks, step_times, steps, steptables
 from stepscope._version import __version__
@@ -78,7 +78,7 @@ class profile:
         schedule: Schedule | None = None,
         on_trace_ready: Callable[[profile], Any] | None = None,
         record_shapes: bool = False,
-        profile_memory: bool = False,
+        profile_memory: bool | Literal["exact"] = False,
         with_stack: bool = False,
         with_flops: bool = False,
         with_modules: bool = False,
@@ -135,7 +135,11 @@ class profile:
         self._mark_steps_from_start = schedule is not None
         self.on_trace_ready = on_trace_ready
         self.record_shapes = record_shapes
-        self.profile_memory = profile_memory
+        if profile_memory not in (True, False, "exact"):
+            raise ValueError(
+                f"profile_memory must be True, False or 'exact', not {profile_memory!r}"
+            )
+        self.profile_memory = profile_memory  # True: sampled sites; "exact": tracemalloc's
         self.with_stack = with_stack
         self.with_flops = with_flops
         self.with_modules = with_modules
@@ -211,8 +215,8 @@ class profile:
                 TorchCollector(
                     torch_activities,
                     # torch's memory categorizer needs shapes (export_memory_timeline).
-                    record_shapes=self.record_shapes or self.profile_memory,
-                    profile_memory=self.profile_memory,
+                    record_shapes=self.record_shapes or bool(self.profile_memory),
+                    profile_memory=bool(self.profile_memory),
                     with_flops=self.with_flops,
                     with_modules=self.with_modules,
                     module_frames=self.with_modules and self.with_stack,
@@ -241,7 +245,7 @@ class profile:
             from stepscope.collectors.memory import MemoryCollector
 
             torch_collector = found[0] if found else None
-            found.append(MemoryCollector(torch_collector))
+            found.append(MemoryCollector(torch_collector, exact=self.profile_memory == "exact"))
         if _gc_info_requested(self.experimental_config):
             from stepscope.collectors.gc import GcCollector
 
@@ -618,7 +622,7 @@ class profile:
         return function_events(
             self._require_traces("events()"),
             use_device=self.use_device,
-            profile_memory=self.profile_memory,
+            profile_memory=bool(self.profile_memory),
             with_flops=self.with_flops,
             timeout_s=self.post_processing_timeout_s,
             overload_names=experimental_flag(self.experimental_config, "capture_overload_names"),
@@ -642,7 +646,7 @@ class profile:
             group_by_stack_n,
             group_by_overload_name,
             use_device=self.use_device,
-            profile_memory=self.profile_memory,
+            profile_memory=bool(self.profile_memory),
             with_flops=self.with_flops,
             overload_names=experimental_flag(self.experimental_config, "capture_overload_names"),
         )

@@ -183,12 +183,14 @@ def _sweep_self_times(
 
 
 def innermost_spans_at(
-    trace: Trace, points: list[tuple[int, int, int]]
+    trace: Trace, points: list[tuple[int, int, int]], outermost_of: str | None = None
 ) -> dict[tuple[int, int, int], int]:
     """For (pid, tid, time) points: the innermost span open on that track then (-1: none).
 
     "Innermost" is the latest started span still running, as in :func:`nest_spans`; a span
-    covers its start up to, not including, its end.
+    covers its start up to, not including, its end.  With ``outermost_of`` (a category), the
+    outermost open span of that category instead, where there is one (the op a program called,
+    not the ops it called in turn).
     """
     spans = trace.spans
     pid, tid = spans["pid"], spans["tid"]
@@ -217,5 +219,15 @@ def innermost_spans_at(
                 _, j = heapq.heappop(ends)
                 open_spans.remove(j)
             if open_spans:
-                found[(track[0], track[1], ts)] = open_spans[-1]
+                found[(track[0], track[1], ts)] = _chosen(trace, open_spans, outermost_of)
     return found
+
+
+def _chosen(trace: Trace, open_spans: list[int], outermost_of: str | None) -> int:
+    """The innermost of the open spans (in start order), or the outermost of a category."""
+    if outermost_of is not None:
+        cats = trace.spans["cat"]
+        for i in open_spans:
+            if trace.string(cats[i]) == outermost_of:
+                return i
+    return open_spans[-1]
