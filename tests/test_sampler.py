@@ -585,7 +585,7 @@ def test_a_code_object_freed_before_the_drain_is_kept_with_its_samples() -> None
 
 
 def _busy_in_stepscopes_own_code(seconds: float) -> None:
-    from stepscope.analysis.memory import thin_points  # pure Python, all in stepscope's files
+    from stepscope.trace.memory_fields import thin_points  # pure Python, all in stepscope's files
 
     points = [(t, t % 97) for t in range(20_000)]
     end = time.perf_counter() + seconds

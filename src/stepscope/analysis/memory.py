@@ -8,95 +8,41 @@ instants (``Bytes``, ``Total Allocated``, ``Device Type``, ``Device Id``) any tr
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from itertools import pairwise
 from statistics import median
 from typing import Any
 
 from stepscope.analysis.memory_types import LeakHint, LeakSite, MemoryStep, MemorySummary, PeakRow
 from stepscope.analysis.steps import find_steps
+from stepscope.trace.memory_fields import (
+    MEMORY_INSTANT,
+    MEMORY_KEY,
+    PYTHON_HEAP_TRACK,
+    RSS_TRACK,
+    TensorEvent,
+    tensor_events,
+    thin_points,
+)
 from stepscope.trace.model import Trace
 
 __all__ = [
-    "MEMORY_INSTANT",
-    "MEMORY_KEY",
     "LeakHint",
     "LeakSite",
     "MemoryStep",
     "MemorySummary",
     "PeakRow",
-    "TensorEvent",
     "combine_memory",
-    "device_name",
     "memory_summary",
     "steady_rise",
-    "tensor_events",
     "tensor_steps",
-    "thin_points",
 ]
 
-MEMORY_KEY = "stepscope_memory"
-"""Trace metadata key of the memory collector's per-step results."""
-MEMORY_INSTANT = "[memory]"
-PYTHON_HEAP_TRACK = "Python heap"
-"""The counter track of the traced Python heap (bytes held, since the window started)."""
-RSS_TRACK = "RSS"
-"""The counter track of the process's resident set size."""
-TIMELINE_POINTS = 1000
-"""Points per series kept in a report's timeline."""
 LEAK_MIN_BYTES_PER_STEP = 4096
+"""A rise smaller than this per step is noise (interpreter caches, free lists), not a leak."""
 RSS_RISE_MIN_BYTES_PER_STEP = 1 << 20
 """RSS moves by pages and allocator arenas: a rise below this per step is not reported."""
-"""A rise smaller than this per step is noise (interpreter caches, free lists), not a leak."""
-_DEVICE_TYPES = {0: "cpu", 1: "cuda", 12: "xpu", 13: "mps", 23: "mtia", 20: "privateuseone"}
-
-
-@dataclass(frozen=True)
-class TensorEvent:
-    """One ``[memory]`` instant: an allocation (bytes > 0) or a free (bytes < 0)."""
-
-    ts_ns: int
-    device: str
-    bytes: int
-    total_allocated: int
-    pid: int
-    tid: int
-    """The track as the trace's pid/tid columns encode it."""
-    addr: int
-
-
-def device_name(device_type: Any, device_id: Any) -> str:
-    """torch's device of a ``[memory]`` event: ``cpu``, ``cuda:0``..."""
-    kind = _DEVICE_TYPES.get(int(device_type), f"device{int(device_type)}")
-    return kind if kind == "cpu" else f"{kind}:{max(int(device_id), 0)}"
-
-
-def tensor_events(
-    instants: Iterable[tuple[int, int, int, Mapping[str, Any] | None]],
-) -> list[TensorEvent]:
-    """``[memory]`` instants ``(ts, pid, tid, args)`` as events, in time order."""
-    found: list[TensorEvent] = []
-    for ts, pid, tid, args in instants:
-        if not args or "Bytes" not in args or "Total Allocated" not in args:
-            continue
-        try:
-            device = device_name(args.get("Device Type", 0), args.get("Device Id", -1))
-            found.append(
-                TensorEvent(
-                    ts,
-                    device,
-                    int(args["Bytes"]),
-                    int(args["Total Allocated"]),
-                    pid,
-                    tid,
-                    int(args.get("Addr", 0) or 0),
-                )
-            )
-        except (TypeError, ValueError):
-            continue  # a malformed event is left out, not guessed at
-    found.sort(key=lambda e: e.ts_ns)
-    return found
 
 
 def tensor_steps(
@@ -290,22 +236,6 @@ def _counter_points(trace: Trace, track: str) -> list[tuple[int, int]]:
     return points
 
 
-def thin_points(
-    points: list[tuple[int, int]], most: int = TIMELINE_POINTS
-) -> list[tuple[int, int]]:
-    """At most ``most`` points, keeping the highest of each stretch (peaks stay visible)."""
-    if len(points) <= most:
-        return points
-    width = len(points) / most
-    return [
-        max(
-            points[int(i * width) : max(int((i + 1) * width), int(i * width) + 1)],
-            key=lambda p: p[1],
-        )
-        for i in range(most)
-    ]
-
-
 def memory_summary(
     trace: Trace, top: int = 15, step_range: tuple[int, int] | None = None
 ) -> MemorySummary | None:
@@ -330,23 +260,17 @@ def memory_summary(
                 n, row.get("python_current"), row.get("python_peak"), row.get("rss"), held, peak
             )
         )
-    leaks = [
-        LeakHint(
-            str(h.get("kind", "python")),
-            int(h.get("per_step_bytes", 0)),
-            int(h.get("steps", 0)),
-            _leak_sites(h.get("sites")),
-        )
-        for h in meta.get("leaks", ())
-        if isinstance(h, Mapping)
-    ]
+    leaks: list[LeakHint] = []
+    heap_ends = [s.python_current for s in steps if s.python_current is not None]
+    rise = steady_rise(heap_ends)
+    if rise is not None:  # the sites that grew come from the recorder's step-end snapshots
+        leaks.append(LeakHint("python", rise, len(heap_ends), _leak_sites(meta.get("growth"))))
     devices = sorted({e.device for e in events})
-    if not meta:  # a trace stepscope did not record: the tensor leak hint is computed here
-        for device in devices:
-            ends = [s.tensor_current[device] for s in steps if device in s.tensor_current]
-            rise = steady_rise(ends)
-            if rise is not None:
-                leaks.append(LeakHint(device, rise, len(ends)))
+    for device in devices:
+        ends = [s.tensor_current[device] for s in steps if device in s.tensor_current]
+        rise = steady_rise(ends)
+        if rise is not None:
+            leaks.append(LeakHint(device, rise, len(ends)))
     leaks = [
         replace(h, sites=_tensor_growth(trace, events, h.kind, bounds))
         if h.kind != "python" and not h.sites

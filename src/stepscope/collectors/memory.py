@@ -26,20 +26,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stepscope import clock, steps
-from stepscope.analysis.memory import (
-    MEMORY_INSTANT,
-    MEMORY_KEY,
-    PYTHON_HEAP_TRACK,
-    RSS_TRACK,
-    steady_rise,
-    tensor_events,
-    tensor_steps,
-    thin_points,
-)
 from stepscope.collectors import optimizer_hook
 from stepscope.collectors.base import Collector, WindowContext
 from stepscope.collectors.memory_sampled import SampledHeap, sampling_error_note, unavailable_reason
 from stepscope.failures import failure_log
+from stepscope.trace.memory_fields import (
+    MEMORY_INSTANT,
+    MEMORY_KEY,
+    PYTHON_HEAP_TRACK,
+    RSS_TRACK,
+    tensor_events,
+    thin_points,
+)
 from stepscope.trace.model import Trace, TraceBuilder
 from stepscope.trace.names import hide_thread, short_path
 
@@ -557,7 +555,6 @@ class MemoryCollector(Collector):
                 {"function": function_at(file, line), "file": short_path(file), "line": line}
                 for (file, line) in w.site_ids
             ],
-            "leaks": [],
             "notes": [],
         }
         if w.peak is not None:
@@ -587,10 +584,8 @@ class MemoryCollector(Collector):
                 f"{w.skipped_snapshots} step-end snapshots of the Python heap were skipped to "
                 f"keep them under {SNAPSHOT_SHARE:.0%} of the window's time (totals are kept)"
             )
-        python_leak = self._python_leak(w)
-        if python_leak is not None:
-            meta["leaks"].append(python_leak)
-        self._tensors(builder, ctx, w, meta)
+        meta["growth"] = self._site_growth(w)
+        self._tensor_tracks(builder, ctx)
         for t, held in thin_points(w.timeline, MAX_TIMELINE_POINTS):
             builder.counter(PYTHON_HEAP_TRACK, ctx.pid, t, {"bytes": held})
         for t, rss in thin_points(w.rss, MAX_TIMELINE_POINTS):
@@ -626,11 +621,12 @@ class MemoryCollector(Collector):
             notes.append(f"numpy arrays: {heap.numpy}")
         return {"mode": "sampled", "mean_bytes": heap.mean_bytes, "numpy": heap.numpy, **stats}
 
-    def _python_leak(self, w: _Window) -> dict[str, Any] | None:
-        ends = [row["python_current"] for row in w.rows]
-        rise = steady_rise(ends)
-        if rise is None or len(w.ends) < 2:
-            return None
+    @staticmethod
+    def _site_growth(w: _Window) -> list[dict[str, Any]]:
+        """The sites whose held bytes grew over the window (from past the warm-up to the last
+        step end), largest first: the analysis names them when the heap rose steadily."""
+        if len(w.ends) < 2:
+            return []
         first = w.ends[2] if len(w.ends) >= 6 else w.ends[1]  # past the warm-up rise
         last = w.ends[-1].sites
         growth = {
@@ -640,41 +636,23 @@ class MemoryCollector(Collector):
         }
         floor = max(1024, sum(growth.values()) // 100)  # smaller growth is noise
         grown = sorted(((k, v) for k, v in growth.items() if v >= floor), key=lambda i: -i[1])[:10]
-        return {
-            "kind": "python",
-            "per_step_bytes": rise,
-            "steps": len(ends),
-            "sites": [
-                {
-                    "function": function_at(file, line),
-                    "file": short_path(file),
-                    "line": line,
-                    "growth_bytes": size,
-                }
-                for (file, line), size in grown
-            ],
-        }
+        return [
+            {
+                "function": function_at(file, line),
+                "file": short_path(file),
+                "line": line,
+                "growth_bytes": size,
+            }
+            for (file, line), size in grown
+        ]
 
-    def _tensors(
-        self, builder: TraceBuilder, ctx: WindowContext, w: _Window, meta: dict[str, Any]
-    ) -> None:
-        events = tensor_events(builder.instants_named(MEMORY_INSTANT))
-        if not events:
-            return
-        bounds = [(row["step"], row["start_ns"], row["end_ns"]) for row in w.rows]
-        per_step = tensor_steps(events, bounds)
-        for row in w.rows:
-            held, peak = per_step.get(row["step"], ({}, {}))
-            row["tensor_current"], row["tensor_peak"] = held, peak
-        for e in events:
+    @staticmethod
+    def _tensor_tracks(builder: TraceBuilder, ctx: WindowContext) -> None:
+        """torch's allocator total per device as counter tracks (``Memory <device>``)."""
+        for e in tensor_events(builder.instants_named(MEMORY_INSTANT)):
             builder.counter(
                 f"Memory {e.device}", ctx.pid, e.ts_ns, {"Total Allocated": e.total_allocated}
             )
-        for device in sorted({e.device for e in events}):
-            ends = [per_step[row["step"]][0].get(device, 0) for row in w.rows]
-            rise = steady_rise(ends)
-            if rise is not None:
-                meta["leaks"].append({"kind": device, "per_step_bytes": rise, "steps": len(ends)})
 
     def window_built(self, trace: Trace) -> None:
         """Every collector has read the window: the watcher's thread id is free again."""
