@@ -133,7 +133,9 @@ def test_a_numpy_array_kept_per_step_is_blamed_on_the_programs_line() -> None:
         grew = row["python_current"] - before["python_current"]
         assert grew == pytest.approx(sys.getsizeof(held[0]), rel=0.01)  # data and header
         assert row["python_peak"] - before["python_current"] >= held[0].nbytes + 65_536 * 8
-    [hint] = memory_summary(prof.trace()).leaks
+    summary = memory_summary(prof.trace())
+    assert summary is not None
+    [hint] = summary.leaks
     site = hint.sites[0]
     assert site.file.endswith("test_memory_sampled.py")  # not numpy's `ones`
     assert site.function == "test_a_numpy_array_kept_per_step_is_blamed_on_the_programs_line"
