@@ -4,8 +4,11 @@ not traced, and "Self CPU time total" of a one-thread program stays within its w
 
 from __future__ import annotations
 
+import multiprocessing
 import threading
 import time
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any
 
 import pytest
 
@@ -19,8 +22,9 @@ def _busy(seconds: float) -> None:
         sum(range(200))
 
 
-@pytest.mark.parametrize("implementation", ["native", "python"], indirect=True)
-def test_the_memory_watcher_is_not_in_the_traced_calls(implementation: str) -> None:
+def _watched_window(implementation: str) -> dict[str, Any]:
+    """A one-thread program's window with the memory watcher on (run in a fresh process, so no
+    thread another test left running is traced with it)."""
     tracer = PythonTracerCollector(implementation=implementation)
     prof = stepscope.profile(
         activities=["CPU"],
@@ -37,25 +41,37 @@ def test_the_memory_watcher_is_not_in_the_traced_calls(implementation: str) -> N
             walls.append(time.perf_counter_ns() - began)
             prof.step()
     trace = prof.trace()
-    names = {trace.strings[n] for n in trace.spans["name"]}
-    assert not any("Condition.wait" in name for name in names), sorted(names)[:20]
-    python_tids = {
-        tid
-        for tid, cat in zip(trace.spans["tid"], trace.spans["cat"], strict=True)
-        if trace.strings[cat] == "python_function"
-    }
-    assert python_tids == {threading.get_native_id()}, "only the program's own thread"
-    table = prof.key_averages()
-    total_self = sum(row.self_cpu_time_total for row in table)  # µs
-    steps = [
-        d
-        for n, d in zip(trace.spans["name"], trace.spans["dur_ns"], strict=True)
-        if trace.strings[n].startswith("ProfilerStep#")
-    ]
     starts, durs = trace.spans["start_ns"], trace.spans["dur_ns"]
     ends = [start + dur for start, dur in zip(starts, durs, strict=True)]
-    window_us = (max(ends) - min(starts)) / 1e3
-    assert sum(steps) >= 0.9 * sum(walls[1:]), "the steps measured what the loop measured"
+    return {
+        "names": sorted({trace.strings[n] for n in trace.spans["name"]}),
+        "python_tids": sorted(
+            {
+                tid
+                for tid, cat in zip(trace.spans["tid"], trace.spans["cat"], strict=True)
+                if trace.strings[cat] == "python_function"
+            }
+        ),
+        "main_tid": threading.get_native_id(),
+        "total_self_us": sum(row.self_cpu_time_total for row in prof.key_averages()),
+        "steps_ns": [
+            d
+            for n, d in zip(trace.spans["name"], durs, strict=True)
+            if trace.strings[n].startswith("ProfilerStep#")
+        ],
+        "walls_ns": walls,
+        "window_us": (max(ends) - min(starts)) / 1e3,
+    }
+
+
+@pytest.mark.parametrize("implementation", ["native", "python"], indirect=True)
+def test_the_memory_watcher_is_not_in_the_traced_calls(implementation: str) -> None:
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        got = pool.submit(_watched_window, implementation).result(timeout=300)
+    assert not any("Condition.wait" in name for name in got["names"]), got["names"][:20]
+    assert got["python_tids"] == [got["main_tid"]], "only the program's own thread"
+    assert sum(got["steps_ns"]) >= 0.9 * sum(got["walls_ns"][1:]), "the steps measured the loop"
     # one thread ran: its self times cannot add up to more than the window (the watcher's
     # idle wait used to double it)
+    total_self, window_us = got["total_self_us"], got["window_us"]
     assert total_self <= 1.1 * window_us + 1000, (total_self, window_us)
