@@ -102,8 +102,10 @@ def test_a_child_forked_mid_window_starts_clean(tmp_path: Path) -> None:
     assert report["own_has_child_block"] and report["own_traced_leaf"]
     assert not report["own_has_parent_block"]
     untraced_here = best_of(3, n)
-    # tracing costs 3-5x; the child runs at the untraced speed
-    assert report["untraced_s"] < 0.5 * traced, (report["untraced_s"], traced, untraced_here)
+    # the child runs at the untraced speed: nearer the parent's untraced time than its traced
+    # one (tracing costs 2-5x; a ratio, not a time, so a loaded machine does not fail it)
+    timings = (report["untraced_s"], traced, untraced_here)
+    assert abs(report["untraced_s"] - untraced_here) < abs(report["untraced_s"] - traced), timings
     names = {s.name for s in prof.events()}
     assert "parent_block" in names  # the parent's window is whole
 
