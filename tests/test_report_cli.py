@@ -229,3 +229,20 @@ def test_html_option_writes_the_page(tmp_path: Path) -> None:
     record_loop(tmp_path / "t", steps=2)
     rc = main(["report", str(tmp_path / "t"), "--html", str(tmp_path / "r.html")])
     assert rc == 0 and "<html" in (tmp_path / "r.html").read_text()
+
+
+def test_parquet_tables_hold_every_row_and_the_shown_report_is_unchanged(tmp_path: Path) -> None:
+    pytest.importorskip("pyarrow")
+    duckdb = pytest.importorskip("duckdb")
+    target = record_loop(tmp_path / "t", steps=3)
+    plain, with_tables = tmp_path / "plain.json", tmp_path / "tables.json"
+    assert main(["report", str(target), "--top", "1", "--json", str(plain)]) == 0
+    args = ["report", str(target), "--top", "1", "--json", str(with_tables)]
+    assert main([*args, "--parquet", str(tmp_path / "pq")]) == 0
+    # analysed once with every row for the tables, cut to --top for what is shown
+    assert json.loads(with_tables.read_text()) == json.loads(plain.read_text())
+    shown = json.loads(plain.read_text())["combined"]["operators"]
+    [(count,)] = duckdb.sql(
+        f"select count(*) from read_parquet('{tmp_path}/pq/ops.parquet')"
+    ).fetchall()
+    assert len(shown) == 1 and count >= 3  # data_loading, fn_small, fn_large

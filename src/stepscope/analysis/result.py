@@ -344,6 +344,30 @@ class Report:
         """The report as JSON text."""
         return json.dumps(self.to_dict(), indent=indent, allow_nan=False, ensure_ascii=False)
 
+    def cut(self, top: int) -> Report:
+        """The same report with each table cut to its first ``top`` rows (analysed once with
+        every row, shown with a few: the tables are sorted, so the cut is what ``analyze``
+        with ``top`` gives)."""
+        return dataclasses.replace(
+            self,
+            files=[_cut_summary(s, top) for s in self.files],
+            combined=_cut_summary(self.combined, top),
+            top=top,
+        )
+
+
+def _cut_summary(summary: TraceSummary, top: int) -> TraceSummary:
+    memory = summary.memory
+    if memory is not None:
+        memory = dataclasses.replace(memory, peak_table=memory.peak_table[:top])
+    return dataclasses.replace(
+        summary,
+        operators=summary.operators[:top],
+        kernels=summary.kernels[:top],
+        functions=summary.functions[:top],
+        memory=memory,
+    )
+
 
 @dataclass(frozen=True)
 class StepDiff:

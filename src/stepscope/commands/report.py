@@ -194,7 +194,9 @@ def run(args: argparse.Namespace) -> int:
     if args.jobs != 1 or args.engine != "processes":
         return _run_mapped(args, step_range)
     traces, failures = load_traces(Path(args.path), sys.stderr)
-    report = analyze(traces, step_range, args.top, failures)
+    # --parquet writes every row: analyse once with all of them, and show the top ones
+    full = analyze(traces, step_range, ALL_ROWS, failures) if args.parquet else None
+    report = full.cut(args.top) if full else analyze(traces, step_range, args.top, failures)
     for failure in failures:
         print(f"stepscope report: skipped {one_line(failure)}", file=sys.stderr)
     analysed = {s.source for s in report.files}
@@ -209,8 +211,7 @@ def run(args: argparse.Namespace) -> int:
     if args.parquet:
         from stepscope.report.parquet import write_parquet
 
-        full = analyze(traces, step_range, ALL_ROWS) if args.top < ALL_ROWS else report
-        write_parquet(full, traces, args.parquet, run=Path(args.path).resolve().name)
+        write_parquet(full or report, traces, args.parquet, run=Path(args.path).resolve().name)
         print(f"stepscope report: Parquet tables -> {args.parquet}", file=sys.stderr)
     return 1 if failures else 0
 
