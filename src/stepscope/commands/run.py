@@ -16,14 +16,18 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from stepscope.collectors.torch import torch_installed
 from stepscope.commands.command import Command
+from stepscope.profiler.profile import profile
 from stepscope.profiler.step_trigger import StepTrigger, names_program_function
 from stepscope.profiler.summary import SORT_KEYS
 from stepscope.program import Program, find_program, first_import, print_program_traceback
 from stepscope.steps import window_label
+
+if TYPE_CHECKING:
+    from stepscope.profiler.on_demand import OnDemand
 
 AUTO = "auto"
 NO_STEPS = "none"
@@ -174,7 +178,7 @@ def _check_torch_flags(args: argparse.Namespace) -> None:
         )
 
 
-def _profile(args: argparse.Namespace, step_on: str | None, in_program: bool) -> Any:
+def _profile(args: argparse.Namespace, step_on: str | None, in_program: bool) -> profile | OnDemand:
     import stepscope
 
     if step_on == "optimizer":
@@ -261,10 +265,10 @@ def run(args: argparse.Namespace) -> int:
             except BaseException as exc:  # the program's own error: report it as python would
                 print_program_traceback(exc)
                 status = 1
-    if args.on_demand:
-        _on_demand_summary(prof, program)
-    else:
+    if isinstance(prof, profile):
         _summary(prof, program, step_on, args, trigger, status, chosen)
+    else:
+        _on_demand_summary(prof, program)
     return status
 
 
@@ -276,7 +280,7 @@ def _announce(program: Program) -> None:
     )
 
 
-def _on_demand_summary(session: Any, program: Program) -> None:
+def _on_demand_summary(session: OnDemand, program: Program) -> None:
     files = session.trace_files
     print(f"stepscope run: {program.display}: {len(files)} on-demand trace(s)", file=sys.stderr)
     for path in files:
@@ -284,7 +288,7 @@ def _on_demand_summary(session: Any, program: Program) -> None:
 
 
 def _summary(
-    prof: Any,
+    prof: profile,
     program: Program,
     step_on: str | None,
     args: argparse.Namespace,
