@@ -20,9 +20,10 @@ __all__ = [
 ]
 
 STEPSCOPE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-OWN_WORK_FRAME = "[stepscope own work]"
-"""The leaf frame of a stack sample taken inside stepscope's own (hidden) code."""
 """stepscope's own package directory: its code is never recorded (it is not the user's)."""
+OWN_WORK_FRAME = "[stepscope own work]"
+"""The leaf frame of a stack sample taken inside stepscope's own (hidden) code, and the span of
+its collectors' work between two steps."""
 
 _hidden_files = {runpy.__file__, "<frozen runpy>"}
 """Launchers of the user's program: runpy, and the ``stepscope`` console script when used."""
