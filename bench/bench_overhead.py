@@ -39,18 +39,24 @@ def _bodies(body: Callable[[], None], n: int) -> list[int]:
     return times
 
 
+def _recorded_bodies(body: Callable[[], None], step: Callable[[], object]) -> list[int]:
+    """The loop under a profile's schedule: each recorded step's body time (ns)."""
+    recorded: list[int] = []
+    for n in range(WAIT + WARMUP + ACTIVE):
+        began = time.perf_counter_ns()
+        body()
+        if n >= WAIT + WARMUP:
+            recorded.append(time.perf_counter_ns() - began)
+        step()
+    return recorded
+
+
 def _stepscope_ab(body: Callable[[], None]) -> tuple[float, float]:
     """(stated slowdown %, external slowdown %) of recorded steps under with_stack."""
     baseline = _bodies(body, WAIT + ACTIVE)
-    recorded: list[int] = []
     sched = stepscope.schedule(wait=WAIT, warmup=WARMUP, active=ACTIVE, repeat=1)
     with stepscope.profile(schedule=sched, with_stack=True, torch_ops=False) as prof:
-        for step in range(WAIT + WARMUP + ACTIVE):
-            began = time.perf_counter_ns()
-            body()
-            if step >= WAIT + WARMUP:
-                recorded.append(time.perf_counter_ns() - began)
-            prof.step()
+        recorded = _recorded_bodies(body, prof.step)
     overhead = analyze_trace(prof.trace()).overhead
     stated = overhead.slowdown_pct if overhead is not None else None
     external = 100.0 * (statistics.median(recorded) / statistics.median(baseline) - 1)
@@ -63,15 +69,9 @@ def _torch_external(body: Callable[[], None]) -> float | None:
     except ImportError:
         return None
     baseline = _bodies(body, WAIT + ACTIVE)
-    recorded: list[int] = []
     sched = tp.schedule(wait=WAIT, warmup=WARMUP, active=ACTIVE, repeat=1)
     with tp.profile(schedule=sched, with_stack=True, activities=[tp.ProfilerActivity.CPU]) as prof:
-        for step in range(WAIT + WARMUP + ACTIVE):
-            began = time.perf_counter_ns()
-            body()
-            if step >= WAIT + WARMUP:
-                recorded.append(time.perf_counter_ns() - began)
-            prof.step()
+        recorded = _recorded_bodies(body, prof.step)
     return 100.0 * (statistics.median(recorded) / statistics.median(baseline) - 1)
 
 
