@@ -22,6 +22,7 @@ from stepscope.report.markdown import escape
 from stepscope.trace.chrome_reader import read_chrome_trace
 
 RECORDED = 4
+WAIT = 3  # unrecorded steps enough for the overhead to be stated
 HOSTILE = "evil | name <script>alert(1)</script> [link](http://x)"
 
 
@@ -29,20 +30,20 @@ def _profiled_loop(directory: Path, forward_s: float, idle_s: float) -> list[tup
     """Four recorded steps of a forward region and some idle time; the test's own (forward,
     step) times of each recorded step, in ns."""
     own: list[tuple[int, int]] = []
-    sched = stepscope.schedule(wait=1, warmup=1, active=RECORDED, repeat=1)
+    sched = stepscope.schedule(wait=WAIT, warmup=1, active=RECORDED, repeat=1)
     with stepscope.profile(
         schedule=sched,
         on_trace_ready=stepscope.trace_handler(directory, worker_name="run"),
         torch_ops=False,
     ) as prof:
-        for step in range(2 + RECORDED):
+        for step in range(WAIT + 1 + RECORDED):
             began = time.perf_counter_ns()
             with stepscope.record_function("forward"):
                 time.sleep(forward_s)
             forward = time.perf_counter_ns() - began
             with stepscope.record_function(HOSTILE):
                 time.sleep(idle_s)
-            if step >= 2:
+            if step >= WAIT + 1:
                 own.append((forward, time.perf_counter_ns() - began))
             prof.step()
     return own

@@ -185,3 +185,18 @@ def test_the_sampler_states_its_own_time_inside_the_steps(tmp_path: Path) -> Non
     assert stated.in_steps_ns["sampler"] == expected
     assert 0 < expected < sum(recorded)  # a share of the recorded steps, not more
     assert "Measured inside the recorded steps: sampler" in " ".join(overhead_lines(stated))
+
+
+def test_too_few_unrecorded_steps_state_no_slowdown(tmp_path: Path) -> None:
+    # two unrecorded steps are the program's warm-up, not a baseline: no percentage is stated
+    sched = stepscope.schedule(wait=2, warmup=1, active=4, repeat=1)
+    with stepscope.profile(schedule=sched, torch_ops=False) as prof:
+        for _ in range(8):
+            time.sleep(0.002)
+            prof.step()
+    [summary] = analyze([("t", prof.trace())]).files
+    stated = summary.overhead
+    assert stated is not None and stated.unrecorded_steps == 2 and stated.recorded_steps == 4
+    assert stated.slowdown_pct is None
+    [first, *_] = overhead_lines(stated)
+    assert "too few steps to compare" in first and "%" not in first

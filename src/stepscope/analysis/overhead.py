@@ -12,7 +12,7 @@ from typing import Any
 from stepscope.analysis.result import Overhead, TraceSummary
 from stepscope.trace.model import Trace
 
-__all__ = ["pick_overhead", "trace_overhead"]
+__all__ = ["MIN_COMPARED", "pick_overhead", "trace_overhead"]
 
 
 def _int_or_none(value: Any) -> int | None:
@@ -23,6 +23,11 @@ def _ns_map(value: Any) -> dict[str, int]:
     if not isinstance(value, Mapping):
         return {}
     return {str(k): v for k, v in value.items() if _int_or_none(v) is not None}
+
+
+MIN_COMPARED = 3
+"""Steps each side needs before a slowdown is stated: the medians of one or two steps compare
+the program's warm-up with its steady state, not recorded with unrecorded steps."""
 
 
 def trace_overhead(trace: Trace) -> Overhead | None:
@@ -37,9 +42,10 @@ def trace_overhead(trace: Trace) -> Overhead | None:
         return _int_or_none(entry.get(key)) if isinstance(entry, Mapping) else None
 
     recorded, unrecorded = stat("recorded", "median_ns"), stat("unrecorded", "median_ns")
+    enough = min(stat("recorded", "count") or 0, stat("unrecorded", "count") or 0) >= MIN_COMPARED
     slowdown = (
         100.0 * (recorded - unrecorded) / unrecorded
-        if recorded is not None and unrecorded
+        if recorded is not None and unrecorded and enough
         else None
     )
     return Overhead(

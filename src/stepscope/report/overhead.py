@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from stepscope.analysis.overhead import MIN_COMPARED
 from stepscope.analysis.result import Overhead
 
 __all__ = ["overhead_lines"]
@@ -19,7 +20,13 @@ def overhead_lines(o: Overhead | None) -> list[str]:
         f"{o.recorded_steps} recorded, {o.unrecorded_steps} unrecorded, "
         f"{o.warmup_steps} warmup steps of this run"
     )
-    if o.slowdown_pct is None or o.recorded_median_ns is None:
+    if o.slowdown_pct is None and o.recorded_steps and o.unrecorded_steps:
+        lines = [
+            f"Overhead: too few steps to compare recorded with unrecorded ones ({counts}; "
+            f"{MIN_COMPARED} each are needed: a schedule with wait={MIN_COMPARED} or more gives "
+            "them)."
+        ]
+    elif o.slowdown_pct is None or o.recorded_median_ns is None:
         missing = "unrecorded" if o.recorded_median_ns is not None else "recorded"
         lines = [f"Overhead: no {missing} step to compare with ({counts})."]
     else:

@@ -602,7 +602,9 @@
     if (!o) return h("p", { id: "overhead" }, "Overhead: not stated (no step times: not written by stepscope).");
     const counts = `${o.recorded_steps} recorded, ${o.unrecorded_steps} unrecorded, ${o.warmup_steps} warmup steps of this run`;
     const said = o.slowdown_pct === null
-      ? `Overhead: no ${o.recorded_median_ns === null ? "recorded" : "unrecorded"} step to compare with (${counts}).`
+      ? (o.recorded_steps && o.unrecorded_steps
+        ? `Overhead: too few steps to compare recorded with unrecorded ones (${counts}; 3 each are needed: a schedule with wait=3 or more gives them).`
+        : `Overhead: no ${o.recorded_median_ns === null ? "recorded" : "unrecorded"} step to compare with (${counts}).`)
       : `Overhead: recorded steps took ${o.slowdown_pct >= 0 ? "+" : ""}${o.slowdown_pct.toFixed(1)}% against unrecorded steps ` +
         `(median ${ms(o.recorded_median_ns)} vs ${ms(o.unrecorded_median_ns)} ms; ${counts}).`;
     const list = (m) => Object.entries(m || {}).map(([k, v]) => `${k} ${ms(v)} ms`).join(", ");
