@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: demo test test-fast lint bench native clean test-twins test-monitoring test-services
+.PHONY: demo test test-fast test-coverage lint bench native clean test-twins test-monitoring test-services
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -42,14 +42,21 @@ test-services:
 	@bash scripts/install-test-services.sh
 
 # Every stage runs whatever the others did; one summary of all of them closes the run.
-# The first stage measures line coverage of the package and holds the floor below.
-COVERAGE_FLOOR ?= 80
+# The last stage measures line coverage of the package over the fast tier and holds the floor
+# below (a stage of its own: coverage's tracer changes what the memory and overhead tests
+# measure, so they run without it in the first stage and are left out of this one).
+COVERAGE_FLOOR ?= 78
 test: $(VENV)/.stamp-test native test-services
 	@bash scripts/test-stages.sh \
-	  "the whole suite with the C extension (with coverage)" \
-	    "$(PY) -m coverage run -m pytest -q && $(PY) -m coverage report --fail-under=$(COVERAGE_FLOOR)" \
+	  "the whole suite with the C extension" "$(PY) -m pytest -q" \
 	  "the whole suite on the pure-Python twins" "$(MAKE) --no-print-directory test-twins" \
-	  "C-part tests under Python 3.12 and 3.13" "$(MAKE) --no-print-directory test-monitoring"
+	  "C-part tests under Python 3.12 and 3.13" "$(MAKE) --no-print-directory test-monitoring" \
+	  "line coverage (the fast tier)" "$(MAKE) --no-print-directory test-coverage"
+
+# Line coverage of the package over the fast tier; fails under COVERAGE_FLOOR percent.
+test-coverage: $(VENV)/.stamp-test native
+	STEPSCOPE_UNDER_COVERAGE=1 $(PY) -m coverage run -m pytest -q -m "not slow"
+	$(PY) -m coverage report --fail-under=$(COVERAGE_FLOOR)
 
 # The inner loop: no subprocess-heavy, trainer or browser tests (marked `slow`), the extension built.
 test-fast: $(VENV)/.stamp-test native
