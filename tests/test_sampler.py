@@ -632,7 +632,7 @@ def test_threads_beyond_the_signal_engines_slots_are_counted() -> None:
 
 
 @pytest.mark.skipif(not signal_mode_available(), reason="signal sampling needs Linux and the C ext")
-def test_a_sigprof_handler_installed_mid_run_gets_none_of_the_samplers_signals() -> None:
+def test_a_sigprof_handler_installed_mid_run_gets_at_most_the_signal_in_flight() -> None:
     received: list[int] = []
     sampler = Sampler(500, thread_ids=[threading.get_native_id()])
     sampler.start()
@@ -642,7 +642,10 @@ def test_a_sigprof_handler_installed_mid_run_gets_none_of_the_samplers_signals()
     try:
         workload(0.2)  # busy: the sampler would signal this thread about 100 times
         info = sampler.describe(sampler.stop(5))
-        assert received == []
+        # the timing thread checks the handler before each tick; a tick sent in the
+        # microseconds between its check and the program's signal.signal() still lands: at most
+        # that one, never the ~100 of the rest of the run (before the fix, every one of them)
+        assert len(received) <= 1, received
         assert info["sigprof_replaced_during_run"] is True
         assert signal.getsignal(signal.SIGPROF) is not previous  # the program's handler stays
     finally:
