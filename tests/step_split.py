@@ -2,9 +2,10 @@
 
 Reads the Chrome JSON with ``json`` alone (not stepscope's reader or nesting) and measures, on
 the thread of each ``ProfilerStep#N``, the time covered by: backward (``autograd::engine::
-evaluate_function`` spans), optimizer (``Optimizer.step#`` / ``Optimizer.zero_grad#`` spans,
-less the part of an ``Optimizer.step`` up to the end of the last backward span inside it: a
-closure's forward and backward), data loading (``enumerate(DataLoader)``), and forward (any
+evaluate_function`` spans), optimizer (``Optimizer.step#`` / ``Optimizer.zero_grad#`` spans
+that begin in the step — one begun in the previous step is that step's —, less the part of an
+``Optimizer.step`` up to the end of the last backward span inside it: a closure's forward and
+backward), data loading (``enumerate(DataLoader)``), and forward (any
 ``cpu_op`` starting before the step's first backward span, outside the three others).
 """
 
@@ -76,8 +77,13 @@ def step_split(path: Path) -> dict[int, dict[str, float]]:
         ]
         backward = clipped(backward_spans)
         closures = []
+        # an Optimizer.step that began before the step is the previous step's (the step ended in
+        # its post-hook): its tail here is the hooks run after the step began, not this step's
+        # optimizer
         optimizer_spans = [
-            x for x in own if x["name"].startswith(("Optimizer.step#", "Optimizer.zero_grad#"))
+            x
+            for x in own
+            if x["name"].startswith(("Optimizer.step#", "Optimizer.zero_grad#")) and x["ts"] >= s
         ]
         for x in optimizer_spans:
             inside = [
