@@ -5,8 +5,9 @@ the thread of each ``ProfilerStep#N``, the time covered by: backward (``autograd
 evaluate_function`` spans), optimizer (``Optimizer.step#`` / ``Optimizer.zero_grad#`` spans
 that begin in the step — one begun in the previous step is that step's —, less the part of an
 ``Optimizer.step`` up to the end of the last backward span inside it: a closure's forward and
-backward), data loading (``enumerate(DataLoader)``), and forward (any
-``cpu_op`` starting before the step's first backward span, outside the three others).
+backward, though a ``zero_grad`` the closure calls stays optimizer), data loading
+(``enumerate(DataLoader)``), and forward (any ``cpu_op`` starting before the step's first
+backward span, outside the three others).
 """
 
 from __future__ import annotations
@@ -91,9 +92,11 @@ def step_split(path: Path) -> dict[int, dict[str, float]]:
                 for b in backward_spans
                 if x["ts"] <= b["ts"] < x["ts"] + x["dur"]
             ]
-            if inside:
+            if inside and x["name"].startswith("Optimizer.step#"):
                 closures.append((x["ts"], max(inside)))
-        optimizer = _minus(clipped(optimizer_spans), closures)
+        # a zero_grad the closure calls (Lightning's does) is still the optimizer's work
+        zero_grads = clipped([x for x in optimizer_spans if "zero_grad#" in x["name"]])
+        optimizer = _union(_minus(clipped(optimizer_spans), closures) + zero_grads)
         loading = clipped([x for x in own if "enumerate(DataLoader)" in x["name"]])
         first_backward = backward[0][0] if backward else e
         ops = [x for x in own if x.get("cat") == "cpu_op" and s <= x["ts"] < first_backward]

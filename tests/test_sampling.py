@@ -319,7 +319,9 @@ def test_outputs_collapsed_speedscope_svg_and_table(tmp_path: Path) -> None:
     frames = {f["name"]: f for f in doc["shared"]["frames"]}
     assert {"workload", "hot", "cold"} <= set(frames)
     first = hot.__code__.co_firstlineno
-    assert first < frames["hot"]["line"] <= first + 4  # a line of hot's body
+    # a line of hot: its body, or its ``def`` line when the sample caught the call itself
+    # (under coverage's tracer a call event runs at the def line long enough to be sampled)
+    assert first <= frames["hot"]["line"] <= first + 4
     assert frames["hot"]["file"] == hot.__code__.co_filename
     svg = ET.parse(paths["flamegraph"]).getroot()
     heading = svg.find("{http://www.w3.org/2000/svg}text")
