@@ -108,3 +108,23 @@ def step_split(path: Path) -> dict[int, dict[str, float]]:
             "optimizer": 100 * _length(optimizer) / total,
         }
     return result
+
+
+def step_outline(path: Path, number: int, least_pct: float = 1.0) -> str:
+    """The spans of step ``number`` on its thread lasting at least ``least_pct`` of it, one a line.
+
+    For a failing comparison's message: what the step held, whichever side is wrong."""
+    events: list[dict[str, Any]] = json.loads(path.read_text())["traceEvents"]
+    spans = [e for e in events if e.get("ph") == "X"]
+    (step,) = [x for x in spans if x["name"] == f"ProfilerStep#{number}"]
+    s, e = step["ts"], step["ts"] + step["dur"]
+    lines = [
+        f"{x['ts'] - s:10.1f} {x['dur']:10.1f} {x.get('cat')} {x['name'][:60]}"
+        for x in sorted(spans, key=lambda x: (x["ts"], -x["dur"]))
+        if x["pid"] == step["pid"]
+        and x["tid"] == step["tid"]
+        and x["ts"] < e
+        and x["ts"] + x["dur"] > s
+        and x["dur"] >= step["dur"] * least_pct / 100
+    ]
+    return "\n".join(["     start(us)   dur(us) cat name", *lines])

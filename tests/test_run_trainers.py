@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.step_split import step_split
+from tests.step_split import step_outline, step_split
 
 pytest.importorskip("torch")
 
@@ -141,6 +141,7 @@ def test_trainer_breakdown_matches_an_independent_split(
                 category,
                 shares,
                 expected[step["step"]],
+                step_outline(trace, step["step"]),
             )
     if memory:
         assert [row["step"] for row in analysed["memory"]["steps"]] == [2, 3, 4]
