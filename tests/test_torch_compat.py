@@ -81,9 +81,24 @@ def test_key_averages_and_events_match_torch_profiler_on_a_small_model() -> None
         assert s.cpu_time_total == pytest.approx(s.dur_ns / 1000)
         assert s.time_range.elapsed_us() == pytest.approx(s.cpu_time_total)
         assert s.self_cpu_time_total <= s.cpu_time_total
-    s_med = statistics.median(e.cpu_time_total for e in s_events)
-    t_med = statistics.median(e.cpu_time_total for e in t_events)
-    assert 0.1 < s_med / t_med < 10, (s_med, t_med)
+    # one run each can be preempted whole on a loaded machine: the fastest of a few alternating
+    # runs of each is what the units are compared on (a unit slip would be 1000x)
+    s_medians, t_medians, s_totals, t_totals = [], [], [], []
+    for _ in range(5):
+        with torch.profiler.profile() as again_t:
+            model(x)
+        with profile() as again_s:
+            model(x)
+        t_medians.append(statistics.median(e.cpu_time_total for e in again_t.events()))
+        s_medians.append(
+            statistics.median(e.cpu_time_total for e in again_s.events() if e.cat == "cpu_op")
+        )
+        t_totals.append(sum(r.self_cpu_time_total for r in again_t.key_averages()))
+        s_totals.append(
+            sum(r.self_cpu_time_total for r in again_s.key_averages() if r.key != "ProfilerStep*")
+        )
+    s_med, t_med = min(s_medians), min(t_medians)
+    assert 0.1 < s_med / t_med < 10, (s_medians, t_medians)
 
     t_rows = {r.key: r for r in tp.key_averages()}
     s_rows = {r.key: r for r in sp.key_averages() if r.key != "ProfilerStep*"}
@@ -99,9 +114,7 @@ def test_key_averages_and_events_match_torch_profiler_on_a_small_model() -> None
         assert row.is_user_annotation == t_row.is_user_annotation
         assert row.cpu_time_total == pytest.approx(row.cpu_time_total_ns / 1000)
         assert row.cpu_time == pytest.approx(row.cpu_time_total / row.count)
-    s_total = sum(r.self_cpu_time_total for r in s_rows.values())
-    t_total = sum(r.self_cpu_time_total for r in t_rows.values())
-    assert 0.1 < s_total / t_total < 10, (s_total, t_total)
+    assert 0.1 < min(s_totals) / min(t_totals) < 10, (s_totals, t_totals)
 
     def shaped(rows: Any) -> set[tuple[str, str, int]]:
         return {(r.key, str(r.input_shapes), r.count) for r in rows if r.key != "ProfilerStep*"}
