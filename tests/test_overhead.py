@@ -174,8 +174,13 @@ def test_a_step_time_is_the_loop_body_and_edges_fall_between(implementation: str
 
 
 def test_the_sampler_states_its_own_time_inside_the_steps(tmp_path: Path) -> None:
+    def body() -> None:  # steps of 20 ms at least: a starved sampler thread still ticks
+        began = time.perf_counter_ns()
+        while time.perf_counter_ns() - began < 20_000_000:
+            _call_heavy_body()
+
     stated, recorded = _run_b(
-        _call_heavy_body,
+        body,
         tmp_path,
         activities=[stepscope.ProfilerActivity.SAMPLING],
         sampling_rate_hz=2000.0,

@@ -606,8 +606,10 @@ def test_time_in_stepscopes_own_code_is_a_row_of_its_own() -> None:
         row for key, row in rows.items() if key.startswith("_busy_in_stepscopes_own_code (")
     )
     # the profiler's own frames stay hidden, but their time is not the caller's self time
+    # (the caller's own share is 0-16 % of its time on a quiet machine and was 36 % at load 10:
+    # samples land on its loop between calls; it stays below the row that holds the work)
     assert own.self_cpu_time_total > 0.6 * caller.cpu_time_total
-    assert caller.self_cpu_time_total < 0.3 * caller.cpu_time_total
+    assert caller.self_cpu_time_total < own.self_cpu_time_total
 
 
 @pytest.mark.skipif(not signal_mode_available(), reason="signal sampling needs Linux and the C ext")

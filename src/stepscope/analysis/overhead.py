@@ -68,9 +68,13 @@ def _measured_in_steps(metadata: Mapping[str, Any]) -> dict[str, int]:
     sampler = metadata.get("stepscope_sampler")
     if not isinstance(sampler, Mapping):
         return {}
-    spent = [sampler.get(key) for key in ("busy_ms", "handler_ms")]
-    total = sum(v for v in spent if isinstance(v, (int, float)) and not isinstance(v, bool))
-    return {"sampler": int(total * 1e6)} if total else {}
+    spent = [
+        v
+        for v in (sampler.get(key) for key in ("busy_ms", "handler_ms"))
+        if isinstance(v, (int, float)) and not isinstance(v, bool)
+    ]
+    # a sampler that ran and took nothing inside the steps states its 0 ms
+    return {"sampler": int(sum(spent) * 1e6)} if spent else {}
 
 
 def pick_overhead(summaries: Sequence[TraceSummary]) -> Overhead | None:
