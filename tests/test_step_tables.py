@@ -22,7 +22,7 @@ import pytest
 
 from stepscope.steptables import StepTables
 from stepscope.steptables.fleet import fleet_report
-from stepscope.steptables.writer import MAX_PENDING
+from stepscope.step_times import StepTimes
 from tests import test_report_html
 from tests.metrics_fixtures import free_port
 from tests.test_ranks import ROOT, TORCHRUN, stepscope_cli
@@ -300,7 +300,7 @@ def test_two_profiles_in_one_process_keep_both_files(tmp_path: Path) -> None:
         with stepscope.profile(step_tables=shared) as prof:
             shared.begin()  # a second begin while running changes nothing
             prof.step()
-    shared.step_ended(9, False)  # after the profile stopped: nothing is stored
+    shared.close()  # a second close changes nothing
     assert pq.read_table(tmp_path / "shared").column("step").to_pylist() == [0, 0]
 
 
@@ -316,31 +316,37 @@ def test_fleet_report_on_a_single_rank(tmp_path: Path) -> None:
 
 
 def test_a_failed_write_is_counted_and_training_goes_on(tmp_path: Path) -> None:
+    import stepscope
     from stepscope.failures import failure_counts
 
     tables = StepTables(tmp_path, rows_per_file=2, run="gone")
-    tables.begin()
-    assert tables.path is not None
-    shutil.rmtree(tables.path)  # every write of this rank now fails
-    for step in range(5):
-        tables.step_ended(step, False)
-    tables.close()
-    assert sum(failure_counts().get("step_tables", {}).values()) >= 2
+    before = sum(failure_counts().get("step_tables", {}).values())
+    with stepscope.profile(step_tables=tables) as prof:
+        assert tables.path is not None
+        shutil.rmtree(tables.path)  # every write of this rank now fails
+        for _ in range(5):
+            prof.step()
+    assert sum(failure_counts().get("step_tables", {}).values()) >= before + 2
+
+
+class _SmallRing(StepTables):
+    """Step tables over a ring of 8 steps, to be outrun."""
+
+    def step_times(self) -> StepTimes:
+        return StepTimes(8, phases=True)
 
 
 def test_rows_are_dropped_and_counted_when_the_writer_falls_behind(tmp_path: Path) -> None:
-    tables = StepTables(tmp_path, rows_per_file=1)
-    tables.begin()
-    writer = tables._writer
-    assert writer is not None
-    # every other buffer taken and never handed over: the writer has nothing to give back
-    held = [writer.fresh() for _ in range(MAX_PENDING)]
-    assert all(g is not None for g in held) and writer.fresh() is None
-    tables._group = None  # as after the open group was handed over
-    tables.step_ended(0, False)
-    tables.step_ended(1, False)
-    assert tables.dropped_rows == 2
-    tables.close()
+    import stepscope
+
+    tables = _SmallRing(tmp_path, rows_per_file=2)
+    with stepscope.profile(step_tables=tables) as prof:
+        with tables._lock:  # the writer thread cannot take rows: the ring of 8 wraps
+            for _ in range(20):
+                prof.step()
+    steps = sorted(pq.read_table(tmp_path).column("step").to_pylist())
+    # the ring holds steps 13-19 and the unfinished one stop() ends (not written)
+    assert steps == list(range(13, 20)) and tables.dropped_rows == 13
 
 
 def test_fleet_reads_a_run_or_rank_directory_and_refuses_other_parquet(tmp_path: Path) -> None:
@@ -372,3 +378,48 @@ def test_missing_extra_is_one_line(
     assert main(["fleet", str(tmp_path)]) == 1
     err = capsys.readouterr().err
     assert "pip install 'stepscope[parquet]'" in err and err.count("\n") == 1
+
+
+def test_the_ring_times_phases_per_step_and_hands_over_what_it_kept(implementation: str) -> None:
+    """Phase and CPU columns against perf_counter/thread_time around the same code."""
+    from array import array
+
+    times = StepTimes(capacity=3, implementation=implementation, phases=True)
+    ring, measured, tail = times.ring, [], 0
+    for _ in range(5):
+        times.begin(0)
+        t0 = time.perf_counter_ns()
+        ring.enter(1)
+        ring.enter(1)  # nested (a subclass's step calling super().step()): counted once
+        time.sleep(0.004)
+        ring.leave(1)
+        ring.leave(1)
+        opt = time.perf_counter_ns() - t0
+        c0, t0 = time.thread_time_ns(), time.perf_counter_ns()
+        ring.enter(0)  # open across the boundary: split between this step and the next
+        deadline = time.perf_counter() + 0.003
+        while time.perf_counter() < deadline:
+            pass
+        cpu, data = time.thread_time_ns() - c0, time.perf_counter_ns() - t0
+        times.end()
+        t0 = time.perf_counter_ns()
+        time.sleep(0.002)
+        ring.leave(0)
+        measured.append((opt, data + tail, cpu))  # with the previous step's tail
+        tail = time.perf_counter_ns() - t0
+    first, count, starts, ends, kinds, *phases = ring.take(0)
+    assert (first, count, kinds) == (2, 5, bytes(3))  # steps 0 and 1 are gone
+    columns = []
+    for raw in (starts, ends, *phases):
+        column = array("q")
+        column.frombytes(raw)
+        columns.append(column)
+    starts_a, ends_a, data_a, opt_a, gc_a, cpu_a = columns
+    assert list(starts_a) == sorted(starts_a) and all(e > s for s, e in zip(starts_a, ends_a))
+    for n, (opt, data, cpu) in enumerate(measured[2:]):
+        assert opt_a[n] == pytest.approx(opt, rel=0.2)
+        assert data_a[n] == pytest.approx(data, rel=0.2)
+        assert cpu_a[n] >= cpu and gc_a[n] == 0
+    assert ring.take(5)[:2] == (5, 5)
+    with pytest.raises(ValueError, match="phase"):
+        ring.enter(3)
