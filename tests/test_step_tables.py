@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 
+from stepscope.step_times import StepTimes
 from stepscope.steptables import StepTables
 from stepscope.steptables.fleet import fleet_report
-from stepscope.step_times import StepTimes
 from tests import test_report_html
 from tests.metrics_fixtures import free_port
 from tests.test_ranks import ROOT, TORCHRUN, stepscope_cli
@@ -340,10 +340,10 @@ def test_rows_are_dropped_and_counted_when_the_writer_falls_behind(tmp_path: Pat
     import stepscope
 
     tables = _SmallRing(tmp_path, rows_per_file=2)
-    with stepscope.profile(step_tables=tables) as prof:
-        with tables._lock:  # the writer thread cannot take rows: the ring of 8 wraps
-            for _ in range(20):
-                prof.step()
+    # with the lock held the writer thread cannot take rows: the ring of 8 wraps
+    with stepscope.profile(step_tables=tables) as prof, tables._lock:
+        for _ in range(20):
+            prof.step()
     steps = sorted(pq.read_table(tmp_path).column("step").to_pylist())
     # the ring holds steps 13-19 and the unfinished one stop() ends (not written)
     assert steps == list(range(13, 20)) and tables.dropped_rows == 13
@@ -415,7 +415,9 @@ def test_the_ring_times_phases_per_step_and_hands_over_what_it_kept(implementati
         column.frombytes(raw)
         columns.append(column)
     starts_a, ends_a, data_a, opt_a, gc_a, cpu_a = columns
-    assert list(starts_a) == sorted(starts_a) and all(e > s for s, e in zip(starts_a, ends_a))
+    assert list(starts_a) == sorted(starts_a) and all(
+        e > s for s, e in zip(starts_a, ends_a, strict=True)
+    )
     for n, (opt, data, cpu) in enumerate(measured[2:]):
         assert opt_a[n] == pytest.approx(opt, rel=0.2)
         assert data_a[n] == pytest.approx(data, rel=0.2)
@@ -423,3 +425,51 @@ def test_the_ring_times_phases_per_step_and_hands_over_what_it_kept(implementati
     assert ring.take(5)[:2] == (5, 5)
     with pytest.raises(ValueError, match="phase"):
         ring.enter(3)
+
+
+def test_short_steps_share_one_cpu_reading_settled_from_another_thread(
+    implementation: str,
+) -> None:
+    """Steps shorter than the ring's CPU reading period: their CPU times sum to the loop
+    thread's own CPU clock over them, settled by another thread as the writer does."""
+    import threading
+    from array import array
+
+    times = StepTimes(capacity=64, implementation=implementation, phases=True)
+    go = threading.Event()
+    settler = threading.Thread(target=lambda: go.wait() and times.ring.settle())
+    settler.start()  # before the steps: starting a thread costs this one CPU time
+    c0 = time.thread_time_ns()
+    for _ in range(20):
+        times.begin(0)
+        deadline = time.perf_counter_ns() + 20_000  # 20 us of CPU: 20 steps < 1 ms
+        while time.perf_counter_ns() < deadline:
+            pass
+        times.end()
+    spent = time.thread_time_ns() - c0
+    assert times.ring.take(0)[:2] == (0, 0)  # nothing settled yet
+    go.set()
+    settler.join()
+    first, count, *columns = times.ring.take(0)
+    cpu = array("q")
+    cpu.frombytes(columns[-1])
+    assert (first, count, len(cpu)) == (0, 20, 20)
+    assert sum(cpu) == pytest.approx(spent, rel=0.25) and min(cpu) > 0
+
+
+def test_a_row_group_is_written_once_flush_s_old(tmp_path: Path) -> None:
+    import stepscope
+
+    tables = StepTables(tmp_path, flush_s=0.05)  # rows_per_file (8,192) is never reached
+    with stepscope.profile(step_tables=tables) as prof:
+        for _ in range(5):
+            prof.step()
+        deadline = time.monotonic() + 30
+        while not list(tmp_path.rglob("*.parquet")) and time.monotonic() < deadline:
+            prof.step()  # the group is handed over once a row after it is seen
+            time.sleep(0.01)
+        written = sorted(pq.read_table(tmp_path).column("step").to_pylist())
+    assert written and written == list(range(len(written)))  # written while running
+    assert sorted(pq.read_table(tmp_path).column("step").to_pylist()) == list(range(prof.step_num))
+    with pytest.raises(ValueError, match="flush_s"):
+        StepTables(tmp_path, flush_s=0)

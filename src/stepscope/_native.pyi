@@ -312,6 +312,8 @@ class StepRing:
         self, since: int, /
     ) -> tuple[int, int, bytes, bytes, bytes, bytes, bytes, bytes, bytes]:
         """(first, count, starts, ends, kinds, data, optimizer, gc, cpu) of steps first..count-1."""
+    def settle(self) -> None:
+        """Read the CPU clock now: every ended step's CPU time is then settled."""
     def export(self) -> tuple[bytes, bytes, bytes, int]:
         """(starts, ends, kinds, count): int64 and uint8 columns of the ring, steps ended."""
 

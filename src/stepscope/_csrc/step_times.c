@@ -2,16 +2,24 @@
  * (the C half of stepscope/step_times.py; its twin is PyStepRing there).
  *
  * With phases (the step tables), end() also stores the time each phase (data wait, optimizer,
- * GC) was open during the step and the thread's CPU time since the previous end(), so the step
- * tables need no hook of their own in step(): enter(k)/leave(k) bracket a phase, nested calls
- * counting once, and a phase open across a step boundary is split between the two steps. */
+ * GC) was open during the step and the thread's CPU time, so the step tables need no hook of
+ * their own in step(): enter(k)/leave(k) bracket a phase, nested calls counting once, and a phase
+ * open across a step boundary is split between the two steps.  The thread's CPU clock is a system
+ * call (about 1 us on a VM), so end() reads it only when SS_CPU_READ_NS have passed since the
+ * last reading: a step that long gets its own CPU time, shorter ones share the reading's CPU in
+ * proportion to their wall time.  take() hands over only rows whose CPU time is settled;
+ * settle() reads the clock of the thread that began the first step from any thread (the writer
+ * thread's poll); what the open step spent before that reading is credited to the steps settled
+ * (at most one step's CPU, shared among those of the last millisecond or more). */
 #include "stepscope_native.h"
 
+#include <pthread.h>
 #include <string.h>
 #include <time.h>
 
 #define SS_PHASES 3
 #define SS_WIDE_COLUMNS (SS_PHASES + 1) /* the phases, then CPU ns */
+#define SS_CPU_READ_NS 1000000LL        /* the CPU clock is read at most once a millisecond */
 
 typedef struct {
     PyObject_HEAD
@@ -27,13 +35,17 @@ typedef struct {
     int64_t phase_ns[SS_PHASES];       /* accumulated in the open step */
     int64_t phase_start[SS_PHASES];    /* when the phase was entered (depth > 0) */
     long phase_depth[SS_PHASES];
-    int64_t last_cpu;                  /* thread CPU ns at the previous end() (or first begin) */
+    clockid_t cpu_clock;               /* the CPU clock of the thread that began the first step */
+    pthread_t cpu_owner;               /* that thread (without a clock id, only it may read) */
+    int64_t last_cpu;                  /* thread CPU ns at the last reading */
+    int64_t cpu_read_at;               /* monotonic ns of the last reading */
+    long long settled;                 /* steps whose CPU ns is stored (the rest wait) */
     int cpu_started;
 } StepRing;
 
-static int64_t thread_cpu_ns(void) {
+static int64_t thread_cpu_ns(clockid_t clock) {
     struct timespec ts;
-    if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0) {
+    if (clock_gettime(clock, &ts) != 0) {
         return 0;
     }
     return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
@@ -84,7 +96,8 @@ static int ring_init(StepRing *self, PyObject *args, PyObject *kwargs) {
         self->phase_depth[k] = 0;
     }
     self->phases = phases;
-    self->last_cpu = 0;
+    self->last_cpu = self->cpu_read_at = 0;
+    self->settled = 0;
     self->cpu_started = 0;
     self->capacity = capacity;
     self->count = 0;
@@ -109,12 +122,47 @@ static PyObject *ring_begin(StepRing *self, PyObject *kind_obj) {
     }
     self->kinds[self->slot] = (uint8_t)(kind < 0 ? 0 : kind < 2 ? kind : 2);
     self->open = 1;
+    int64_t now = ss_now_ns();
     if (self->phases && !self->cpu_started) {
-        self->last_cpu = thread_cpu_ns();
+        self->cpu_owner = pthread_self();
+        if (pthread_getcpuclockid(self->cpu_owner, &self->cpu_clock) != 0) {
+            self->cpu_clock = CLOCK_THREAD_CPUTIME_ID; /* then only this thread may settle */
+        }
+        self->last_cpu = thread_cpu_ns(self->cpu_clock);
+        self->cpu_read_at = now;
         self->cpu_started = 1;
     }
-    self->starts[self->slot] = ss_now_ns();
+    self->starts[self->slot] = now;
     Py_RETURN_NONE;
+}
+
+/* Read the loop thread's CPU clock at `now` and share what it counted since the last reading
+ * among the steps ended since, in proportion to the wall time from one's end to the next. */
+static void settle_at(StepRing *self, int64_t now) {
+    if (self->settled == self->count) {
+        return;
+    }
+    if (self->cpu_clock == CLOCK_THREAD_CPUTIME_ID && !pthread_equal(pthread_self(), self->cpu_owner)) {
+        return; /* this thread's clock is not the loop's */
+    }
+    int64_t cpu = thread_cpu_ns(self->cpu_clock);
+    double spent = (double)(cpu - self->last_cpu);
+    long long first = self->settled;
+    if (first < self->count - self->capacity) {
+        first = self->count - self->capacity;
+    }
+    Py_ssize_t last = (Py_ssize_t)((self->count - 1) % self->capacity);
+    double wall = (double)(self->ends[last] - self->cpu_read_at);
+    int64_t previous = self->cpu_read_at;
+    for (long long n = first; n < self->count; n++) {
+        Py_ssize_t slot = (Py_ssize_t)(n % self->capacity);
+        int64_t interval = self->ends[slot] - previous;
+        previous = self->ends[slot];
+        self->wide[SS_PHASES][slot] = wall > 0 ? (int64_t)(spent * (double)interval / wall) : 0;
+    }
+    self->settled = self->count;
+    self->last_cpu = cpu;
+    self->cpu_read_at = now;
 }
 
 static PyObject *ring_end(StepRing *self, PyObject *Py_UNUSED(ignored)) {
@@ -131,13 +179,13 @@ static PyObject *ring_end(StepRing *self, PyObject *Py_UNUSED(ignored)) {
                 self->wide[k][slot] = self->phase_ns[k];
                 self->phase_ns[k] = 0;
             }
-            int64_t cpu = thread_cpu_ns();
-            self->wide[SS_PHASES][slot] = cpu - self->last_cpu;
-            self->last_cpu = cpu;
         }
         self->open = 0;
         self->count += 1;
         self->slot = (Py_ssize_t)(self->count % self->capacity);
+        if (self->phases && now - self->cpu_read_at >= SS_CPU_READ_NS) {
+            settle_at(self, now);
+        }
     }
     Py_RETURN_NONE;
 }
@@ -192,6 +240,13 @@ static PyObject *column_slice(const char *base, Py_ssize_t width, Py_ssize_t cap
     return out;
 }
 
+static PyObject *ring_settle(StepRing *self, PyObject *Py_UNUSED(ignored)) {
+    if (self->phases && self->cpu_started) {
+        settle_at(self, ss_now_ns());
+    }
+    Py_RETURN_NONE;
+}
+
 static PyObject *ring_take(StepRing *self, PyObject *arg) {
     long long since = PyLong_AsLongLong(arg);
     if (since == -1 && PyErr_Occurred()) {
@@ -201,13 +256,16 @@ static PyObject *ring_take(StepRing *self, PyObject *arg) {
         PyErr_SetString(PyExc_RuntimeError, "take() needs a StepRing made with phases=True");
         return NULL;
     }
-    long long count = self->count;
+    long long count = self->settled;
     long long first = since < 0 ? 0 : since;
     if (first > count) {
         first = count;
     }
-    if (first < count - self->capacity) {
-        first = count - self->capacity;
+    if (first < self->count - self->capacity) {
+        first = self->count - self->capacity;
+    }
+    if (first > count) {
+        first = count;
     }
     PyObject *result = PyTuple_New(5 + SS_WIDE_COLUMNS);
     if (result == NULL) {
@@ -253,8 +311,11 @@ static PyMethodDef ring_methods[] = {
     {"leave", (PyCFunction)ring_leave, METH_O, "leave(phase): the phase entered last ends now."},
     {"take", (PyCFunction)ring_take, METH_O,
      "take(since): (first, count, starts, ends, kinds, data, optimizer, gc, cpu): the rows of "
-     "steps first..count-1 ended since step `since` (older ones are gone: first > since), as "
-     "int64 (kinds uint8) column bytes; phases=True only."},
+     "steps first..count-1 ended since step `since` whose CPU time is settled (older ones are "
+     "gone: first > since), as int64 (kinds uint8) column bytes; phases=True only."},
+    {"settle", (PyCFunction)ring_settle, METH_NOARGS,
+     "settle(): read the CPU clock now (on the thread that calls end()), settling every ended "
+     "step's CPU time."},
     {"export", (PyCFunction)ring_export, METH_NOARGS,
      "export(): (starts, ends, kinds, count): the ring's int64 ns and uint8 kind columns as bytes, "
      "and the steps ended so far."},

@@ -43,8 +43,11 @@ __all__ = [
     "step_tables_of",
 ]
 
-DEFAULT_ROWS_PER_FILE = 1024
-"""Steps per row group (and file): what a killed rank can lose at most."""
+DEFAULT_ROWS_PER_FILE = 8192
+"""Steps per row group (and file) at most: a file has a fixed cost of about 1 ms to write."""
+DEFAULT_FLUSH_S = 60.0
+"""A row group is written once its first step is this old: with ``rows_per_file``, what a killed
+rank can lose at most."""
 RING_STEPS = 1 << 15
 """Steps the profile's ring keeps with step tables: the writer thread, taking rows every 20 ms,
 falls behind (and counts the rows lost) only past 1.6 million steps a second."""
@@ -74,6 +77,7 @@ class StepTables(Collector):
         directory: str | os.PathLike[str],
         *,
         rows_per_file: int = DEFAULT_ROWS_PER_FILE,
+        flush_s: float = DEFAULT_FLUSH_S,
         run: str | None = None,
         strict: bool | None = None,
     ) -> None:
@@ -81,9 +85,12 @@ class StepTables(Collector):
             raise TypeError(f"rows_per_file must be an int, got {rows_per_file!r}")
         if rows_per_file < 1:
             raise ValueError(f"rows_per_file must be 1 or more, got {rows_per_file}")
+        if isinstance(flush_s, bool) or not isinstance(flush_s, (int, float)) or flush_s <= 0:
+            raise ValueError(f"flush_s must be a number of seconds above 0, got {flush_s!r}")
         require("pyarrow", "step tables (profile(step_tables=...))", "parquet")
         self.directory = Path(os.fspath(directory))
         self.rows_per_file = rows_per_file
+        self.flush_ns = int(flush_s * 1e9)
         self.run = run
         self.strict = strict
         self.path: Path | None = None
@@ -150,6 +157,7 @@ class StepTables(Collector):
         if writer is None:
             return
         with self._lock:
+            self._settle()
             self._take_locked(final=True)
             self._hand_over(self._held, None)  # recorded steps whose window was never built
             self._hand_over(self._pending, None)
@@ -163,18 +171,26 @@ class StepTables(Collector):
     def window_built(self, trace: Trace) -> None:
         """Hand the held rows of the window's steps to the writer with the window's trace."""
         with self._lock:
+            self._settle()
             self._take_locked(final=True)
             self._hand_over(self._held, trace)
 
     # -- rows: from the ring to the writer --------------------------------------------------
+    def _settle(self) -> None:
+        """Settle the CPU time of every ended step (the ring reads the loop thread's clock)."""
+        if self._ring is not None:
+            self._ring.settle()
+
     def _take(self) -> None:
         with self._lock:
+            self._settle()
             self._take_locked(final=False)
 
     def _take_locked(self, final: bool) -> None:
-        """Move the ring's new rows into the open row group or the held ones.  A full group
-        is handed over once a row after it is seen (``final``: at a window's end or the
-        profile's stop), so the unfinished step a stop ends is never written."""
+        """Move the ring's new rows into the open row group or the held ones.  A group is
+        handed over once a row after it is seen, full or ``flush_s`` old (``final``: at a
+        window's end or the profile's stop), so the unfinished step a stop ends is never
+        written."""
         ring, writer = self._ring, self._writer
         if ring is None or writer is None:
             return
@@ -196,9 +212,12 @@ class StepTables(Collector):
             unfinished = self._step_now()
             self._held.before_step(unfinished)
             self._pending.before_step(unfinished)
+        now = clock.now_ns()
         for rows in (self._pending, self._held):  # the held: a window that never ends
             while len(rows) > self.rows_per_file:
                 writer.submit(rows.split(self.rows_per_file))
+            if len(rows) > 1 and now - rows.columns[1][0] >= self.flush_ns:
+                writer.submit(rows.split(len(rows) - 1))  # the last: maybe a stop's unfinished
 
     def _hand_over(self, rows: Rows, trace: Trace | None) -> None:
         if len(rows) and self._writer is not None:
