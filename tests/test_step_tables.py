@@ -66,8 +66,8 @@ def test_one_row_per_step_per_rank_read_by_duckdb_with_hive_partitions(job: Any)
         f"FROM read_parquet('{glob}', hive_partitioning = true) GROUP BY run, rank ORDER BY rank"
     ).fetchall()
     assert rows == [("job", r, list(range(JOB_STEPS)), 1) for r in (0, 1)]
-    # rows_per_file=5: 12 steps are three row groups (files) per rank, the last one partial
-    assert len(list((tables / "run=job" / "rank=0").glob("*.parquet"))) == 3
+    # rows_per_file=5: 12 steps were three row groups (files) per rank, compacted at close
+    assert len(list((tables / "run=job" / "rank=0").glob("*.parquet"))) == 1
     recorded = duckdb.sql(
         f"SELECT list(step ORDER BY step) FROM read_parquet('{glob}') WHERE recorded AND rank = 0"
     ).fetchall()
@@ -257,6 +257,7 @@ def test_a_killed_rank_loses_at_most_its_open_row_group(tmp_path: Path) -> None:
     files = sorted(tmp_path.rglob("*.parquet"))
     steps = [s for f in files for s in pq.read_table(f).column("step").to_pylist()]
     assert steps == list(range(8))  # steps 8 and 9 were in the open row group
+    assert len(files) == 2  # never compacted: the parts stay, each readable
 
 
 def test_bad_directory_is_one_line_error(tmp_path: Path) -> None:
@@ -473,3 +474,22 @@ def test_a_row_group_is_written_once_flush_s_old(tmp_path: Path) -> None:
     assert sorted(pq.read_table(tmp_path).column("step").to_pylist()) == list(range(prof.step_num))
     with pytest.raises(ValueError, match="flush_s"):
         StepTables(tmp_path, flush_s=0)
+
+
+def test_a_rank_s_files_are_compacted_into_one_at_close(tmp_path: Path) -> None:
+    import stepscope
+
+    tables = StepTables(tmp_path, rows_per_file=3)
+    with stepscope.profile(
+        schedule=stepscope.schedule(wait=4, warmup=0, active=2), step_tables=tables
+    ) as p:
+        for _ in range(10):
+            p.step()
+        while len(list(tmp_path.rglob("*.parquet"))) < 2:  # parts written while running
+            time.sleep(0.01)
+    (only,) = tmp_path.rglob("*.parquet")
+    table = pq.read_table(only)
+    assert only.name.endswith("-all.parquet") and table.column("step").to_pylist() == list(
+        range(10)
+    )
+    assert [r["step"] for r in table.to_pylist() if r["recorded"]] == [4, 5]

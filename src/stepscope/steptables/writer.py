@@ -101,6 +101,8 @@ class TableWriter:
         self.rss = _read_rss()
         """The latest RSS sample (what the rows taken at that moment carry)."""
         self.files_written = 0
+        self.written: list[Path] = []
+        """The files this writer has left (one once compacted at close)."""
         self._poll = poll
         self._token = time.time_ns()  # two profiles of one process never write the same name
         self.dropped_rows = 0
@@ -144,6 +146,7 @@ class TableWriter:
                     f"{len(window.rows)} step rows lost; later row groups are still tried",
                 )
             if closing:
+                self._guarded(self._compact, "step tables compaction", "the parts stay as they are")
                 return
 
     def _guarded(self, work: Callable[[], None], where: str, then: str) -> None:
@@ -218,3 +221,21 @@ class TableWriter:
         with atomic_output(self.directory / name, what="step table") as fh:
             pq.write_table(table, fh, compression="zstd")
         self.files_written += 1
+        self.written.append(self.directory / name)
+
+    def _compact(self) -> None:
+        """Merge this writer's files into one, in step order (a query reads one file per rank
+        instead of many); a rank killed before its close keeps its parts, as readable."""
+        parts = self.written
+        if len(parts) < 2:
+            return
+        pa = require("pyarrow", "step tables", "parquet")
+        pq = require("pyarrow.parquet", "step tables", "parquet")
+        table = pa.concat_tables([pq.read_table(part) for part in parts]).sort_by("step")
+        first = table.column("step")[0].as_py()
+        target = self.directory / f"steps-{first:010d}-{self.pid}-{self._token}-all.parquet"
+        with atomic_output(target, what="step table") as fh:
+            pq.write_table(table, fh, compression="zstd")
+        for part in parts:  # a query in these few ms may see the rank's rows twice
+            part.unlink(missing_ok=True)
+        self.written = [target]
