@@ -489,7 +489,6 @@ def test_a_rank_s_files_are_compacted_into_one_at_close(tmp_path: Path) -> None:
             time.sleep(0.01)
     (only,) = tmp_path.rglob("*.parquet")
     table = pq.read_table(only)
-    assert only.name.endswith("-all.parquet") and table.column("step").to_pylist() == list(
-        range(10)
-    )
+    assert only.name.endswith("-all.parquet")
+    assert table.column("step").to_pylist() == list(range(10))
     assert [r["step"] for r in table.to_pylist() if r["recorded"]] == [4, 5]
