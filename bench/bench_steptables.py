@@ -8,8 +8,8 @@
   every step and written with pyarrow at the end.  Bytes per step: the Parquet files' size /
   rows.
 - **Straggler query**: ``fleet_report`` over a synthetic job of 1,024 ranks x 10,000 steps
-  (10.24 M rows, files of 1,024 rows as ranks write them, rank 417 slow in data loading from
-  step 6,000), one node.  The peer is pandas computing the same per-step reference and lag.
+  (10.24 M rows, one file per rank as ranks leave them after the close's compaction, rank 417
+  slow in data loading from step 6,000), one node.  The peer is pandas computing the same per-step reference and lag.
 - **report --jobs**: ``stepscope report DIR --json`` with --jobs 1 and 2 on 4 GPU-size ranks
   (copies of the shared training trace), each in a fresh process.
 Targets (issue 30): <= 2 us and <= 2 KB per step per rank; the 1,024 x 10,000 query <= 5 s.
@@ -32,7 +32,7 @@ from harness import SRC, Report
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = Path("/work/shared/traces")
 STEPS = 200_000
-RANKS, JOB_STEPS, ROWS_PER_FILE = 1024, 10_000, 1024
+RANKS, JOB_STEPS = 1024, 10_000
 
 
 def _never(step: int) -> object:
@@ -130,7 +130,8 @@ def bench_cost_per_step(report: Report, work: Path) -> None:
 
 
 def synthetic_job(out: Path) -> None:
-    """1,024 ranks x 10,000 steps as ranks write them: run=/rank= directories, 1,024-row files."""
+    """1,024 ranks x 10,000 steps as ranks leave them: run=/rank= directories, one file per rank
+    (compacted at close), 3 % of the steps recorded with a host breakdown."""
     import duckdb
 
     con = duckdb.connect()
@@ -147,10 +148,14 @@ def synthetic_job(out: Path) -> None:
                60000000 + (hash(r - s) % 3000000)::BIGINT AS cpu_ns,
                2000000000::BIGINT AS rss_bytes, s % 100 < 3 AS recorded,
                'host' || (r // 8) AS host, (1000 + r)::INTEGER AS pid,
-               1::SMALLINT AS schema_version
+               1::SMALLINT AS schema_version,
+               CASE WHEN s % 100 < 3 THEN 60000000 END::BIGINT AS host_computation_ns,
+               CASE WHEN s % 100 < 3 THEN 30000000 END::BIGINT AS host_communication_ns,
+               CASE WHEN s % 100 < 3 THEN 10000000 END::BIGINT AS host_idle_ns,
+               CASE WHEN s % 100 < 3 THEN MAP {{'forward': 20000000::BIGINT}} END
+                   AS host_categories
         FROM range({RANKS}) t(r), range({JOB_STEPS}) u(s) ORDER BY r, s
-        ) TO '{out}' (FORMAT parquet, PARTITION_BY (run, rank), ROW_GROUP_SIZE {ROWS_PER_FILE},
-                      ROW_GROUPS_PER_FILE 1)"""
+        ) TO '{out}' (FORMAT parquet, PARTITION_BY (run, rank), ROW_GROUP_SIZE {JOB_STEPS})"""
     )
 
 
