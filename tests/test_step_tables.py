@@ -481,7 +481,7 @@ def test_a_rank_s_files_are_compacted_into_one_at_close(tmp_path: Path) -> None:
 
     tables = StepTables(tmp_path, rows_per_file=3)
     with stepscope.profile(
-        schedule=stepscope.schedule(wait=4, warmup=0, active=2), step_tables=tables
+        schedule=stepscope.schedule(wait=3, warmup=1, active=2), step_tables=tables
     ) as p:
         for _ in range(10):
             p.step()
