@@ -9,7 +9,8 @@
   rows.
 - **Straggler query**: ``fleet_report`` over a synthetic job of 1,024 ranks x 10,000 steps
   (10.24 M rows, one file per rank as ranks leave them after the close's compaction, rank 417
-  slow in data loading from step 6,000), one node.  The peer is pandas computing the same per-step reference and lag.
+  slow in data loading from step 6,000), one node.  The peer is pandas computing the same
+  per-step reference and lag.
 - **report --jobs**: ``stepscope report DIR --json`` with --jobs 1 and 2 on 4 GPU-size ranks
   (copies of the shared training trace), each in a fresh process.
 Targets (issue 30): <= 2 us and <= 2 KB per step per rank; the 1,024 x 10,000 query <= 5 s.
