@@ -151,7 +151,10 @@ class PyStepRing:
             count = self._count
             if self._settled == count:
                 return
-            cpu = self._cpu_clock()
+            try:
+                cpu = self._cpu_clock()
+            except OSError:  # the thread has ended: the steps get 0, not a made-up value
+                cpu = self._last_cpu or 0
             spent = cpu - (self._last_cpu or 0)
             wall = self._ends[(count - 1) % self.capacity] - self._cpu_read_at
             previous, cpu_column = self._cpu_read_at, self._wide[-1]

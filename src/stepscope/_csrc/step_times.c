@@ -46,7 +46,7 @@ typedef struct {
 static int64_t thread_cpu_ns(clockid_t clock) {
     struct timespec ts;
     if (clock_gettime(clock, &ts) != 0) {
-        return 0;
+        return -1; /* the thread has ended: its CPU time is unknown */
     }
     return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
@@ -146,6 +146,9 @@ static void settle_at(StepRing *self, int64_t now) {
         return; /* this thread's clock is not the loop's */
     }
     int64_t cpu = thread_cpu_ns(self->cpu_clock);
+    if (cpu < 0) {
+        cpu = self->last_cpu; /* unknown: the steps get 0 rather than a made-up value */
+    }
     double spent = (double)(cpu - self->last_cpu);
     long long first = self->settled;
     if (first < self->count - self->capacity) {
