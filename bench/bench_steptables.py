@@ -1,12 +1,16 @@
 """Step tables and ``stepscope fleet`` at fleet scale; ``report --jobs`` on 2 cores.
 
 - **Cost per step**: ``profile.step()`` of a profile that records no window, with and without
-  ``step_tables=``, in the same run; the difference is the tables' cost per step.  The peer is
-  the hand-written alternative: a Python list of (step, time, CPU time) tuples appended every
-  step and written with pyarrow at the end.  Bytes per step: the Parquet files' size / rows.
+  ``step_tables=``, in the same run; the difference is the tables' cost in ``step()``, and the
+  writer thread's own CPU clock over the loop is its share.  The step ring's ``begin``/``end``
+  alone, plain and with the tables' phase columns, shows what the shared record adds.  The peer
+  is the hand-written alternative: a Python list of (step, time, CPU time) tuples appended
+  every step and written with pyarrow at the end.  Bytes per step: the Parquet files' size /
+  rows.
 - **Straggler query**: ``fleet_report`` over a synthetic job of 1,024 ranks x 10,000 steps
-  (10.24 M rows, files of 1,024 rows as ranks write them, rank 417 slow in data loading from
-  step 6,000), one node.  The peer is pandas computing the same per-step reference and lag.
+  (10.24 M rows, one file per rank as ranks leave them after the close's compaction, rank 417
+  slow in data loading from step 6,000), one node.  The peer is pandas computing the same
+  per-step reference and lag.
 - **report --jobs**: ``stepscope report DIR --json`` with --jobs 1 and 2 on 4 GPU-size ranks
   (copies of the shared training trace), each in a fresh process.
 Targets (issue 30): <= 2 us and <= 2 KB per step per rank; the 1,024 x 10,000 query <= 5 s.
@@ -29,7 +33,7 @@ from harness import SRC, Report
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = Path("/work/shared/traces")
 STEPS = 200_000
-RANKS, JOB_STEPS, ROWS_PER_FILE = 1024, 10_000, 1024
+RANKS, JOB_STEPS = 1024, 10_000
 
 
 def _never(step: int) -> object:
@@ -38,36 +42,37 @@ def _never(step: int) -> object:
     return stepscope.ProfilerAction.NONE
 
 
-def _loop(directory: Path | None, steps: int) -> int:
-    """Elapsed ns of ``steps`` step() calls (step tables into ``directory`` when given, in one
-    row group, so the writer thread writes nothing during the loop)."""
+def _loop(directory: Path | None, steps: int) -> tuple[int, int]:
+    """(elapsed ns of ``steps`` step() calls, the writer thread's CPU ns meanwhile): step
+    tables into ``directory`` when given, in default row groups (written during the loop)."""
     import stepscope
     from stepscope.steptables import StepTables
 
-    tables = StepTables(directory, rows_per_file=steps + 1) if directory else None
+    tables = StepTables(directory) if directory else None
     prof = stepscope.profile(schedule=_never, step_tables=tables, torch_ops=False)
     with prof:
+        writer = tables._writer._thread if tables is not None and tables._writer else None
+        clock_id = time.pthread_getcpuclockid(writer.ident) if writer and writer.ident else None
+        cpu = time.clock_gettime_ns(clock_id) if clock_id is not None else 0
         start = time.perf_counter_ns()
         for _ in range(steps):
             prof.step()
         elapsed = time.perf_counter_ns() - start
-    return elapsed
+        cpu = time.clock_gettime_ns(clock_id) - cpu if clock_id is not None else 0
+    return elapsed, cpu
 
 
-def _writer_cpu_per_row(directory: Path) -> float:
-    """CPU ns the writer thread spends per row on a full default row group."""
-    from stepscope.steptables.recorder import DEFAULT_ROWS_PER_FILE
-    from stepscope.steptables.writer import RowGroup, TableWriter
+def _ring_alone(phases: bool, steps: int) -> float:
+    """ns per step of the step ring's begin and end alone (the profile's step_times)."""
+    from stepscope.step_times import StepTimes
 
-    writer = TableWriter(directory, "host", DEFAULT_ROWS_PER_FILE)
-    group = RowGroup(DEFAULT_ROWS_PER_FILE)
-    group.rows = DEFAULT_ROWS_PER_FILE
-    start = time.thread_time_ns()
-    for _ in range(20):
-        writer._write(group)
-    per_row = (time.thread_time_ns() - start) / 20 / DEFAULT_ROWS_PER_FILE
-    writer.close()
-    return per_row
+    times = StepTimes(1 << 15, phases=phases)
+    begin, end = times.begin, times.end
+    start = time.perf_counter_ns()
+    for _ in range(steps):
+        begin(0)
+        end()
+    return (time.perf_counter_ns() - start) / steps
 
 
 def _hand_written(directory: Path, steps: int) -> int:
@@ -88,23 +93,26 @@ def _hand_written(directory: Path, steps: int) -> int:
 def bench_cost_per_step(report: Report, work: Path) -> None:
     steps = STEPS // 4 if report.quick else STEPS
     case = f"{steps:,} steps, no window recorded"
-    plain, tables, hand, writer = [], [], [], []
+    plain, tables, hand, writer, ring, wide = [], [], [], [], [], []
     for i in range(3 if report.quick else 5):  # interleaved, so drift hits all alike
-        plain.append(_loop(None, steps) / steps)
-        tables.append(_loop(work / f"tables{i}", steps) / steps)
+        plain.append(_loop(None, steps)[0] / steps)
+        elapsed, writer_cpu = _loop(work / f"tables{i}", steps)
+        tables.append(elapsed / steps)
+        writer.append(writer_cpu / steps)
         hand_dir = work / f"hand{i}"
         hand_dir.mkdir()
         hand.append(_hand_written(hand_dir, steps) / steps)
-        writer_dir = work / f"writer{i}"
-        writer_dir.mkdir()
-        writer.append(_writer_cpu_per_row(writer_dir))
+        ring.append(_ring_alone(False, steps))
+        wide.append(_ring_alone(True, steps))
     size = sum(f.stat().st_size for f in (work / "tables0").rglob("*.parquet"))
     base = report.add(case, "profile.step()", "ns/step", plain)
     report.add(case, "profile.step() + step tables", "ns/step", tables)
     peer = report.add(case, "hand-written list + pyarrow", "ns/step", hand)
+    alone = report.add(case, "step_times ring begin+end alone", "ns/step", ring)
+    with_phases = report.add(case, "step_times ring with the tables' phases", "ns/step", wide)
     extra = [t - p for t, p in zip(tables, plain, strict=True)]
     hot = report.add(case, "step tables in step()", "ns/step", extra)
-    thread = report.add(case, "writer thread CPU per row", "ns/step", writer)
+    thread = report.add(case, "writer thread CPU per step", "ns/step", writer)
     total = report.add(
         case,
         "step tables, all",
@@ -112,9 +120,10 @@ def bench_cost_per_step(report: Report, work: Path) -> None:
         [e + w for e, w in zip(extra, writer, strict=True)],
     )
     report.ratio("step tables in step() / hand-written logger", hot, peer)
+    report.ratio("step_times ring with phases / without", with_phases, alone)
     report.note(
         f"step tables: {hot.median:.0f} ns/step in step() (profile.step() alone "
-        f"{base.median:.0f} ns) + {thread.median:.0f} ns/row on the writer thread; "
+        f"{base.median:.0f} ns) + {thread.median:.0f} ns/step on the writer thread; "
         f"{size / steps:.1f} bytes/step on disk for this loop (regular values compress well)"
     )
     report.target("step tables' cost per step (us) <= 2", total.median / 1000, 2.0)
@@ -122,7 +131,8 @@ def bench_cost_per_step(report: Report, work: Path) -> None:
 
 
 def synthetic_job(out: Path) -> None:
-    """1,024 ranks x 10,000 steps as ranks write them: run=/rank= directories, 1,024-row files."""
+    """1,024 ranks x 10,000 steps as ranks leave them: run=/rank= directories, one file per rank
+    (compacted at close), 3 % of the steps recorded with a host breakdown."""
     import duckdb
 
     con = duckdb.connect()
@@ -139,10 +149,14 @@ def synthetic_job(out: Path) -> None:
                60000000 + (hash(r - s) % 3000000)::BIGINT AS cpu_ns,
                2000000000::BIGINT AS rss_bytes, s % 100 < 3 AS recorded,
                'host' || (r // 8) AS host, (1000 + r)::INTEGER AS pid,
-               1::SMALLINT AS schema_version
+               1::SMALLINT AS schema_version,
+               CASE WHEN s % 100 < 3 THEN 60000000 END::BIGINT AS host_computation_ns,
+               CASE WHEN s % 100 < 3 THEN 30000000 END::BIGINT AS host_communication_ns,
+               CASE WHEN s % 100 < 3 THEN 10000000 END::BIGINT AS host_idle_ns,
+               CASE WHEN s % 100 < 3 THEN MAP {{'forward': 20000000::BIGINT}} END
+                   AS host_categories
         FROM range({RANKS}) t(r), range({JOB_STEPS}) u(s) ORDER BY r, s
-        ) TO '{out}' (FORMAT parquet, PARTITION_BY (run, rank), ROW_GROUP_SIZE {ROWS_PER_FILE},
-                      ROW_GROUPS_PER_FILE 1)"""
+        ) TO '{out}' (FORMAT parquet, PARTITION_BY (run, rank), ROW_GROUP_SIZE {JOB_STEPS})"""
     )
 
 

@@ -15,14 +15,15 @@ import signal
 import subprocess
 import sys
 import time
+from array import array
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from stepscope.step_times import StepTimes
 from stepscope.steptables import StepTables
 from stepscope.steptables.fleet import fleet_report
-from stepscope.steptables.writer import MAX_PENDING
 from tests import test_report_html
 from tests.metrics_fixtures import free_port
 from tests.test_ranks import ROOT, TORCHRUN, stepscope_cli
@@ -66,8 +67,8 @@ def test_one_row_per_step_per_rank_read_by_duckdb_with_hive_partitions(job: Any)
         f"FROM read_parquet('{glob}', hive_partitioning = true) GROUP BY run, rank ORDER BY rank"
     ).fetchall()
     assert rows == [("job", r, list(range(JOB_STEPS)), 1) for r in (0, 1)]
-    # rows_per_file=5: 12 steps are three row groups (files) per rank, the last one partial
-    assert len(list((tables / "run=job" / "rank=0").glob("*.parquet"))) == 3
+    # rows_per_file=5: 12 steps were three row groups (files) per rank, compacted at close
+    assert len(list((tables / "run=job" / "rank=0").glob("*.parquet"))) == 1
     recorded = duckdb.sql(
         f"SELECT list(step ORDER BY step) FROM read_parquet('{glob}') WHERE recorded AND rank = 0"
     ).fetchall()
@@ -257,6 +258,7 @@ def test_a_killed_rank_loses_at_most_its_open_row_group(tmp_path: Path) -> None:
     files = sorted(tmp_path.rglob("*.parquet"))
     steps = [s for f in files for s in pq.read_table(f).column("step").to_pylist()]
     assert steps == list(range(8))  # steps 8 and 9 were in the open row group
+    assert len(files) == 2  # never compacted: the parts stay, each readable
 
 
 def test_bad_directory_is_one_line_error(tmp_path: Path) -> None:
@@ -300,7 +302,7 @@ def test_two_profiles_in_one_process_keep_both_files(tmp_path: Path) -> None:
         with stepscope.profile(step_tables=shared) as prof:
             shared.begin()  # a second begin while running changes nothing
             prof.step()
-    shared.step_ended(9, False)  # after the profile stopped: nothing is stored
+    shared.close()  # a second close changes nothing
     assert pq.read_table(tmp_path / "shared").column("step").to_pylist() == [0, 0]
 
 
@@ -316,31 +318,37 @@ def test_fleet_report_on_a_single_rank(tmp_path: Path) -> None:
 
 
 def test_a_failed_write_is_counted_and_training_goes_on(tmp_path: Path) -> None:
+    import stepscope
     from stepscope.failures import failure_counts
 
     tables = StepTables(tmp_path, rows_per_file=2, run="gone")
-    tables.begin()
-    assert tables.path is not None
-    shutil.rmtree(tables.path)  # every write of this rank now fails
-    for step in range(5):
-        tables.step_ended(step, False)
-    tables.close()
-    assert sum(failure_counts().get("step_tables", {}).values()) >= 2
+    before = sum(failure_counts().get("step_tables", {}).values())
+    with stepscope.profile(step_tables=tables) as prof:
+        assert tables.path is not None
+        shutil.rmtree(tables.path)  # every write of this rank now fails
+        for _ in range(5):
+            prof.step()
+    assert sum(failure_counts().get("step_tables", {}).values()) >= before + 2
+
+
+class _SmallRing(StepTables):
+    """Step tables over a ring of 8 steps, to be outrun."""
+
+    def step_times(self) -> StepTimes:
+        return StepTimes(8, phases=True)
 
 
 def test_rows_are_dropped_and_counted_when_the_writer_falls_behind(tmp_path: Path) -> None:
-    tables = StepTables(tmp_path, rows_per_file=1)
-    tables.begin()
-    writer = tables._writer
-    assert writer is not None
-    # every other buffer taken and never handed over: the writer has nothing to give back
-    held = [writer.fresh() for _ in range(MAX_PENDING)]
-    assert all(g is not None for g in held) and writer.fresh() is None
-    tables._group = None  # as after the open group was handed over
-    tables.step_ended(0, False)
-    tables.step_ended(1, False)
-    assert tables.dropped_rows == 2
-    tables.close()
+    import stepscope
+
+    tables = _SmallRing(tmp_path, rows_per_file=2)
+    # with the lock held the writer thread cannot take rows: the ring of 8 wraps
+    with stepscope.profile(step_tables=tables) as prof, tables._lock:
+        for _ in range(20):
+            prof.step()
+    steps = sorted(pq.read_table(tmp_path).column("step").to_pylist())
+    # the ring holds steps 13-19 and the unfinished one stop() ends (not written)
+    assert steps == list(range(13, 20)) and tables.dropped_rows == 13
 
 
 def test_fleet_reads_a_run_or_rank_directory_and_refuses_other_parquet(tmp_path: Path) -> None:
@@ -372,3 +380,137 @@ def test_missing_extra_is_one_line(
     assert main(["fleet", str(tmp_path)]) == 1
     err = capsys.readouterr().err
     assert "pip install 'stepscope[parquet]'" in err and err.count("\n") == 1
+
+
+def test_the_ring_times_phases_per_step_and_hands_over_what_it_kept(implementation: str) -> None:
+    """Phase and CPU columns against perf_counter/thread_time around the same code."""
+    from array import array
+
+    times = StepTimes(capacity=3, implementation=implementation, phases=True)
+    ring, measured, tail = times.ring, [], 0
+    for _ in range(5):
+        times.begin(0)
+        t0 = time.perf_counter_ns()
+        ring.enter(1)
+        ring.enter(1)  # nested (a subclass's step calling super().step()): counted once
+        time.sleep(0.004)
+        ring.leave(1)
+        ring.leave(1)
+        opt = time.perf_counter_ns() - t0
+        c0, t0 = time.thread_time_ns(), time.perf_counter_ns()
+        ring.enter(0)  # open across the boundary: split between this step and the next
+        deadline = time.perf_counter() + 0.003
+        while time.perf_counter() < deadline:
+            pass
+        cpu, data = time.thread_time_ns() - c0, time.perf_counter_ns() - t0
+        times.end()
+        t0 = time.perf_counter_ns()
+        time.sleep(0.002)
+        ring.leave(0)
+        measured.append((opt, data + tail, cpu))  # with the previous step's tail
+        tail = time.perf_counter_ns() - t0
+    first, count, starts, ends, kinds, *phases = ring.take(0)
+    assert (first, count, kinds) == (2, 5, bytes(3))  # steps 0 and 1 are gone
+    columns = []
+    for raw in (starts, ends, *phases):
+        column = array("q")
+        column.frombytes(raw)
+        columns.append(column)
+    starts_a, ends_a, data_a, opt_a, gc_a, cpu_a = columns
+    assert list(starts_a) == sorted(starts_a) and all(
+        e > s for s, e in zip(starts_a, ends_a, strict=True)
+    )
+    for n, (opt, data, cpu) in enumerate(measured[2:]):
+        assert opt_a[n] == pytest.approx(opt, rel=0.2)
+        assert data_a[n] == pytest.approx(data, rel=0.2)
+        assert cpu_a[n] >= cpu and gc_a[n] == 0
+    assert ring.take(5)[:2] == (5, 5)
+    with pytest.raises(ValueError, match="phase"):
+        ring.enter(3)
+
+
+def test_short_steps_share_one_cpu_reading_settled_from_another_thread(
+    implementation: str,
+) -> None:
+    """Steps shorter than the ring's CPU reading period: their CPU times sum to the loop
+    thread's own CPU clock over them, settled by another thread as the writer does."""
+    import threading
+    from array import array
+
+    times = StepTimes(capacity=64, implementation=implementation, phases=True)
+    go = threading.Event()
+    settler = threading.Thread(target=lambda: go.wait() and times.ring.settle())
+    settler.start()  # before the steps: starting a thread costs this one CPU time
+    c0 = time.thread_time_ns()
+    for _ in range(20):
+        times.begin(0)
+        deadline = time.perf_counter_ns() + 20_000  # 20 us of CPU: 20 steps < 1 ms
+        while time.perf_counter_ns() < deadline:
+            pass
+        times.end()
+    spent = time.thread_time_ns() - c0
+    go.set()  # (on a busy machine the loop may have passed 1 ms and settled some itself)
+    settler.join()
+    first, count, *columns = times.ring.take(0)
+    cpu = array("q")
+    cpu.frombytes(columns[-1])
+    assert (first, count, len(cpu)) == (0, 20, 20)
+    assert sum(cpu) == pytest.approx(spent, rel=0.25) and min(cpu) > 0
+
+
+def test_a_row_group_is_written_once_flush_s_old(tmp_path: Path) -> None:
+    import stepscope
+
+    tables = StepTables(tmp_path, flush_s=0.05)  # rows_per_file (8,192) is never reached
+    with stepscope.profile(step_tables=tables) as prof:
+        for _ in range(5):
+            prof.step()
+        deadline = time.monotonic() + 30
+        while not list(tmp_path.rglob("*.parquet")) and time.monotonic() < deadline:
+            prof.step()  # the group is handed over once a row after it is seen
+            time.sleep(0.01)
+        written = sorted(pq.read_table(tmp_path).column("step").to_pylist())
+    assert written and written == list(range(len(written)))  # written while running
+    assert sorted(pq.read_table(tmp_path).column("step").to_pylist()) == list(range(prof.step_num))
+    with pytest.raises(ValueError, match="flush_s"):
+        StepTables(tmp_path, flush_s=0)
+
+
+def test_a_rank_s_files_are_compacted_into_one_at_close(tmp_path: Path) -> None:
+    import stepscope
+
+    tables = StepTables(tmp_path, rows_per_file=3)
+    with stepscope.profile(
+        schedule=stepscope.schedule(wait=3, warmup=1, active=2), step_tables=tables
+    ) as p:
+        for _ in range(10):
+            p.step()
+        while len(list(tmp_path.rglob("*.parquet"))) < 2:  # parts written while running
+            time.sleep(0.01)
+    (only,) = tmp_path.rglob("*.parquet")
+    table = pq.read_table(only)
+    assert only.name.endswith("-all.parquet")
+    assert table.column("step").to_pylist() == list(range(10))
+    assert [r["step"] for r in table.to_pylist() if r["recorded"]] == [4, 5]
+
+
+def test_steps_of_a_thread_that_ended_settle_without_a_made_up_cpu_time(
+    implementation: str,
+) -> None:
+    import threading
+
+    times = StepTimes(capacity=8, implementation=implementation, phases=True)
+
+    def loop() -> None:
+        for _ in range(3):
+            times.begin(0)
+            times.end()
+
+    worker = threading.Thread(target=loop)
+    worker.start()
+    worker.join()
+    times.ring.settle()  # the loop's thread is gone: its clock cannot be read
+    first, count, *columns = times.ring.take(0)
+    cpu = array("q")
+    cpu.frombytes(columns[-1])
+    assert (first, count) == (0, 3) and all(0 <= c < 50_000_000 for c in cpu)

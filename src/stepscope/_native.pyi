@@ -296,13 +296,24 @@ class StackSampler:
 
 @final
 class StepRing:
-    """Every step's start and end (monotonic ns) and kind, the last ``capacity`` kept."""
+    """Every step's start and end (monotonic ns) and kind, the last ``capacity`` kept; with
+    ``phases``, each step's phase times and CPU ns too."""
 
-    def __init__(self, capacity: int) -> None: ...
+    def __init__(self, capacity: int, phases: bool = False) -> None: ...
     def begin(self, kind: int, /) -> None:
         """A step starts now (kind 0 unrecorded, 1 warmup, 2 and more recorded)."""
     def end(self) -> None:
         """The open step ends now (none open: nothing)."""
+    def enter(self, phase: int, /) -> None:
+        """Phase 0 data wait, 1 optimizer, 2 GC begins (nested: counted once)."""
+    def leave(self, phase: int, /) -> None:
+        """The phase entered last ends now."""
+    def take(
+        self, since: int, /
+    ) -> tuple[int, int, bytes, bytes, bytes, bytes, bytes, bytes, bytes]:
+        """(first, count, starts, ends, kinds, data, optimizer, gc, cpu) of steps first..count-1."""
+    def settle(self) -> None:
+        """Read the CPU clock now: every ended step's CPU time is then settled."""
     def export(self) -> tuple[bytes, bytes, bytes, int]:
         """(starts, ends, kinds, count): int64 and uint8 columns of the ring, steps ended."""
 

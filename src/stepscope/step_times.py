@@ -8,11 +8,24 @@ steps recorded with the steps not recorded of the same run (``summary``).  The r
 last ``capacity`` steps; older ones are dropped and counted.  ``begin`` and ``end`` only store
 a clock reading each (the C ``StepRing`` of ``_csrc/step_times.c``, or its twin
 ``PyStepRing``): everything else is worked out when a summary is asked for.
+
+A ring made with ``phases=True`` (for the step tables) also keeps, per step, the time spent in
+each of ``PHASES`` (bracketed by ``enter``/``leave`` from the tables' hooks) and the CPU time of
+the thread calling ``step()``, stored by the same ``end`` with the same clock reading; ``take``
+hands the rows ended since a given step to the tables' writer thread.  The thread's CPU clock is
+a system call (about 1 us on a VM), so it is read at most every ``CPU_READ_NS``: a step that
+long gets its own CPU time, shorter ones share a reading's CPU time in proportion to their wall
+time, and ``take`` hands over only the steps whose CPU time is settled.  ``settle`` reads the
+loop thread's clock from any thread (the tables' writer thread, every 20 ms); what the open step
+spent before that reading is credited to the steps it settles.
 """
 
 from __future__ import annotations
 
+import functools
 import statistics
+import threading
+import time
 from array import array
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -23,18 +36,55 @@ from stepscope.clock import now_ns
 if TYPE_CHECKING:
     from stepscope._native import StepRing
 
-__all__ = ["KINDS", "PyStepRing", "StepTimes"]
+__all__ = ["KINDS", "PHASES", "PyStepRing", "StepTimes", "Taken"]
 
 KINDS = ("unrecorded", "warmup", "recorded")
 """What a step ran under: no profiling, the schedule's warmup, a recording window."""
+PHASES = ("data_wait", "optimizer", "gc")
+"""The phases a ring with ``phases=True`` times per step, by their ``enter``/``leave`` number."""
+
+CPU_READ_NS = 1_000_000
+"""The least wall time between two readings of the thread's CPU clock (phases only)."""
+
+Taken = tuple[int, int, bytes, bytes, bytes, bytes, bytes, bytes, bytes]
+"""``take``'s answer: first, count, then starts, ends, kinds (uint8), data wait, optimizer, GC
+and CPU ns columns (int64) of the steps first..count-1."""
+
+
+def _loop_thread_cpu_clock() -> tuple[Callable[[], int], int | None]:
+    """This thread's CPU clock, and the only thread that may read it (None: any thread)."""
+    try:
+        clock = time.pthread_getcpuclockid(threading.get_ident())
+    except (AttributeError, OSError):  # no per-thread clock ids: only this thread may read it
+        return time.thread_time_ns, threading.get_ident()
+    return functools.partial(time.clock_gettime_ns, clock), None
 
 
 class PyStepRing:
     """The pure-Python twin of the C ``StepRing``: the same calls, the same export."""
 
-    __slots__ = ("_count", "_ends", "_kinds", "_open", "_slot", "_starts", "capacity")
+    __slots__ = (
+        "_count",
+        "_cpu_clock",
+        "_cpu_owner",
+        "_cpu_read_at",
+        "_depth",
+        "_ends",
+        "_kinds",
+        "_last_cpu",
+        "_open",
+        "_phase_ns",
+        "_phase_start",
+        "_phases",
+        "_settle_lock",
+        "_settled",
+        "_slot",
+        "_starts",
+        "_wide",
+        "capacity",
+    )
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, phases: bool = False) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be 1 or more, got {capacity}")
         self.capacity = capacity
@@ -44,21 +94,107 @@ class PyStepRing:
         self._count = 0
         self._slot = 0
         self._open = False
+        self._phases = phases
+        width = len(PHASES) + 1 if phases else 0
+        self._wide = [array("q", bytes(8 * capacity)) for _ in range(width)]
+        self._phase_ns = [0] * len(PHASES)
+        self._phase_start = [0] * len(PHASES)
+        self._depth = [0] * len(PHASES)
+        self._last_cpu: int | None = None
+        self._cpu_read_at = 0
+        self._settled = 0
+        self._cpu_clock: Callable[[], int] = time.thread_time_ns
+        self._cpu_owner: int | None = None
+        self._settle_lock = threading.Lock()  # the writer thread settles too
 
     def begin(self, kind: int, /) -> None:
         """A step starts now (kind 0 unrecorded, 1 warmup, 2 and more recorded)."""
         slot = self._slot
         self._kinds[slot] = 0 if kind < 0 else kind if kind < 2 else 2
         self._open = True
-        self._starts[slot] = now_ns()
+        now = now_ns()
+        if self._phases and self._last_cpu is None:
+            self._cpu_clock, self._cpu_owner = _loop_thread_cpu_clock()
+            self._last_cpu, self._cpu_read_at = self._cpu_clock(), now
+        self._starts[slot] = now
 
     def end(self) -> None:
         """The open step ends now (none open: nothing)."""
         if self._open:
-            self._ends[self._slot] = now_ns()
+            now = now_ns()
+            slot = self._slot
+            self._ends[slot] = now
+            if self._phases:
+                for k in range(len(PHASES)):
+                    if self._depth[k]:  # open across the boundary: split it
+                        self._phase_ns[k] += now - self._phase_start[k]
+                        self._phase_start[k] = now
+                    self._wide[k][slot] = self._phase_ns[k]
+                    self._phase_ns[k] = 0
             self._open = False
             self._count += 1
             self._slot = self._count % self.capacity
+            if self._phases and now - self._cpu_read_at >= CPU_READ_NS:
+                self._settle_at(now)
+
+    def settle(self) -> None:
+        """Read the CPU clock of the thread that began the first step now (from any thread):
+        every ended step's CPU time is then settled."""
+        if self._phases and self._last_cpu is not None:
+            self._settle_at(now_ns())
+
+    def _settle_at(self, now: int) -> None:
+        owner = self._cpu_owner
+        if owner is not None and owner != threading.get_ident():
+            return  # this thread's clock is not the loop's
+        with self._settle_lock:
+            count = self._count
+            if self._settled == count:
+                return
+            try:
+                cpu = self._cpu_clock()
+            except OSError:  # the thread has ended: the steps get 0, not a made-up value
+                cpu = self._last_cpu or 0
+            spent = cpu - (self._last_cpu or 0)
+            wall = self._ends[(count - 1) % self.capacity] - self._cpu_read_at
+            previous, cpu_column = self._cpu_read_at, self._wide[-1]
+            for n in range(max(self._settled, count - self.capacity), count):
+                slot = n % self.capacity
+                interval, previous = self._ends[slot] - previous, self._ends[slot]
+                cpu_column[slot] = int(spent * interval / wall) if wall > 0 else 0
+            self._settled, self._last_cpu, self._cpu_read_at = count, cpu, now
+
+    def enter(self, phase: int, /) -> None:
+        """Phase 0 data wait, 1 optimizer, 2 GC begins (nested: counted once)."""
+        if not 0 <= phase < len(PHASES):
+            raise ValueError(f"phase must be 0 to {len(PHASES) - 1}, got {phase}")
+        self._depth[phase] += 1
+        if self._depth[phase] == 1:
+            self._phase_start[phase] = now_ns()
+
+    def leave(self, phase: int, /) -> None:
+        """The phase entered last ends now."""
+        if not 0 <= phase < len(PHASES):
+            raise ValueError(f"phase must be 0 to {len(PHASES) - 1}, got {phase}")
+        if self._depth[phase] > 0:
+            self._depth[phase] -= 1
+            if not self._depth[phase]:
+                self._phase_ns[phase] += now_ns() - self._phase_start[phase]
+
+    def take(self, since: int, /) -> Taken:
+        """The rows of the steps ended since step ``since`` (see ``Taken``; phases only)."""
+        if not self._phases:
+            raise RuntimeError("take() needs a StepRing made with phases=True")
+        count = self._settled  # read first: rows below it are complete
+        first = min(max(since, 0, self._count - self.capacity), count)
+
+        def cut(column: array[int] | bytearray) -> bytes:  # unwrapped: oldest row first
+            lo, n = first % self.capacity, count - first
+            return bytes(column[lo : lo + n]) + bytes(column[: max(0, lo + n - self.capacity)])
+
+        starts, ends, kinds = cut(self._starts), cut(self._ends), cut(self._kinds)
+        data, optimizer, gc_ns, cpu = (cut(column) for column in self._wide)
+        return first, count, starts, ends, kinds, data, optimizer, gc_ns, cpu
 
     def export(self) -> tuple[bytes, bytes, bytes, int]:
         """(starts, ends, kinds, count): int64 and uint8 columns of the ring, steps ended."""
@@ -71,11 +207,12 @@ class StepTimes:
 
     __slots__ = ("begin", "capacity", "collector_ns", "end", "ring")
 
-    def __init__(self, capacity: int = 8192, implementation: str | None = "auto") -> None:
+    def __init__(
+        self, capacity: int = 8192, implementation: str | None = "auto", phases: bool = False
+    ) -> None:
         native = _ext.resolve(implementation, what="step times")
-        self.ring: PyStepRing | StepRing = (
-            native.StepRing(capacity) if native is not None else PyStepRing(capacity)
-        )
+        ring = native.StepRing if native is not None else PyStepRing
+        self.ring: PyStepRing | StepRing = ring(capacity, phases)
         self.capacity = capacity
         self.begin: Callable[[int], None] = self.ring.begin
         """A step starts now; ``kind`` is the schedule action's value (0 none, 1 warmup, 2 and

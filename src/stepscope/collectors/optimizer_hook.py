@@ -1,4 +1,4 @@
-"""One optimizer step post-hook per process, registered once and never removed.
+"""One optimizer step pre-hook and one post-hook per process, registered once, never removed.
 
 torch calls its global optimizer step post-hooks by iterating an ``OrderedDict``; adding or
 removing a hook while that loop runs (a window that starts or stops inside a hook, because the
@@ -7,7 +7,8 @@ user's ``optimizer.step()``.  So stepscope registers a single dispatcher with to
 no hook can be running (right after torch is imported, or when a profile is built), and never
 removes it; stepscope's parts add and remove *listeners* here instead, which are kept in a tuple
 replaced on every change, so the dispatcher's loop never sees its list change under it.  With no
-listener the dispatcher costs one Python call per optimizer step.
+listener each dispatcher costs one Python call per optimizer step.  Listeners added with
+``before=True`` run before the step (torch's pre-hooks), the others after it.
 """
 
 from __future__ import annotations
@@ -30,7 +31,9 @@ __all__ = [
 OptimizerListener = Callable[[Any], None]
 """Called with the optimizer after each ``Optimizer.step()``."""
 
-_listeners: tuple[tuple[OptimizerListener, bool | None], ...] = ()
+_Listeners = tuple[tuple[OptimizerListener, bool | None], ...]
+_listeners: _Listeners = ()
+_pre_listeners: _Listeners = ()
 _lock = threading.Lock()
 _registered = False
 _waiting = False
@@ -38,7 +41,15 @@ _failures = failure_log("collectors")
 
 
 def _dispatch(optimizer: Any, args: Any, kwargs: Any) -> None:
-    for listener, strict in _listeners:
+    _call(_listeners, optimizer)
+
+
+def _dispatch_pre(optimizer: Any, args: Any, kwargs: Any) -> None:
+    _call(_pre_listeners, optimizer)
+
+
+def _call(listeners: _Listeners, optimizer: Any) -> None:
+    for listener, strict in listeners:
         try:
             listener(optimizer)
         except Exception as exc:
@@ -57,8 +68,12 @@ def _register() -> None:
         _waiting = False
         if _registered:
             return
-        from torch.optim.optimizer import register_optimizer_step_post_hook
+        from torch.optim.optimizer import (
+            register_optimizer_step_post_hook,
+            register_optimizer_step_pre_hook,
+        )
 
+        register_optimizer_step_pre_hook(_dispatch_pre)
         register_optimizer_step_post_hook(_dispatch)
         _registered = True
 
@@ -77,28 +92,36 @@ def ensure_registered() -> None:
     import_watch.when_imported("torch", _register)
 
 
-def add_listener(listener: OptimizerListener, *, strict: bool | None = None) -> None:
-    """Call ``listener(optimizer)`` after every optimizer step (safe inside a hook).
+def add_listener(
+    listener: OptimizerListener, *, strict: bool | None = None, before: bool = False
+) -> None:
+    """Call ``listener(optimizer)`` after every optimizer step, or before it with ``before``
+    (safe inside a hook).
 
     A listener that raises is counted and logged on the ``collectors`` failure log (re-raised
     when ``strict``, ``None`` following ``config.strict``).  Without :func:`ensure_registered`
     having run earlier, the dispatcher is registered here, which is safe only outside torch's
     hook loop.
     """
-    global _listeners
+    global _listeners, _pre_listeners
     with _lock:
-        if all(known != listener for known, _ in _listeners):  # bound methods: equal, not same
-            _listeners = (*_listeners, (listener, strict))
+        known = _pre_listeners if before else _listeners
+        if all(entry != listener for entry, _ in known):  # bound methods: equal, not same
+            if before:
+                _pre_listeners = (*known, (listener, strict))
+            else:
+                _listeners = (*known, (listener, strict))
     ensure_registered()
 
 
 def remove_listener(listener: OptimizerListener) -> None:
     """Stop calling ``listener`` (safe inside a hook; no error if it was not listening)."""
-    global _listeners
+    global _listeners, _pre_listeners
     with _lock:
         _listeners = tuple(entry for entry in _listeners if entry[0] != listener)
+        _pre_listeners = tuple(entry for entry in _pre_listeners if entry[0] != listener)
 
 
 def listening() -> int:
-    """How many listeners are registered (for tests)."""
-    return len(_listeners)
+    """How many listeners are registered, before and after the step (for tests)."""
+    return len(_listeners) + len(_pre_listeners)

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
 from typing import Any, Literal
 
-from stepscope import clock, forks, step_times, steps, steptables
+from stepscope import clock, forks, steps, steptables
 from stepscope._version import __version__
 from stepscope.activity import ProfilerActivity, coerce_activities
 from stepscope.collectors import import_watch
@@ -176,7 +176,7 @@ class profile:
             if not isinstance(extra, Collector):
                 raise TypeError(f"collectors must be Collector instances, got {extra!r}")
             self.collectors.append(extra)
-        self.step_times = step_times.StepTimes()
+        self.step_times = self.step_tables.step_times()  # with the tables' phase columns
         """Every step's start and end, recorded or not, and each collector's hook time."""
         self.step_num = 0
         self.current_action = action_at(self.schedule, 0)
@@ -347,6 +347,7 @@ class profile:
             if self._step_trigger is not None:
                 self._step_trigger.install()
             steps.set_step(self.step_num)
+            self.step_tables.follow(self.step_times, lambda: self.step_num)
             advance_kineto_step("start")
             self._transit(ProfilerAction.NONE, self.current_action)
             self._open_step_span()
@@ -361,7 +362,6 @@ class profile:
         """Mark the end of the current step and the start of the next one."""
         if self._left_in_child:
             return
-        self.step_tables.step_ended(self.step_num, self.current_action in RECORDING)
         self._close_step_span(stepping=True)
         self._mark_steps_from_start = True
         previous = self.current_action

@@ -191,7 +191,7 @@ FROM steps WHERE rank % {{stride}} = 0 GROUP BY run, step
 
 _LAGS = f"""
 CREATE TEMP TABLE lags AS
-SELECT s.run, s.step, s.rank::INTEGER AS rank, m.duration_ns AS step_ns,
+SELECT s.run, s.step, s.rank::INTEGER AS rank,
        {" + ".join(_LAG_COLUMNS)} AS lag_ns,
        {", ".join(f"{c} AS {n}_lag" for c, n in zip(_LAG_COLUMNS, _NAMES, strict=True))},
        ({" + ".join(_LAG_COLUMNS)}) > greatest({MIN_LAG_NS}, {LAG_FRACTION} * m.duration_ns)
@@ -199,19 +199,31 @@ SELECT s.run, s.step, s.rank::INTEGER AS rank, m.duration_ns AS step_ns,
 FROM steps s JOIN reference m USING (run, step)
 """
 
-_STRAGGLERS = f"""
-SELECT run, step, arg_max(rank, lag_ns), max(lag_ns)::BIGINT,
-       arg_max({_top_phase([f"{n}_lag" for n in _NAMES])}, lag_ns),
-       any_value(step_ns)::BIGINT, count(*)
-FROM lags GROUP BY run, step ORDER BY run, step
+# one pass over the lags per step (stragglers and drift) and one per rank (the slow ones)
+_PER_STEP = f"""
+CREATE TEMP TABLE per_step AS
+SELECT run, step, arg_max(rank, lag_ns) AS rank, max(lag_ns)::BIGINT AS lag_ns,
+       arg_max({_top_phase([f"{n}_lag" for n in _NAMES])}, lag_ns) AS phase,
+       count(*) AS ranks, median(lag_ns) AS median_lag_ns
+FROM lags GROUP BY run, step
+"""
+
+_PER_RANK = """
+CREATE TEMP TABLE per_rank AS
+SELECT run, rank, sum(slow::INT) AS slow_steps FROM lags GROUP BY run, rank
+"""
+
+_STRAGGLERS = """
+SELECT p.run, p.step, p.rank, p.lag_ns, p.phase, m.duration_ns::BIGINT, p.ranks
+FROM per_step p JOIN reference m USING (run, step) ORDER BY p.run, p.step
 """
 
 # the window runs only over ranks slow in enough steps (few, in a healthy job)
 _SLOW_RANKS = f"""
-WITH candidates AS (
-    SELECT run, rank FROM lags GROUP BY run, rank HAVING sum(slow::INT) >= {MIN_SLOW_STEPS}
-), picked AS (
-    SELECT l.* FROM lags l SEMI JOIN candidates c ON l.run = c.run AND l.rank = c.rank
+WITH picked AS (
+    SELECT l.* FROM lags l SEMI JOIN (
+        SELECT run, rank FROM per_rank WHERE slow_steps >= {MIN_SLOW_STEPS}
+    ) c ON l.run = c.run AND l.rank = c.rank
 ), suffix AS (
     SELECT run, rank, step, slow,
            sum(slow::INT) OVER w AS slow_after, count(*) OVER w AS steps_after
@@ -231,13 +243,12 @@ GROUP BY l.run, l.rank ORDER BY avg(l.lag_ns) DESC
 """
 
 _DRIFT = f"""
-WITH per_step AS (
-    SELECT run, step, any_value(step_ns) AS step_ns, median(lag_ns) AS lag_ns
-    FROM lags GROUP BY run, step
-), parts AS (
-    SELECT *, ntile({DRIFT_PARTS}) OVER (PARTITION BY run ORDER BY step) AS part FROM per_step
+WITH parts AS (
+    SELECT p.run, p.step, m.duration_ns AS step_ns, p.median_lag_ns,
+           ntile({DRIFT_PARTS}) OVER (PARTITION BY p.run ORDER BY p.step) AS part
+    FROM per_step p JOIN reference m USING (run, step)
 )
-SELECT run, part, min(step), max(step), median(step_ns)::BIGINT, median(lag_ns)::BIGINT
+SELECT run, part, min(step), max(step), median(step_ns)::BIGINT, median(median_lag_ns)::BIGINT
 FROM parts GROUP BY run, part ORDER BY run, part
 """
 
@@ -258,10 +269,12 @@ def fleet_report(path: str | os.PathLike[str], con: Any = None) -> FleetReport:
     rank_dirs = len({p.name for p in Path(path).glob("**/rank=*") if p.is_dir()})
     con.execute(_REFERENCE.format(stride=max(1, rank_dirs // REFERENCE_RANKS)))
     con.execute(_LAGS)
-    rows, runs, ranks, steps = con.execute(
-        "SELECT count(*), list(DISTINCT run ORDER BY run), count(DISTINCT rank), "
-        "count(DISTINCT (run, step)) FROM lags"
+    con.execute(_PER_STEP)
+    con.execute(_PER_RANK)
+    rows, runs, steps = con.execute(
+        "SELECT sum(ranks), list(DISTINCT run ORDER BY run), count(*) FROM per_step"
     ).fetchone()
+    (ranks,) = con.execute("SELECT count(DISTINCT rank) FROM per_rank").fetchone()
     report = FleetReport(str(path), int(rows), [str(r) for r in runs], int(ranks), int(steps))
     report.stragglers = [
         StepStraggler(

@@ -1,8 +1,12 @@
-"""The step tables' recorder: one row per step, stored in a preallocated buffer by ``step()``.
+"""The step tables' recorder: one row per step, taken from the profile's step ring.
 
-Phase times come from hooks that only add to counters: the DataLoader iterator's ``__next__``
-(wrapped on its class), torch's global optimizer step hooks and ``gc.callbacks``.  Full row
-groups go to the writer thread (``writer.py``); a killed rank loses at most the open one.
+The profile's ``step_times`` ring (made by ``StepTables.step_times``, with phases) already stamps
+every step's start and end; with phases it also stores each step's data-wait, optimizer and GC
+time and its CPU time, with the same clock reading.  So the tables add no hook to ``step()``:
+their hooks only open and close phases on the ring (the DataLoader iterator's ``__next__``,
+wrapped on its class; the optimizer step, through the process's one optimizer hook dispatcher;
+``gc.callbacks``), and the writer thread takes the new rows every 20 ms.  Rows of recorded
+steps wait for their window's trace; a killed rank loses at most its open row group.
 """
 
 from __future__ import annotations
@@ -10,8 +14,9 @@ from __future__ import annotations
 import functools
 import gc
 import os
+import re
 import socket
-import time
+import threading
 from array import array
 from collections.abc import Callable
 from pathlib import Path
@@ -19,20 +24,36 @@ from typing import Any
 
 from stepscope import clock
 from stepscope.atomic import make_directory
-from stepscope.collectors import import_watch
+from stepscope.collectors import import_watch, optimizer_hook
 from stepscope.collectors.base import Collector
 from stepscope.config import config
 from stepscope.distributed import rank_and_world_size
 from stepscope.extras import require
+from stepscope.step_times import StepTimes
 from stepscope.steptables.schema import partition_value
-from stepscope.steptables.writer import NCOLS, RowGroup, TableWriter
+from stepscope.steptables.writer import Rows, TableWriter
 from stepscope.trace.model import Trace
 
-__all__ = ["DEFAULT_ROWS_PER_FILE", "NoStepTables", "StepTables", "default_run", "step_tables_of"]
+__all__ = [
+    "DEFAULT_ROWS_PER_FILE",
+    "RING_STEPS",
+    "NoStepTables",
+    "StepTables",
+    "default_run",
+    "step_tables_of",
+]
 
-DEFAULT_ROWS_PER_FILE = 1024
-"""Steps per row group (and file): what a killed rank can lose at most."""
-_thread_time_ns = time.thread_time_ns
+DEFAULT_ROWS_PER_FILE = 8192
+"""Steps per row group (and file) at most: a file has a fixed cost of about 1 ms to write."""
+DEFAULT_FLUSH_S = 60.0
+"""A row group is written once its first step is this old: with ``rows_per_file``, what a killed
+rank can lose at most."""
+RING_STEPS = 1 << 15
+"""Steps the profile's ring keeps with step tables: the writer thread, taking rows every 20 ms,
+falls behind (and counts the rows lost) only past 1.6 million steps a second."""
+DATA, OPTIMIZER, GC = 0, 1, 2
+"""The ring's phase numbers (``step_times.PHASES``)."""
+_RUNS = re.compile(rb"\x02+|[^\x02]+")  # kind 2: a recorded step
 
 
 def default_run() -> str:
@@ -56,6 +77,7 @@ class StepTables(Collector):
         directory: str | os.PathLike[str],
         *,
         rows_per_file: int = DEFAULT_ROWS_PER_FILE,
+        flush_s: float = DEFAULT_FLUSH_S,
         run: str | None = None,
         strict: bool | None = None,
     ) -> None:
@@ -63,33 +85,39 @@ class StepTables(Collector):
             raise TypeError(f"rows_per_file must be an int, got {rows_per_file!r}")
         if rows_per_file < 1:
             raise ValueError(f"rows_per_file must be 1 or more, got {rows_per_file}")
+        if isinstance(flush_s, bool) or not isinstance(flush_s, (int, float)) or flush_s <= 0:
+            raise ValueError(f"flush_s must be a number of seconds above 0, got {flush_s!r}")
         require("pyarrow", "step tables (profile(step_tables=...))", "parquet")
         self.directory = Path(os.fspath(directory))
         self.rows_per_file = rows_per_file
+        self.flush_ns = int(flush_s * 1e9)
         self.run = run
         self.strict = strict
         self.path: Path | None = None
         """The rank's partition directory, once started."""
         self._writer: TableWriter | None = None
-        self._group: RowGroup | None = None
-        self._base = clock.wall_base_ns()
-        self._start_ns = 0
-        self._cpu_ns = 0
-        self._data_ns = self._data_start = 0
-        self._opt_ns = self._opt_start = self._opt_depth = 0
-        self._gc_ns = self._gc_start = 0
         self._undo: list[Callable[[], None]] = []
         self._active = False
-        self._held: list[tuple[int, ...]] = []
+        self._ring: Any = None  # the followed profile's StepRing (or its twin)
+        self._step_now: Callable[[], int] = lambda: 0
+        self._first_step = self._first_index = self._next = 0
+        self._lock = threading.Lock()  # the writer thread and window_built both take rows
+        self._pending = Rows()
+        self._held = Rows(recorded=True)
         """Rows of recorded steps, until their window's trace is built."""
+        self._lost = 0
 
     @property
     def dropped_rows(self) -> int:
         """Rows lost because the writer thread fell behind (0 normally)."""
-        return self._writer.dropped_rows if self._writer is not None else 0
+        return self._lost + (self._writer.dropped_rows if self._writer is not None else 0)
+
+    def step_times(self) -> StepTimes:
+        """The profile's step ring: with the phase columns these tables are made from."""
+        return StepTimes(RING_STEPS, phases=True)
 
     def begin(self) -> None:
-        """Open the rank's directory, start the writer thread and the hooks; a step begins."""
+        """Open the rank's directory, start the writer thread and the hooks."""
         if self._active:
             return
         rank = rank_and_world_size()[0] or 0
@@ -97,62 +125,26 @@ class StepTables(Collector):
         self.path = make_directory(
             self.directory / f"run={run}" / f"rank={rank}", "step tables", "step tables directory"
         )
-        self._writer = TableWriter(self.path, socket.gethostname(), self.rows_per_file)
-        self._group = self._writer.fresh()
+        self._ring = None
+        self._pending, self._held = Rows(), Rows(recorded=True)
+        host, base = socket.gethostname(), clock.wall_base_ns()
+        self._writer = TableWriter(self.path, host, base, self._take)
         self._active = True
         gc.callbacks.append(self._on_gc)
         self._undo.append(lambda: gc.callbacks.remove(self._on_gc))
         import_watch.when_imported("torch.utils.data", self._hook_dataloader)
         import_watch.when_imported("torch.optim", self._hook_optimizer)
-        self._start_ns = clock.now_ns()
-        self._cpu_ns = _thread_time_ns()
 
-    def step_ended(self, step: int, recorded: bool) -> None:
-        """Store the row of ``step``, which ends now (the profiler's ``step()`` calls this)."""
-        now = clock.now_ns()
-        cpu = _thread_time_ns()
-        if self._opt_start:  # a boundary inside a phase splits it between the two steps
-            self._opt_ns += now - self._opt_start
-            self._opt_start = now
-        if self._data_start:
-            self._data_ns += now - self._data_start
-            self._data_start = now
-        group = self._group
-        writer = self._writer
-        if writer is None or not self._active:
-            return
-        if recorded:  # written with its window's breakdown (window_built)
-            row = (step, self._start_ns + self._base, now - self._start_ns, self._data_ns,
-                   self._opt_ns, self._gc_ns, cpu - self._cpu_ns, writer.rss)  # fmt: skip
-            self._held.append(row)
-            if len(self._held) >= self.rows_per_file:  # a window that never ends: bounded
-                self._hand_over_held(None)
-        else:
-            if group is None:
-                group = self._group = writer.fresh()
-            if group is None:
-                writer.dropped_rows += 1
-            else:
-                ints, row_index = group.ints, group.rows
-                i = row_index * NCOLS
-                ints[i] = step
-                ints[i + 1] = self._start_ns + self._base
-                ints[i + 2] = now - self._start_ns
-                ints[i + 3] = self._data_ns
-                ints[i + 4] = self._opt_ns
-                ints[i + 5] = self._gc_ns
-                ints[i + 6] = cpu - self._cpu_ns
-                ints[i + 7] = writer.rss
-                group.rows = row_index + 1
-                if row_index + 1 == group.capacity:
-                    writer.submit(group)
-                    self._group = writer.fresh()
-        self._data_ns = self._opt_ns = self._gc_ns = 0
-        self._start_ns = now
-        self._cpu_ns = cpu
+    def follow(self, step_times: StepTimes, step_now: Callable[[], int]) -> None:
+        """Take rows from ``step_times``'s ring from now on; ``step_now()`` is the profile's
+        current step (the next ring row's number; at the end, the unfinished one)."""
+        ring = step_times.ring
+        self._first_index = self._next = ring.take(1 << 62)[1]
+        self._first_step, self._step_now = step_now(), step_now
+        self._ring = ring
 
     def close(self) -> None:
-        """Hand the open row group to the writer, remove the hooks, wait for the files."""
+        """Hand the last rows to the writer, remove the hooks, wait for the files."""
         if not self._active:
             return
         self._active = False
@@ -161,13 +153,16 @@ class StepTables(Collector):
         self._undo.clear()
         import_watch.cancel("torch.utils.data", self._hook_dataloader)
         import_watch.cancel("torch.optim", self._hook_optimizer)
-        writer, group = self._writer, self._group
-        if writer is not None:
-            self._hand_over_held(None)  # recorded steps whose window was never built
-            if group is not None and group.rows:
-                writer.submit(group)
-            self._group = None
-            writer.close()
+        writer = self._writer
+        if writer is None:
+            return
+        with self._lock:
+            self._settle()
+            self._take_locked(final=True)
+            self._hand_over(self._held, None)  # recorded steps whose window was never built
+            self._hand_over(self._pending, None)
+        self._ring = None
+        writer.close()
 
     def collectors(self) -> list[Collector]:
         """What the profile adds to its collectors: this, for ``window_built``."""
@@ -175,56 +170,83 @@ class StepTables(Collector):
 
     def window_built(self, trace: Trace) -> None:
         """Hand the held rows of the window's steps to the writer with the window's trace."""
-        self._hand_over_held(trace)
+        with self._lock:
+            self._settle()
+            self._take_locked(final=True)
+            self._hand_over(self._held, trace)
 
-    def _hand_over_held(self, trace: Trace | None) -> None:
-        held, writer = self._held, self._writer
-        if not held or writer is None:
+    # -- rows: from the ring to the writer --------------------------------------------------
+    def _settle(self) -> None:
+        """Settle the CPU time of every ended step (the ring reads the loop thread's clock)."""
+        if self._ring is not None:
+            self._ring.settle()
+
+    def _take(self) -> None:
+        with self._lock:
+            self._settle()
+            self._take_locked(final=False)
+
+    def _take_locked(self, final: bool) -> None:
+        """Move the ring's new rows into the open row group or the held ones.  A group is
+        handed over once a row after it is seen, full or ``flush_s`` old (``final``: at a
+        window's end or the profile's stop), so the unfinished step a stop ends is never
+        written."""
+        ring, writer = self._ring, self._writer
+        if ring is None or writer is None:
             return
-        group = RowGroup(len(held))
-        for n, row in enumerate(held):
-            group.ints[n * NCOLS : (n + 1) * NCOLS] = array("q", row)
-            group.recorded[n] = 1
-        group.rows = len(held)
-        self._held = []
-        writer.submit_window(group, trace)
+        first, count, *raw = ring.take(self._next)
+        self._lost += first - self._next
+        self._next = count
+        if count > first:
+            kinds = raw[2]
+            new = Rows()
+            base = self._first_step + first - self._first_index
+            new.columns[0].extend(range(base, base + count - first))
+            for column, data in zip(new.columns[1:7], (raw[0], raw[1], *raw[3:]), strict=True):
+                column.frombytes(data)
+            new.columns[7].extend(array("q", [writer.rss]) * (count - first))
+            for run in _RUNS.finditer(kinds):
+                into = self._held if run.group()[0] == 2 else self._pending
+                into.extend(new, run.start(), run.end())
+        if final:
+            unfinished = self._step_now()
+            self._held.before_step(unfinished)
+            self._pending.before_step(unfinished)
+        now = clock.now_ns()
+        for rows in (self._pending, self._held):  # the held: a window that never ends
+            while len(rows) > self.rows_per_file:
+                writer.submit(rows.split(self.rows_per_file))
+            if len(rows) > 1 and now - rows.columns[1][0] >= self.flush_ns:
+                writer.submit(rows.split(len(rows) - 1))  # the last: maybe a stop's unfinished
 
-    # -- hooks: each only adds to a counter -----------------------------------------------------
+    def _hand_over(self, rows: Rows, trace: Trace | None) -> None:
+        if len(rows) and self._writer is not None:
+            self._writer.submit(rows.split(len(rows)), trace)
+
+    # -- hooks: each only opens or closes a phase on the ring --------------------------------
     def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
-        if phase == "start":
-            self._gc_start = clock.now_ns()
-        elif self._gc_start:
-            self._gc_ns += clock.now_ns() - self._gc_start
-            self._gc_start = 0
+        ring = self._ring
+        if ring is not None:
+            (ring.enter if phase == "start" else ring.leave)(GC)
+
+    def _before_optimizer_step(self, optimizer: Any) -> None:
+        ring = self._ring
+        if ring is not None:
+            ring.enter(OPTIMIZER)
+
+    def _after_optimizer_step(self, optimizer: Any) -> None:
+        # a subclass's step() calling super().step() runs both nested: the ring counts once
+        ring = self._ring
+        if ring is not None:
+            ring.leave(OPTIMIZER)
 
     def _hook_optimizer(self) -> None:
-        from torch.optim.optimizer import (
-            register_optimizer_step_post_hook,
-            register_optimizer_step_pre_hook,
-        )
-
-        # a subclass's step() calling super().step() runs both hooks twice, nested: only the
-        # outermost pair counts
-        def pre(optimizer: Any, args: Any, kwargs: Any) -> None:
-            if self._active:
-                if not self._opt_depth:
-                    self._opt_start = clock.now_ns()
-                self._opt_depth += 1
-
-        def post(optimizer: Any, args: Any, kwargs: Any) -> None:
-            if self._opt_depth:
-                self._opt_depth -= 1
-                if not self._opt_depth and self._opt_start:
-                    self._opt_ns += clock.now_ns() - self._opt_start
-                    self._opt_start = 0
-
-        handles = (register_optimizer_step_pre_hook(pre), register_optimizer_step_post_hook(post))
+        optimizer_hook.add_listener(self._before_optimizer_step, strict=self.strict, before=True)
+        optimizer_hook.add_listener(self._after_optimizer_step, strict=self.strict)
 
         def remove() -> None:
-            # inside an optimizer step torch is iterating these hooks: leave them, inert
-            if not self._opt_depth:
-                for handle in handles:
-                    handle.remove()
+            optimizer_hook.remove_listener(self._before_optimizer_step)
+            optimizer_hook.remove_listener(self._after_optimizer_step)
 
         self._undo.append(remove)
 
@@ -236,15 +258,14 @@ class StepTables(Collector):
 
         @functools.wraps(original)
         def __next__(iterator: Any) -> Any:
-            if not self._active or self._data_start:  # closed, or nested in another __next__
+            ring = self._ring
+            if ring is None:
                 return original(iterator)
-            self._data_start = clock.now_ns()
+            ring.enter(DATA)  # nested in another __next__: the ring counts the outer one
             try:
                 return original(iterator)
             finally:
-                if self._data_start:
-                    self._data_ns += clock.now_ns() - self._data_start
-                    self._data_start = 0
+                ring.leave(DATA)
 
         cls.__next__ = __next__
 
@@ -265,11 +286,15 @@ class NoStepTables:
         """None to add."""
         return []
 
+    def step_times(self) -> StepTimes:
+        """The profile's plain step ring."""
+        return StepTimes()
+
     def begin(self) -> None:
         """Nothing to open."""
 
-    def step_ended(self, step: int, recorded: bool) -> None:
-        """Nothing to store."""
+    def follow(self, step_times: StepTimes, step_now: Callable[[], int]) -> None:
+        """Nothing to take rows from."""
 
     def close(self) -> None:
         """Nothing to close."""
