@@ -198,9 +198,14 @@ def test_columns_match_times_measured_around_the_loop(tmp_path: Path) -> None:
         assert row["rss_bytes"] > 10 << 20
         assert row["host"] and row["pid"] == os.getpid() and row["schema_version"] == 1
         # every step was recorded (the default schedule): the trace's own spans agree
+        # (span edges and the ring's clock readings are a few instructions apart: a preemption
+        # between them, one scheduler slice of ~4 ms on a loaded machine, separates the two)
         categories = dict(row["host_categories"])
-        assert categories["data_loading"] == pytest.approx(row["data_wait_ns"], rel=0.2)
-        assert categories["optimizer"] == pytest.approx(row["optimizer_ns"], rel=0.2)
+        slice_ns = 4_000_000
+        assert categories["data_loading"] == pytest.approx(
+            row["data_wait_ns"], rel=0.2, abs=slice_ns
+        )
+        assert categories["optimizer"] == pytest.approx(row["optimizer_ns"], rel=0.2, abs=slice_ns)
         parts = row["host_computation_ns"] + row["host_communication_ns"] + row["host_idle_ns"]
         assert parts == pytest.approx(row["duration_ns"], rel=0.1)
 
