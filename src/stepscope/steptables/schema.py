@@ -23,7 +23,7 @@ SCHEMA_VERSION = 1
 INT_COLUMNS: tuple[tuple[str, str], ...] = (
     ("step", "the step number (the profiler's, shared by every rank)"),
     ("start_unix_ns", "when the step began, Unix ns (the rank's clock)"),
-    ("duration_ns", "from this step's start to the next one's"),
+    ("duration_ns", "the loop body: from step() returning to the next step() call"),
     ("data_wait_ns", "in the DataLoader iterator's __next__ (waiting for the batch)"),
     ("optimizer_ns", "in torch.optim.Optimizer.step()"),
     ("gc_ns", "in Python garbage collections"),
