@@ -104,11 +104,13 @@ def test_fleet_names_the_slow_rank_its_phase_and_delay(job: Any, tmp_path: Path)
     assert slow["mean_lag_ns"] == pytest.approx(measured_ns, rel=0.2)
     stragglers = report["stragglers"]
     assert [s["step"] for s in stragglers] == list(range(JOB_STEPS))
-    for s, expected in zip(stragglers, slept, strict=True):
-        assert (s["rank"], s["phase"]) == (1, "data_wait")
-        # one step's lag also holds the other rank's noise at that step (2 shared cores); the
-        # mean over the steps is the measure held to 20 % above
-        assert s["lag_ns"] >= 0.5 * expected
+    # one step's lag also holds the other rank's noise at that step (2 shared cores): a rank 0
+    # preempted for longer than the injected sleep is that step's straggler (seen once at load
+    # 6, in its optimizer phase); the mean over the steps is the measure held to 20 % above
+    named = [s for s in stragglers if (s["rank"], s["phase"]) == (1, "data_wait")]
+    assert len(named) >= JOB_STEPS - 2, stragglers
+    for s in named:
+        assert s["lag_ns"] >= 0.5 * slept[s["step"]]
     page = page_path.read_text()
     assert "Ranks slow since a step" in page and "uPlot" in page
 
