@@ -8,13 +8,21 @@
  * tracemalloc).
  *
  * Exact totals.  A free names only a pointer, so each block allocated while the hook is on is
- * kept in an open-addressing table (pointer -> requested size, linear probing, backward-shift
- * deletion, 16 bytes per slot at most 70 % full): its free is counted with the size it was
- * allocated with, and a block allocated before the hook (not in the table) is not counted when
- * freed, the same totals tracemalloc keeps.  A size header in front of each block was not used:
- * it would change the alignment the domain promises, and a block allocated with a header before
- * the hook stops would reach the original free() with the wrong pointer afterwards.  The
- * table is raw malloc memory (never the hooked domains); its bytes are reported.
+ * remembered with the size it was requested with: its free is counted with that size, and a block
+ * allocated before the hook (not remembered) is not counted when freed, the same totals
+ * tracemalloc keeps.  Most blocks are small objects (1-255 bytes, 16-byte aligned): their sizes
+ * are kept in a page map, one byte per 16 bytes of address space, in chunks of 1 KiB that each
+ * cover one 16 KiB unit of addresses (a pymalloc pool), found through a small directory keyed by
+ * the unit's number; a chunk is recycled when its unit holds no counted block.  Neighbouring
+ * allocations (pymalloc hands out a pool's blocks in order) touch the same chunk, so the common
+ * case costs a cached compare and a byte store, and the map's memory is at most 1/16 of the
+ * small blocks' units.  Other blocks (larger, odd-aligned, empty, or sampled: the sample bit
+ * must travel with them) go to an open-addressing table (pointer -> requested size, linear
+ * probing, backward-shift deletion, 16 bytes per slot at most 70 % full).  A size header in
+ * front of each block was not used: it would change the alignment the domain promises, and a
+ * block allocated with a header before the hook stops would reach the original free() with the
+ * wrong pointer afterwards.  The map and the table are raw mmap memory (never the hooked
+ * domains); their bytes are reported.
  *
  * Sampled sites.  Sampling is by bytes, a Poisson process with a mean distance of `mean` bytes:
  * a countdown drawn from an exponential distribution is decreased by each allocation's size; the
@@ -43,6 +51,25 @@ typedef struct {
     uintptr_t ptr;
     uint64_t size; /* requested size; SS_SAMPLED_BIT set for sampled blocks */
 } ss_slot;
+
+#define SS_UNIT_SHIFT 14                          /* 16 KiB of addresses per chunk */
+#define SS_CHUNK_BYTES (1 << (SS_UNIT_SHIFT - 4)) /* one byte per 16-byte block */
+#define SS_SLAB_CHUNKS 1024
+#define SS_SMALL_MAX 255
+
+/* One unit of the page map: its number (address >> SS_UNIT_SHIFT, 0 for an empty slot), its
+ * chunk of sizes and how many counted blocks it holds. */
+typedef struct {
+    uintptr_t unit;
+    uint8_t *chunk;
+    uint64_t live;
+} ss_unit;
+
+/* The mmap'd memory the chunks are cut from. */
+typedef struct ss_slab {
+    struct ss_slab *next;
+    size_t bytes;
+} ss_slab;
 
 typedef struct {
     uintptr_t ptr;
@@ -77,6 +104,13 @@ static struct {
     size_t capacity; /* a power of two, or 0 */
     size_t used;
     uint64_t untracked; /* blocks that could not be entered (the table could not grow) */
+    ss_unit *units;     /* the page map's directory: open addressing on the unit number */
+    size_t unit_capacity, units_used;
+    uint64_t small_used; /* blocks held in the page map */
+    ss_unit *last_unit; /* the unit of the last small block entered or taken */
+    uint8_t *free_chunks; /* recycled chunks, linked through their first bytes */
+    ss_slab *slabs;
+    size_t slab_bytes;
     int64_t current, step_peak, interval_peak;
     uint64_t step_allocated, step_freed, step_allocs, step_frees;
     int64_t countdown;
@@ -103,21 +137,22 @@ static inline size_t slot_of(uintptr_t ptr, size_t mask) {
     return (size_t)(h >> 32) & mask;
 }
 
-/* Zeroed table memory from mmap, on huge pages where the kernel gives them on request: every
- * table access is a random one, and a big table's cost is mostly TLB misses. */
-static ss_slot *slots_new(size_t capacity) {
-    void *p = mmap(NULL, capacity * sizeof(ss_slot), PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+/* Zeroed memory from mmap, on huge pages where the kernel gives them on request: every table
+ * access is a random one, and a big table's cost is mostly TLB misses. */
+static void *map_zeroed(size_t bytes) {
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) {
         return NULL;
     }
 #ifdef MADV_HUGEPAGE
-    if (capacity * sizeof(ss_slot) >= ((size_t)2 << 20)) {
-        madvise(p, capacity * sizeof(ss_slot), MADV_HUGEPAGE);
+    if (bytes >= ((size_t)2 << 20)) {
+        madvise(p, bytes, MADV_HUGEPAGE);
     }
 #endif
-    return (ss_slot *)p;
+    return p;
 }
+
+static ss_slot *slots_new(size_t capacity) { return (ss_slot *)map_zeroed(capacity * sizeof(ss_slot)); }
 
 static void slots_free(ss_slot *slots, size_t capacity) {
     if (slots != NULL) {
@@ -197,6 +232,196 @@ static inline uint64_t table_take(uintptr_t ptr) {
     hs.slots[i].ptr = 0;
     hs.used--;
     return size;
+}
+
+/* -- the page map of small blocks ------------------------------------------------------------- */
+
+static inline size_t unit_slot(uintptr_t unit, size_t mask) {
+    return (size_t)(((uint64_t)unit * 0x9E3779B97F4A7C15ULL) >> 32) & mask;
+}
+
+static int units_grow(void) {
+    size_t capacity = hs.unit_capacity ? hs.unit_capacity * 2 : 1024;
+    ss_unit *units = (ss_unit *)map_zeroed(capacity * sizeof(ss_unit));
+    if (units == NULL) {
+        return -1;
+    }
+    size_t mask = capacity - 1;
+    for (size_t i = 0; i < hs.unit_capacity; i++) {
+        if (hs.units[i].unit != 0) {
+            size_t j = unit_slot(hs.units[i].unit, mask);
+            while (units[j].unit != 0) {
+                j = (j + 1) & mask;
+            }
+            units[j] = hs.units[i];
+        }
+    }
+    if (hs.units != NULL) {
+        munmap(hs.units, hs.unit_capacity * sizeof(ss_unit));
+    }
+    hs.units = units;
+    hs.unit_capacity = capacity;
+    hs.last_unit = NULL;
+    return 0;
+}
+
+static void units_release(void) {
+    if (hs.units != NULL) {
+        munmap(hs.units, hs.unit_capacity * sizeof(ss_unit));
+    }
+    hs.units = NULL;
+    hs.unit_capacity = hs.units_used = 0;
+    hs.small_used = 0;
+    hs.last_unit = NULL;
+    hs.free_chunks = NULL;
+    while (hs.slabs != NULL) {
+        ss_slab *slab = hs.slabs;
+        hs.slabs = slab->next;
+        munmap(slab, slab->bytes);
+    }
+    hs.slab_bytes = 0;
+}
+
+/* A zeroed chunk: a recycled one, or the next of a fresh slab (whose first chunk holds the
+ * slab's header). */
+static uint8_t *chunk_new(void) {
+    uint8_t *chunk = hs.free_chunks;
+    if (chunk != NULL) {
+        memcpy(&hs.free_chunks, chunk, sizeof(uint8_t *));
+        memset(chunk, 0, sizeof(void *));
+        return chunk;
+    }
+    size_t bytes = (size_t)SS_SLAB_CHUNKS * SS_CHUNK_BYTES;
+    ss_slab *slab = (ss_slab *)map_zeroed(bytes);
+    if (slab == NULL) {
+        return NULL;
+    }
+    slab->next = hs.slabs;
+    slab->bytes = bytes;
+    hs.slabs = slab;
+    hs.slab_bytes += bytes;
+    uint8_t *base = (uint8_t *)slab;
+    for (size_t k = SS_SLAB_CHUNKS - 1; k >= 2; k--) { /* chunk 0 is the header's */
+        uint8_t *c = base + k * SS_CHUNK_BYTES;
+        memcpy(c, &hs.free_chunks, sizeof(uint8_t *));
+        hs.free_chunks = c;
+    }
+    return base + SS_CHUNK_BYTES;
+}
+
+/* The unit's directory slot, or NULL (and, with create, a new one; NULL when out of memory). */
+static ss_unit *unit_find(uintptr_t unit, int create) {
+    if (hs.last_unit != NULL && hs.last_unit->unit == unit) {
+        return hs.last_unit;
+    }
+    if (hs.unit_capacity == 0) {
+        if (!create || units_grow() < 0) {
+            return NULL;
+        }
+    }
+    size_t mask = hs.unit_capacity - 1;
+    size_t i = unit_slot(unit, mask);
+    while (hs.units[i].unit != unit) {
+        if (hs.units[i].unit == 0) {
+            if (!create) {
+                return NULL;
+            }
+            if ((hs.units_used + 1) * 2 > hs.unit_capacity) {
+                if (units_grow() < 0) {
+                    return NULL;
+                }
+                return unit_find(unit, create);
+            }
+            uint8_t *chunk = chunk_new();
+            if (chunk == NULL) {
+                return NULL;
+            }
+            hs.units[i].unit = unit;
+            hs.units[i].chunk = chunk;
+            hs.units[i].live = 0;
+            hs.units_used++;
+            break;
+        }
+        i = (i + 1) & mask;
+    }
+    hs.last_unit = &hs.units[i];
+    return hs.last_unit;
+}
+
+/* A unit with no counted block left gives its chunk back and leaves the directory
+ * (backward-shift deletion, as the table's). */
+static void unit_drop(ss_unit *u) {
+    memcpy(u->chunk, &hs.free_chunks, sizeof(uint8_t *));
+    hs.free_chunks = u->chunk;
+    size_t mask = hs.unit_capacity - 1;
+    size_t i = (size_t)(u - hs.units);
+    size_t j = i;
+    for (;;) {
+        j = (j + 1) & mask;
+        if (hs.units[j].unit == 0) {
+            break;
+        }
+        size_t home = unit_slot(hs.units[j].unit, mask);
+        if (((j - home) & mask) >= ((j - i) & mask)) {
+            hs.units[i] = hs.units[j];
+            i = j;
+        }
+    }
+    hs.units[i].unit = 0;
+    hs.units[i].chunk = NULL;
+    hs.units[i].live = 0;
+    hs.units_used--;
+    hs.last_unit = NULL;
+}
+
+/* Enter a small block: 0, or -1 when the map had no memory (the caller uses the table). */
+static inline int small_put(uintptr_t ptr, uint64_t size) {
+    ss_unit *u = unit_find(ptr >> SS_UNIT_SHIFT, 1);
+    if (u == NULL) {
+        return -1;
+    }
+    uint8_t *cell = &u->chunk[(ptr >> 4) & (SS_CHUNK_BYTES - 1)];
+    if (*cell == 0) {
+        u->live++;
+        hs.small_used++;
+    } /* else: a pointer freed behind the hook's back, reused */
+    *cell = (uint8_t)size;
+    return 0;
+}
+
+/* Remove a small block; its size, or 0 when the map does not hold it. */
+static inline uint64_t small_take(uintptr_t ptr) {
+    if ((ptr & 15) != 0) {
+        return 0;
+    }
+    ss_unit *u = unit_find(ptr >> SS_UNIT_SHIFT, 0);
+    if (u == NULL) {
+        return 0;
+    }
+    uint8_t *cell = &u->chunk[(ptr >> 4) & (SS_CHUNK_BYTES - 1)];
+    uint64_t size = *cell;
+    if (size != 0) {
+        *cell = 0;
+        hs.small_used--;
+        if (--u->live == 0) {
+            unit_drop(u);
+        }
+    }
+    return size;
+}
+
+/* Remember a block's size (with the sampled bit); -1 when it could not be entered. */
+static inline int block_put(uintptr_t ptr, uint64_t entry) {
+    if (entry >= 1 && entry <= SS_SMALL_MAX && (ptr & 15) == 0 && small_put(ptr, entry) == 0) {
+        return 0;
+    }
+    return table_put(ptr, entry);
+}
+
+/* Forget a block; its entry, or UINT64_MAX when it was not remembered. */
+static inline uint64_t block_take(uintptr_t ptr) {
+    uint64_t size = small_take(ptr);
+    return size != 0 ? size : (hs.used != 0 ? table_take(ptr) : UINT64_MAX);
 }
 
 /* -- sampling --------------------------------------------------------------------------------- */
@@ -293,7 +518,7 @@ static inline void on_alloc(void *p, size_t size) {
             hs.countdown = next_gap();
         }
     }
-    if (table_put((uintptr_t)p, entry) < 0) {
+    if (block_put((uintptr_t)p, entry) < 0) {
         return;
     }
     hs.current += (int64_t)size;
@@ -309,7 +534,7 @@ static inline void on_alloc(void *p, size_t size) {
 }
 
 static inline void on_free(void *p) {
-    uint64_t entry = table_take((uintptr_t)p);
+    uint64_t entry = block_take((uintptr_t)p);
     if (entry == UINT64_MAX) {
         return;
     }
@@ -523,6 +748,7 @@ static void release_all(void) {
     hs.slots = NULL;
     hs.capacity = hs.used = 0;
     slots_free(slots, capacity);
+    units_release();
     size_t n;
     ss_event *events = detach_events(&n);
     release_events(events, n);
@@ -686,9 +912,10 @@ done:
 static PyObject *hook_stats(PyObject *self, PyObject *noargs) {
     (void)self;
     (void)noargs;
-    size_t own = hs.capacity * sizeof(ss_slot) + hs.events_capacity * sizeof(ss_event);
+    size_t own = hs.capacity * sizeof(ss_slot) + hs.events_capacity * sizeof(ss_event) +
+                 hs.unit_capacity * sizeof(ss_unit) + hs.slab_bytes;
     return Py_BuildValue("{sKsKsKsKsKsKsisn}", "own_bytes", (unsigned long long)own, "live_blocks",
-                         (unsigned long long)hs.used, "untracked", (unsigned long long)hs.untracked,
+                         (unsigned long long)(hs.used + hs.small_used), "untracked", (unsigned long long)hs.untracked,
                          "dropped", (unsigned long long)hs.dropped, "lost_frees",
                          (unsigned long long)hs.lost_frees, "samples",
                          (unsigned long long)hs.samples, "passthrough_layers", passthrough_layers,
