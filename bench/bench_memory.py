@@ -7,7 +7,8 @@ Plain-Python loop (dicts and lists built and dropped, some kept): stepscope's
 ``profile_memory=True`` against ``memray.Tracker``.
 Overhead = profiled time / unprofiled time - 1, all in the same run.
 Targets (issue 17): stepscope's overhead <= 0.5x torch's on the training loop; <= memray's on the
-plain-Python loop.  Issue 25: the default mode (the C allocation hook) <= memray's overhead on
+plain-Python loop.  Issue 25: the default mode (the C allocation hook) <= torch's overhead on the
+training loop, <= 1.05x the unprofiled time on mnist_rnn, <= memray's overhead on
 the plain-Python loop (``profile_memory="exact"``, the tracemalloc path, shown beside it); on a
 big heap (10 M live blocks, and 1 M tuples kept per step for 6 steps, issue 24), each in its own
 child process for its peak RSS: time <= 1.1x the unprofiled loop and peak RSS <= unprofiled +
@@ -130,11 +131,13 @@ def train_case(report: Report, steps: int, repeat: int) -> None:
         "collector and torch's memory events: the rest of the overhead is the window end "
         "(Kineto's file read back and merged) and torch's own recording"
     )
-    report.target(
-        "train: stepscope profile_memory overhead / torch's (3 flags) <= 0.5",
-        s_over / t_over if t_over > 0 else float("inf"),
-        0.5,
-    )
+    for limit, issue in ((0.5, 17), (1.0, 25)):
+        report.target(
+            f"train: stepscope profile_memory overhead / torch's (3 flags) <= {limit} "
+            f"(issue {issue})",
+            s_over / t_over if t_over > 0 else float("inf"),
+            limit,
+        )
     ours_tl = report.add(f"{case}: export_memory_timeline", "stepscope", "s", timeline["stepscope"])
     torch_tl = report.add(
         f"{case}: export_memory_timeline", "torch.profiler", "s", timeline["torch.profiler"]
