@@ -56,6 +56,7 @@ typedef struct {
 #define SS_CHUNK_BYTES (1 << (SS_UNIT_SHIFT - 4)) /* one byte per 16-byte block */
 #define SS_SLAB_CHUNKS 1024
 #define SS_SMALL_MAX 255
+#define SS_UNIT_CACHE 64
 
 /* One unit of the page map: its number (address >> SS_UNIT_SHIFT, 0 for an empty slot), its
  * chunk of sizes and how many counted blocks it holds. */
@@ -107,7 +108,12 @@ static struct {
     ss_unit *units;     /* the page map's directory: open addressing on the unit number */
     size_t unit_capacity, units_used;
     uint64_t small_used; /* blocks held in the page map */
-    ss_unit *last_unit; /* the unit of the last small block entered or taken */
+    /* Directory slots of recently used units, by the unit number's low bits: a program
+     * allocates from a few pools at once (one per size class), neighbouring pools have
+     * neighbouring numbers.  An entry is checked against the unit it should hold, so one
+     * left pointing at a slot that deletion shifted is a miss, never a wrong answer; the
+     * cache is cleared when the directory moves. */
+    ss_unit *unit_cache[SS_UNIT_CACHE];
     uint8_t *free_chunks; /* recycled chunks, linked through their first bytes */
     ss_slab *slabs;
     size_t slab_bytes;
@@ -261,7 +267,7 @@ static int units_grow(void) {
     }
     hs.units = units;
     hs.unit_capacity = capacity;
-    hs.last_unit = NULL;
+    memset(hs.unit_cache, 0, sizeof(hs.unit_cache));
     return 0;
 }
 
@@ -272,7 +278,7 @@ static void units_release(void) {
     hs.units = NULL;
     hs.unit_capacity = hs.units_used = 0;
     hs.small_used = 0;
-    hs.last_unit = NULL;
+    memset(hs.unit_cache, 0, sizeof(hs.unit_cache));
     hs.free_chunks = NULL;
     while (hs.slabs != NULL) {
         ss_slab *slab = hs.slabs;
@@ -309,11 +315,8 @@ static uint8_t *chunk_new(void) {
     return base + SS_CHUNK_BYTES;
 }
 
-/* The unit's directory slot, or NULL (and, with create, a new one; NULL when out of memory). */
-static ss_unit *unit_find(uintptr_t unit, int create) {
-    if (hs.last_unit != NULL && hs.last_unit->unit == unit) {
-        return hs.last_unit;
-    }
+/* unit_find past the cache: probe the directory (and, with create, enter the unit). */
+static ss_unit *unit_probe(uintptr_t unit, int create, ss_unit **cached) {
     if (hs.unit_capacity == 0) {
         if (!create || units_grow() < 0) {
             return NULL;
@@ -330,7 +333,7 @@ static ss_unit *unit_find(uintptr_t unit, int create) {
                 if (units_grow() < 0) {
                     return NULL;
                 }
-                return unit_find(unit, create);
+                return unit_probe(unit, create, cached);
             }
             uint8_t *chunk = chunk_new();
             if (chunk == NULL) {
@@ -344,8 +347,17 @@ static ss_unit *unit_find(uintptr_t unit, int create) {
         }
         i = (i + 1) & mask;
     }
-    hs.last_unit = &hs.units[i];
-    return hs.last_unit;
+    *cached = &hs.units[i];
+    return *cached;
+}
+
+/* The unit's directory slot, or NULL (and, with create, a new one; NULL when out of memory). */
+static inline ss_unit *unit_find(uintptr_t unit, int create) {
+    ss_unit **cached = &hs.unit_cache[unit & (SS_UNIT_CACHE - 1)];
+    if (*cached != NULL && (*cached)->unit == unit) {
+        return *cached;
+    }
+    return unit_probe(unit, create, cached);
 }
 
 /* A unit with no counted block left gives its chunk back and leaves the directory
@@ -371,7 +383,6 @@ static void unit_drop(ss_unit *u) {
     hs.units[i].chunk = NULL;
     hs.units[i].live = 0;
     hs.units_used--;
-    hs.last_unit = NULL;
 }
 
 /* Enter a small block: 0, or -1 when the map had no memory (the caller uses the table). */
