@@ -13,10 +13,10 @@
  * tracemalloc keeps.  Most blocks are small objects (1-255 bytes, 16-byte aligned): their sizes
  * are kept in a page map, one byte per 16 bytes of address space, in chunks of 1 KiB that each
  * cover one 16 KiB unit of addresses (a pymalloc pool), found through a small directory keyed by
- * the unit's number; a chunk is recycled when its unit holds no counted block.  Neighbouring
- * allocations (pymalloc hands out a pool's blocks in order) touch the same chunk, so the common
- * case costs a cached compare and a byte store, and the map's memory is at most 1/16 of the
- * small blocks' units.  Other blocks (larger, odd-aligned, empty, or sampled: the sample bit
+ * the unit's number; a chunk is recycled when its unit holds no counted block at a step end.
+ * Neighbouring allocations (pymalloc hands out a pool's blocks in order) touch the same chunk, so
+ * the common case costs a cached compare and a byte store, and the map's memory is at most 1/16
+ * of the small blocks' units.  Other blocks (larger, odd-aligned, empty, or sampled: the sample bit
  * must travel with them) go to an open-addressing table (pointer -> requested size, linear
  * probing, backward-shift deletion, 16 bytes per slot at most 70 % full).  A size header in
  * front of each block was not used: it would change the alignment the domain promises, and a
@@ -360,8 +360,8 @@ static inline ss_unit *unit_find(uintptr_t unit, int create) {
     return unit_probe(unit, create, cached);
 }
 
-/* A unit with no counted block left gives its chunk back and leaves the directory
- * (backward-shift deletion, as the table's). */
+/* A unit with no counted block gives its chunk back and leaves the directory (backward-shift
+ * deletion, as the table's). */
 static void unit_drop(ss_unit *u) {
     memcpy(u->chunk, &hs.free_chunks, sizeof(uint8_t *));
     hs.free_chunks = u->chunk;
@@ -383,6 +383,19 @@ static void unit_drop(ss_unit *u) {
     hs.units[i].chunk = NULL;
     hs.units[i].live = 0;
     hs.units_used--;
+}
+
+/* Drop the units left empty, at a step end: dropping one as soon as it empties would make a
+ * loop that allocates and frees one temporary in a pool of older blocks enter and drop its
+ * unit each time.  A drop shifts later slots back into the dropped one, so it is checked
+ * again; a slot shifted past the wrap-around lands in one already checked, whose units all
+ * hold blocks. */
+static void units_sweep(void) {
+    for (size_t i = 0; i < hs.unit_capacity; i++) {
+        while (hs.units[i].unit != 0 && hs.units[i].live == 0) {
+            unit_drop(&hs.units[i]);
+        }
+    }
 }
 
 /* Enter a small block: 0, or -1 when the map had no memory (the caller uses the table). */
@@ -414,9 +427,7 @@ static inline uint64_t small_take(uintptr_t ptr) {
     if (size != 0) {
         *cell = 0;
         hs.small_used--;
-        if (--u->live == 0) {
-            unit_drop(u);
-        }
+        u->live--; /* an empty unit stays until the step ends (units_sweep) */
     }
     return size;
 }
@@ -861,6 +872,7 @@ static PyObject *hook_end_step(PyObject *self, PyObject *noargs) {
                                   (unsigned long long)hs.step_frees, "peak_mark",
                                   (unsigned long long)hs.peak_mark);
     if (row != NULL) {
+        units_sweep();
         hs.step_peak = hs.current;
         hs.step_allocated = hs.step_freed = hs.step_allocs = hs.step_frees = 0;
         hs.peak_mark = hs.first_seq + hs.n_events;
