@@ -87,11 +87,10 @@ def train_case(report: Report, steps: int, repeat: int) -> None:
 
     import stepscope
 
+    torch.set_num_threads(1)  # one intra-op thread: a shared machine's other load varies less
     train = make_workload(steps)
     train(None)
-    base = [_timed(lambda: None, lambda: None, lambda: train(None)) for _ in range(repeat)]
-    case = f"train {steps} steps"
-    baseline = report.add(case, "no profiler", "s", base)
+    base: list[float] = []
     runs: dict[str, list[float]] = {
         "stepscope profile_memory": [],
         "torch.profiler 3 flags": [],
@@ -101,6 +100,7 @@ def train_case(report: Report, steps: int, repeat: int) -> None:
     with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for _ in range(repeat):
+            base.append(_timed(lambda: None, lambda: None, lambda: train(None)))
             ours = stepscope.profile(activities=["CPU"], profile_memory=True)
             runs["stepscope profile_memory"].append(
                 _timed(ours.start, ours.stop, lambda p=ours: train(p.step))
@@ -124,6 +124,8 @@ def train_case(report: Report, steps: int, repeat: int) -> None:
             begin = time.perf_counter()
             theirs.export_memory_timeline(f"{tmp}/theirs.json", "cpu")
             timeline["torch.profiler"].append(time.perf_counter() - begin)
+    case = f"train {steps} steps"
+    baseline = report.add(case, "no profiler", "s", base)
     over = _overheads(report, f"{case}, loop + stop", baseline, runs)
     s_over, t_over = over["stepscope profile_memory"], over["torch.profiler 3 flags"]
     report.note(
