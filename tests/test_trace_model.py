@@ -40,6 +40,17 @@ def test_names_are_interned_once() -> None:
     assert set(trace.spans["name"]) == {trace.strings.index("same")}
 
 
+def test_a_counter_series_in_one_go_equals_its_points_one_by_one() -> None:
+    points = [(100, 1.0), (150, 3.5), (170, 2.0)]
+    one_by_one, bulk = TraceBuilder(base_time_ns=0), TraceBuilder(base_time_ns=0)
+    for ts, value in points:
+        one_by_one.counter("Memory cpu", 7, ts, {"Total Allocated": value})
+    bulk.counter_series("Memory cpu", 7, "Total Allocated", points)
+    assert list(bulk.build().iter_counter_events()) == list(
+        one_by_one.build().iter_counter_events()
+    )
+
+
 def test_columns_are_read_only_arrays() -> None:
     trace = small_trace()
     with pytest.raises(TypeError):

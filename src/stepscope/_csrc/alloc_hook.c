@@ -8,13 +8,12 @@
  * tracemalloc).
  *
  * Exact totals.  A free names only a pointer, so each block allocated while the hook is on is
- * kept in an open-addressing table (pointer -> requested size, linear probing, backward-shift
- * deletion, 16 bytes per slot at most 70 % full): its free is counted with the size it was
- * allocated with, and a block allocated before the hook (not in the table) is not counted when
- * freed, the same totals tracemalloc keeps.  A size header in front of each block was not used:
- * it would change the alignment the domain promises, and a block allocated with a header before
- * the hook stops would reach the original free() with the wrong pointer afterwards.  The
- * table is raw malloc memory (never the hooked domains); its bytes are reported.
+ * remembered with the size it was requested with (alloc_blocks.h: a page map for small blocks,
+ * a table for the others): its free is counted with that size, and a block allocated before the
+ * hook (not remembered) is not counted when freed, the same totals tracemalloc keeps.  A size
+ * header in front of each block was not used: it would change the alignment the domain
+ * promises, and a block allocated with a header before the hook stops would reach the original
+ * free() with the wrong pointer afterwards.
  *
  * Sampled sites.  Sampling is by bytes, a Poisson process with a mean distance of `mean` bytes:
  * a countdown drawn from an exponential distribution is decreased by each allocation's size; the
@@ -33,16 +32,12 @@
 #include <string.h>
 #include <sys/mman.h>
 
+#include "alloc_blocks.h"
 #include "sampler_signal.h"
 
 #define SS_HOOK_FRAMES 24
 #define SS_HOOK_LAYERS 4
 #define SS_SAMPLED_BIT ((uint64_t)1 << 63)
-
-typedef struct {
-    uintptr_t ptr;
-    uint64_t size; /* requested size; SS_SAMPLED_BIT set for sampled blocks */
-} ss_slot;
 
 typedef struct {
     uintptr_t ptr;
@@ -73,10 +68,6 @@ static _Thread_local int paused = 0;
 #endif
 
 static struct {
-    ss_slot *slots;
-    size_t capacity; /* a power of two, or 0 */
-    size_t used;
-    uint64_t untracked; /* blocks that could not be entered (the table could not grow) */
     int64_t current, step_peak, interval_peak;
     uint64_t step_allocated, step_freed, step_allocs, step_frees;
     int64_t countdown;
@@ -91,113 +82,6 @@ static struct {
     uint64_t lost_frees; /* frees of sampled blocks lost to a failed buffer growth */
     uint64_t samples;
 } hs;
-
-/* -- the block table -------------------------------------------------------------------------- */
-
-/* Fibonacci hashing: the product's high bits, which every bit of the pointer reaches (pymalloc
- * hands out neighbouring blocks, so the low bits alone would cluster). */
-static inline size_t slot_of(uintptr_t ptr, size_t mask) {
-    uint64_t h = (uint64_t)ptr * 0x9E3779B97F4A7C15ULL;
-    h ^= h >> 29;
-    h *= 0xBF58476D1CE4E5B9ULL;
-    return (size_t)(h >> 32) & mask;
-}
-
-/* Zeroed table memory from mmap, on huge pages where the kernel gives them on request: every
- * table access is a random one, and a big table's cost is mostly TLB misses. */
-static ss_slot *slots_new(size_t capacity) {
-    void *p = mmap(NULL, capacity * sizeof(ss_slot), PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) {
-        return NULL;
-    }
-#ifdef MADV_HUGEPAGE
-    if (capacity * sizeof(ss_slot) >= ((size_t)2 << 20)) {
-        madvise(p, capacity * sizeof(ss_slot), MADV_HUGEPAGE);
-    }
-#endif
-    return (ss_slot *)p;
-}
-
-static void slots_free(ss_slot *slots, size_t capacity) {
-    if (slots != NULL) {
-        munmap(slots, capacity * sizeof(ss_slot));
-    }
-}
-
-static int table_grow(void) {
-    size_t capacity = hs.capacity ? hs.capacity * 2 : 4096;
-    ss_slot *slots = slots_new(capacity);
-    if (slots == NULL) {
-        return -1;
-    }
-    size_t mask = capacity - 1;
-    for (size_t i = 0; i < hs.capacity; i++) {
-        if (hs.slots[i].ptr != 0) {
-            size_t j = slot_of(hs.slots[i].ptr, mask);
-            while (slots[j].ptr != 0) {
-                j = (j + 1) & mask;
-            }
-            slots[j] = hs.slots[i];
-        }
-    }
-    slots_free(hs.slots, hs.capacity);
-    hs.slots = slots;
-    hs.capacity = capacity;
-    return 0;
-}
-
-static inline int table_put(uintptr_t ptr, uint64_t size) {
-    if ((hs.used + 1) * 10 > hs.capacity * 7 && table_grow() < 0) {
-        hs.untracked++;
-        return -1;
-    }
-    size_t mask = hs.capacity - 1;
-    size_t i = slot_of(ptr, mask);
-    while (hs.slots[i].ptr != 0) {
-        if (hs.slots[i].ptr == ptr) { /* a pointer freed behind the hook's back, reused */
-            hs.slots[i].size = size;
-            return 0;
-        }
-        i = (i + 1) & mask;
-    }
-    hs.slots[i].ptr = ptr;
-    hs.slots[i].size = size;
-    hs.used++;
-    return 0;
-}
-
-/* Remove ptr; its size (with the sampled bit) or UINT64_MAX when it was not in the table. */
-static inline uint64_t table_take(uintptr_t ptr) {
-    if (hs.capacity == 0) {
-        return UINT64_MAX;
-    }
-    size_t mask = hs.capacity - 1;
-    size_t i = slot_of(ptr, mask);
-    while (hs.slots[i].ptr != ptr) {
-        if (hs.slots[i].ptr == 0) {
-            return UINT64_MAX;
-        }
-        i = (i + 1) & mask;
-    }
-    uint64_t size = hs.slots[i].size;
-    /* backward-shift deletion keeps every probe chain unbroken without tombstones */
-    size_t j = i;
-    for (;;) {
-        j = (j + 1) & mask;
-        if (hs.slots[j].ptr == 0) {
-            break;
-        }
-        size_t home = slot_of(hs.slots[j].ptr, mask);
-        if (((j - home) & mask) >= ((j - i) & mask)) {
-            hs.slots[i] = hs.slots[j];
-            i = j;
-        }
-    }
-    hs.slots[i].ptr = 0;
-    hs.used--;
-    return size;
-}
 
 /* -- sampling --------------------------------------------------------------------------------- */
 
@@ -293,7 +177,7 @@ static inline void on_alloc(void *p, size_t size) {
             hs.countdown = next_gap();
         }
     }
-    if (table_put((uintptr_t)p, entry) < 0) {
+    if (block_put((uintptr_t)p, entry) < 0) {
         return;
     }
     hs.current += (int64_t)size;
@@ -309,7 +193,7 @@ static inline void on_alloc(void *p, size_t size) {
 }
 
 static inline void on_free(void *p) {
-    uint64_t entry = table_take((uintptr_t)p);
+    uint64_t entry = block_take((uintptr_t)p);
     if (entry == UINT64_MAX) {
         return;
     }
@@ -518,11 +402,7 @@ static void release_events(ss_event *events, size_t n) {
 
 static void release_all(void) {
     paused++;
-    ss_slot *slots = hs.slots;
-    size_t capacity = hs.capacity;
-    hs.slots = NULL;
-    hs.capacity = hs.used = 0;
-    slots_free(slots, capacity);
+    blocks_release();
     size_t n;
     ss_event *events = detach_events(&n);
     release_events(events, n);
@@ -568,7 +448,7 @@ static PyObject *hook_start(PyObject *self, PyObject *args) {
     hs.max_events = (size_t)max_events;
     hs.rng = seed ? seed : 0x9E3779B97F4A7C15ULL;
     hs.countdown = next_gap();
-    if (table_grow() < 0) {
+    if (blocks_start() < 0) {
         return PyErr_NoMemory();
     }
     hook_interp = PyInterpreterState_Get();
@@ -624,6 +504,7 @@ static PyObject *hook_end_step(PyObject *self, PyObject *noargs) {
                                   (unsigned long long)hs.step_frees, "peak_mark",
                                   (unsigned long long)hs.peak_mark);
     if (row != NULL) {
+        units_sweep();
         hs.step_peak = hs.current;
         hs.step_allocated = hs.step_freed = hs.step_allocs = hs.step_frees = 0;
         hs.peak_mark = hs.first_seq + hs.n_events;
@@ -686,9 +567,9 @@ done:
 static PyObject *hook_stats(PyObject *self, PyObject *noargs) {
     (void)self;
     (void)noargs;
-    size_t own = hs.capacity * sizeof(ss_slot) + hs.events_capacity * sizeof(ss_event);
+    size_t own = blocks_own_bytes() + hs.events_capacity * sizeof(ss_event);
     return Py_BuildValue("{sKsKsKsKsKsKsisn}", "own_bytes", (unsigned long long)own, "live_blocks",
-                         (unsigned long long)hs.used, "untracked", (unsigned long long)hs.untracked,
+                         (unsigned long long)blocks_live(), "untracked", (unsigned long long)bs.untracked,
                          "dropped", (unsigned long long)hs.dropped, "lost_frees",
                          (unsigned long long)hs.lost_frees, "samples",
                          (unsigned long long)hs.samples, "passthrough_layers", passthrough_layers,

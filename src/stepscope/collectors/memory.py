@@ -649,10 +649,11 @@ class MemoryCollector(Collector):
     @staticmethod
     def _tensor_tracks(builder: TraceBuilder, ctx: WindowContext) -> None:
         """torch's allocator total per device as counter tracks (``Memory <device>``)."""
+        by_device: dict[str, list[tuple[int, float]]] = {}
         for e in tensor_events(builder.instants_named(MEMORY_INSTANT)):
-            builder.counter(
-                f"Memory {e.device}", ctx.pid, e.ts_ns, {"Total Allocated": e.total_allocated}
-            )
+            by_device.setdefault(e.device, []).append((e.ts_ns, e.total_allocated))
+        for device, points in by_device.items():
+            builder.counter_series(f"Memory {device}", ctx.pid, "Total Allocated", points)
 
     def window_built(self, trace: Trace) -> None:
         """Every collector has read the window: the watcher's thread id is free again."""

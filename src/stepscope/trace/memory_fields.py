@@ -7,6 +7,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from stepscope.trace.raw_args import arg_reader
+
 __all__ = [
     "MEMORY_INSTANT",
     "MEMORY_KEY",
@@ -28,6 +30,7 @@ RSS_TRACK = "RSS"
 """The counter track of the process's resident set size."""
 TIMELINE_POINTS = 1000
 """Points per series kept in a report's timeline."""
+_TENSOR_KEYS = ("Bytes", "Total Allocated", "Device Type", "Device Id", "Addr")
 _DEVICE_TYPES = {0: "cpu", 1: "cuda", 12: "xpu", 13: "mps", 23: "mtia", 20: "privateuseone"}
 
 
@@ -56,22 +59,16 @@ def tensor_events(
 ) -> list[TensorEvent]:
     """``[memory]`` instants ``(ts, pid, tid, args)`` as events, in time order."""
     found: list[TensorEvent] = []
+    read = arg_reader(_TENSOR_KEYS)  # plain integers read from the args' text, no JSON parse
     for ts, pid, tid, args in instants:
-        if not args or "Bytes" not in args or "Total Allocated" not in args:
+        size, total, device_type, device_id, addr = read(args)
+        if size is None or total is None:
             continue
         try:
-            device = device_name(args.get("Device Type", 0), args.get("Device Id", -1))
-            found.append(
-                TensorEvent(
-                    ts,
-                    device,
-                    int(args["Bytes"]),
-                    int(args["Total Allocated"]),
-                    pid,
-                    tid,
-                    int(args.get("Addr", 0) or 0),
-                )
+            device = device_name(
+                0 if device_type is None else device_type, -1 if device_id is None else device_id
             )
+            found.append(TensorEvent(ts, device, int(size), int(total), pid, tid, int(addr or 0)))
         except (TypeError, ValueError):
             continue  # a malformed event is left out, not guessed at
     found.sort(key=lambda e: e.ts_ns)

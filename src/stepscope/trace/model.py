@@ -546,6 +546,20 @@ class TraceBuilder:
             c["first"].append(first)
             first = 0
 
+    def counter_series(
+        self, name: str, pid: int | str, series: str, points: Sequence[tuple[int, float]]
+    ) -> None:
+        """Append one series' points ``(ts_ns, value)`` as counter events, in one go."""
+        c = self._cols["counters"]
+        n = len(points)
+        c["name"].extend([self.intern(name)] * n)
+        c["pid"].extend([self.encode_label(pid)] * n)
+        c["tid"].extend([0] * n)
+        c["ts_ns"].extend([ts for ts, _ in points])
+        c["series"].extend([self.intern(series)] * n)
+        c["value"].extend([float(value) for _, value in points])
+        c["first"].extend([1] * n)
+
     def flow(
         self,
         name: str,
