@@ -106,6 +106,27 @@ def test_a_leaking_loop_is_hinted_with_the_site_and_a_steady_one_is_not() -> Non
     assert steady.leaks == []
 
 
+def test_too_few_steps_to_judge_a_leak_say_so_instead_of_no_rise() -> None:
+    from rich.console import Console
+
+    from stepscope.report.memory import memory_renderables
+
+    held: list[bytearray] = []
+    sched = stepscope.schedule(wait=0, warmup=0, active=3, repeat=1)
+    with stepscope.profile(profile_memory=True, torch_ops=False, schedule=sched) as prof:
+        for _ in range(3):
+            held.append(bytearray(LEAK))  # a leak, but only three step ends to see it by
+            prof.step()
+    summary = memory_summary(prof.trace())
+    assert summary is not None and summary.leaks == [] and not summary.leak_judged
+    assert any("a leak hint needs 4 step ends" in n for n in summary.notes)
+    console = Console(width=200, record=True)
+    for part in memory_renderables(summary):
+        console.print(part)
+    shown = console.export_text()
+    assert "No steady rise" not in shown and "a leak hint needs 4 step ends" in shown
+
+
 def test_a_steady_rise_outside_the_heap_is_noted_as_rss() -> None:
     import mmap
 

@@ -40,6 +40,8 @@ __all__ = [
 ]
 
 LEAK_MIN_BYTES_PER_STEP = 4096
+LEAK_MIN_STEPS = 4
+"""Step ends a steady rise needs before it is a leak hint."""
 """A rise smaller than this per step is noise (interpreter caches, free lists), not a leak."""
 RSS_RISE_MIN_BYTES_PER_STEP = 1 << 20
 """RSS moves by pages and allocator arenas: a rise below this per step is not reported."""
@@ -73,7 +75,7 @@ def steady_rise(values: Sequence[int], min_bytes: int = LEAK_MIN_BYTES_PER_STEP)
     state) is left out.  Steady: at least three quarters of the rises are positive, the median
     rise is at least ``min_bytes`` and the whole window rose by at least half of it per step.
     """
-    if len(values) < 4:
+    if len(values) < LEAK_MIN_STEPS:
         return None
     rises = [b - a for a, b in pairwise(values)]
     if len(rises) >= 4:
@@ -283,9 +285,16 @@ def memory_summary(
         rise = steady_rise(rss_ends, RSS_RISE_MIN_BYTES_PER_STEP)
         if rise is not None:
             notes.append(rss_rise_note(rise, len(rss_ends)))
+    judged = len(steps) >= LEAK_MIN_STEPS
+    if not judged and steps:
+        notes.append(
+            f"{len(steps)} recorded step(s): a leak hint needs {LEAK_MIN_STEPS} step ends in one "
+            f"window (a schedule with active={LEAK_MIN_STEPS} or more)"
+        )
     peak_kind, peak_step, peak_bytes, table = _peak(trace, meta, events, devices, steps, top)
+    timeline = _timeline(trace, events)
     return MemorySummary(
-        steps, peak_kind, peak_step, peak_bytes, table, leaks, _timeline(trace, events), notes
+        steps, peak_kind, peak_step, peak_bytes, table, leaks, timeline, notes, judged
     )
 
 
@@ -305,8 +314,9 @@ def combine_memory(summaries: Sequence[MemorySummary | None]) -> MemorySummary |
     top = max(found, key=lambda m: m.peak_bytes)
     leaks = [leak for m in found for leak in m.leaks]
     notes.append("the memory timeline is per file")
+    judged = any(m.leak_judged for m in found)
     return MemorySummary(
-        rows, top.peak_kind, top.peak_step, top.peak_bytes, top.peak_table, leaks, {}, notes
+        rows, top.peak_kind, top.peak_step, top.peak_bytes, top.peak_table, leaks, {}, notes, judged
     )
 
 

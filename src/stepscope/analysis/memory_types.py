@@ -75,3 +75,5 @@ class MemorySummary:
     timeline: dict[str, list[tuple[int, int]]]
     """Series name -> ``(time ns, bytes)`` points, times relative to the trace base."""
     notes: list[str] = field(default_factory=list)
+    leak_judged: bool = True
+    """Whether enough step ends were recorded to tell a steady rise (no hint otherwise)."""

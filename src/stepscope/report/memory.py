@@ -127,7 +127,7 @@ def memory_renderables(m: MemorySummary | None) -> list[RenderableType]:
         for site in leak.sites:
             where = f" ({site.file}:{site.line})" if site.file else ""
             parts.append(Text(f"  grew {human_bytes(site.growth_bytes)}: {site.function}{where}"))
-    if m.steps and not m.leaks:
+    if m.steps and not m.leaks and m.leak_judged:
         parts.append(
             Text("No steady rise of memory held at step ends (no leak hint).", style="dim")
         )

@@ -654,7 +654,7 @@
       );
       for (const site of leak.sites) parts.push(h("p", { class: "dim" }, `grew ${mib(site.growth_bytes)}: ${site.function}` + (site.file ? ` (${site.file}:${site.line})` : "")));
     }
-    if (!m.leaks.length && m.steps.length) parts.push(h("p", { class: "dim" }, "No steady rise of memory held at step ends (no leak hint)."));
+    if (!m.leaks.length && m.steps.length && m.leak_judged) parts.push(h("p", { class: "dim" }, "No steady rise of memory held at step ends (no leak hint)."));
     if (Object.keys(m.timeline).length) {
       const chart = h("div", { id: "memory-chart" });
       parts.push(chart);
