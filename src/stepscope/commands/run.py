@@ -55,7 +55,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--skip-first", type=int, default=0, help="steps to skip (default 0)")
     group.add_argument("--wait", type=int, default=1, help="idle steps per cycle (default 1)")
     group.add_argument("--warmup", type=int, default=1, help="warm-up steps per cycle (default 1)")
-    group.add_argument("--active", type=int, default=3, help="recorded steps per cycle (default 3)")
+    group.add_argument(
+        "--active",
+        type=int,
+        default=None,
+        help="recorded steps per cycle (default 3; 5 with --memory: a leak hint needs the step "
+        "ends)",
+    )
     group.add_argument("--repeat", type=int, default=1, help="cycles, 0 = forever (default 1)")
     parser.add_argument(
         "--activities",
@@ -193,7 +199,7 @@ def _profile(args: argparse.Namespace, step_on: str | None, in_program: bool) ->
             skip_first=args.skip_first,
             wait=args.wait,
             warmup=args.warmup,
-            active=args.active,
+            active=args.active if args.active is not None else (5 if args.profile_memory else 3),
             repeat=args.repeat,
         )
     tracer_options = {
