@@ -28,7 +28,6 @@ from stepscope.collectors.sampler import (
     add_samples,
     make_backend,
 )
-from stepscope.report.collapsed import collapsed_from_samples
 from stepscope.report.flamegraph import flamegraph_svg, write_flamegraph
 from stepscope.report.speedscope import SPEEDSCOPE_SCHEMA, speedscope_document, write_speedscope
 from stepscope.trace.chrome_reader import read_chrome_trace
@@ -39,6 +38,7 @@ from stepscope.trace.sampled_spans import (
     SAMPLED_CATEGORY,
     SAMPLED_TID_BASE,
 )
+from stepscope.trace.stacks import collapsed_from_samples
 from tests.sampling_workloads import hot, workload
 
 # C-part tests (`-m native`): also run under Python 3.12 and 3.13 by `make test-monitoring`.

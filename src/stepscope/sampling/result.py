@@ -8,14 +8,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from stepscope.report.collapsed import (
-    collapsed_from_samples,
-    sample_frame_label,
-    write_collapsed,
-)
+from stepscope.report.collapsed import write_collapsed
 from stepscope.report.flamegraph import write_flamegraph
 from stepscope.report.speedscope import write_speedscope
 from stepscope.trace.model import Trace, TraceBuilder
+from stepscope.trace.names import sample_frame_label
+from stepscope.trace.stacks import collapsed_from_samples
 
 __all__ = ["FunctionStats", "ProfileResult", "trim_stacks"]
 
