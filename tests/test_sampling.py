@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from stepscope.collectors.sampler import SAMPLER_THREAD_NAME
+from stepscope.collectors.sampler import SAMPLER_THREAD_NAME, TRUNCATED_FRAME
 from stepscope.sampling import (
     BackendUnavailable,
     FunctionProfiler,
@@ -84,7 +84,7 @@ def assert_seventy_percent(result: ProfileResult) -> None:
 
 # -- results ---------------------------------------------------------------------------------------
 def test_inprocess_attributes_seventy_percent_to_the_hot_callee() -> None:
-    profiler = FunctionProfiler(sample_rate_hz=400, sample_tags=["unit", "known"])
+    profiler = FunctionProfiler(sampling_rate_hz=400, sample_tags=["unit", "known"])
     assert profiler.profile(workload, 0.5) == "done"
     result = profiler.profile_result
     assert result is not None and result.backend == "inprocess"
@@ -102,7 +102,7 @@ def test_inprocess_attributes_seventy_percent_to_the_hot_callee() -> None:
 @needs_py_spy
 @pytest.mark.parametrize("fmt", ["speedscope", "raw"])
 def test_py_spy_backend_end_to_end(fmt: str) -> None:
-    profiler = FunctionProfiler(backend="py-spy", py_spy_format=fmt, sample_rate_hz=200)
+    profiler = FunctionProfiler(backend="py-spy", py_spy_format=fmt, sampling_rate_hz=200)
     assert profiler.profile(workload, 0.6) == "done"
     result = profiler.profile_result
     assert result is not None
@@ -133,7 +133,7 @@ def test_samples_of_the_profiler_around_the_call_are_left_out_and_counted() -> N
 
 def test_missing_py_spy_falls_back_to_inprocess(caplog: pytest.LogCaptureFixture) -> None:
     profiler = FunctionProfiler(
-        backend="py-spy", py_spy_path="/nonexistent/bin/py-spy", sample_rate_hz=400
+        backend="py-spy", py_spy_path="/nonexistent/bin/py-spy", sampling_rate_hz=400
     )
     assert profiler.profile(workload, 0.3) == "done"
     result = profiler.profile_result
@@ -164,7 +164,7 @@ def test_py_spy_that_does_not_start_in_time_is_killed_and_replaced(tmp_path: Pat
         backend="py-spy",
         py_spy_path=str(stuck),
         timeout_wait_for_running_sec=0.2,
-        sample_rate_hz=400,
+        sampling_rate_hz=400,
     )
     profiler.profile(workload, 0.2)
     result = profiler.profile_result
@@ -183,7 +183,7 @@ def test_py_spy_that_does_not_start_in_time_is_killed_and_replaced(tmp_path: Pat
 
 
 def test_max_profile_duration_stops_sampling_but_not_the_function() -> None:
-    profiler = FunctionProfiler(sample_rate_hz=400, max_profile_duration_sec=0.15)
+    profiler = FunctionProfiler(sampling_rate_hz=400, max_profile_duration_sec=0.15)
     profiler.profile(phases, 0.4, 0.4)
     result = profiler.profile_result
     assert result is not None and result.truncated
@@ -204,7 +204,7 @@ def test_a_concurrent_run_executes_unprofiled_or_raises_with_stop_at_error(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     entered, release = threading.Event(), threading.Event()
-    first = FunctionProfiler(sample_rate_hz=200)
+    first = FunctionProfiler(sampling_rate_hz=200)
     results: list[Any] = []
     runner = threading.Thread(
         target=lambda: results.append(first.profile(hold_the_profiler, entered, release))
@@ -231,7 +231,7 @@ def test_a_concurrent_run_executes_unprofiled_or_raises_with_stop_at_error(
         release.set()
         runner.join(10)
     assert results == ["first"] and first.profile_result is not None
-    again = FunctionProfiler(sample_rate_hz=400)
+    again = FunctionProfiler(sampling_rate_hz=400)
     again.profile(workload, 0.05)  # the lock was released
     assert again.profile_result is not None
 
@@ -249,7 +249,7 @@ def failing_work() -> None:
 def test_the_function_exception_propagates_unchanged_after_the_sampler_stops(
     stop_at_error: bool,
 ) -> None:
-    profiler = FunctionProfiler(sample_rate_hz=400, stop_at_error=stop_at_error)
+    profiler = FunctionProfiler(sampling_rate_hz=400, stop_at_error=stop_at_error)
     with pytest.raises(WorkFailed, match="boom") as info:
         profiler.profile(failing_work)
     assert info.type is WorkFailed
@@ -265,21 +265,43 @@ def test_bad_settings_are_rejected() -> None:
     with pytest.raises(ValueError, match="backend"):
         FunctionProfiler(backend="strobelight")
     with pytest.raises(ValueError, match="sampling_rate_hz"):
-        FunctionProfiler(sample_rate_hz=0)  # the old spelling, checked under the new name
+        FunctionProfiler(sampling_rate_hz=0)
     with pytest.raises(ValueError, match="timeout_wait_for_running_sec"):
         FunctionProfiler(timeout_wait_for_running_sec=-1)
     with pytest.raises(TypeError, match="sample_tags"):
         FunctionProfiler(sample_tags="one")
-    with pytest.raises(ValueError, match="max_depth"):
-        FunctionProfiler(stack_max_len=0)  # the old spelling still works
+    with pytest.raises(ValueError, match="stack_max_len must be at least 1"):
+        FunctionProfiler(stack_max_len=0)
+    with pytest.raises(TypeError, match="stack_max_len must be an int"):
+        FunctionProfiler(stack_max_len=2.5)  # type: ignore[arg-type]  # the error is the test
     with pytest.raises(TypeError, match="callable"):
         FunctionProfiler().profile(42)  # type: ignore[arg-type]  # the error is the test
-    assert FunctionProfiler(sample_each=0.004).sample_rate_hz == pytest.approx(250)
+    assert FunctionProfiler(sample_each=0.004).sampling_rate_hz == pytest.approx(250)
+
+
+def deep(levels: int, seconds: float) -> str:
+    """``workload`` under ``levels`` more frames of this function."""
+    return workload(seconds) if levels == 0 else deep(levels - 1, seconds)
+
+
+def test_stack_max_len_keeps_the_innermost_frames() -> None:
+    """strobelight's ``stack_max_len``: a call 20 frames deep, kept to its innermost 4."""
+    profiler = FunctionProfiler(sampling_rate_hz=400, stack_max_len=4)
+    assert profiler.stack_max_len == 4
+    profiler.profile(deep, 20, 0.2)
+    result = profiler.profile_result
+    assert result is not None and result.total_samples > 0
+    for stack in result.collapsed:
+        frames = [f.split(" (")[0] for f in stack.split(";")]
+        assert frames[0] == TRUNCATED_FRAME and len(frames) == 5, stack
+        # the innermost four: deep... then workload, or its callee (hot, cold) below it
+        at = frames.index("workload")
+        assert at >= 3 and set(frames[1:at]) == {"deep"}, stack
 
 
 # -- decorator and outputs ------------------------------------------------------------------------
 def test_sampled_decorator_with_options_or_a_profiler(tmp_path: Path) -> None:
-    @sampled(sample_rate_hz=400, output_dir=tmp_path)
+    @sampled(sampling_rate_hz=400, output_dir=tmp_path)
     def decorated(seconds: float) -> str:
         return workload(seconds)
 
@@ -290,18 +312,18 @@ def test_sampled_decorator_with_options_or_a_profiler(tmp_path: Path) -> None:
     assert set(profiler.output_files) == {"collapsed", "speedscope", "flamegraph"}
     assert all(stack.split(" (")[0].endswith("decorated") for stack in result.collapsed)
 
-    shared = FunctionProfiler(sample_rate_hz=400)
+    shared = FunctionProfiler(sampling_rate_hz=400)
     wrapped = sampled(profiler=shared)(workload)
     wrapped(0.05)
     assert shared.profile_result is not None
     with pytest.raises(TypeError, match="parentheses"):
         sampled(workload)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="not both"):
-        sampled(profiler=shared, sample_rate_hz=10)
+        sampled(profiler=shared, sampling_rate_hz=10)
 
 
 def test_outputs_collapsed_speedscope_svg_and_table(tmp_path: Path) -> None:
-    profiler = FunctionProfiler(sample_rate_hz=400)
+    profiler = FunctionProfiler(sampling_rate_hz=400)
     profiler.profile(workload, 0.3)
     result = profiler.profile_result
     assert result is not None
