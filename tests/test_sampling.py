@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
 import sys
 import threading
@@ -291,12 +292,12 @@ def test_stack_max_len_keeps_the_innermost_frames() -> None:
     profiler.profile(deep, 20, 0.2)
     result = profiler.profile_result
     assert result is not None and result.total_samples > 0
+    # the innermost four of deep x21 > workload > hot or cold, wherever the sample fell
+    innermost = re.compile(r"(deep;)*(deep|workload|workload;(hot|cold))")
     for stack in result.collapsed:
         frames = [f.split(" (")[0] for f in stack.split(";")]
         assert frames[0] == TRUNCATED_FRAME and len(frames) == 5, stack
-        # the innermost four: deep... then workload, or its callee (hot, cold) below it
-        at = frames.index("workload")
-        assert at >= 3 and set(frames[1:at]) == {"deep"}, stack
+        assert innermost.fullmatch(";".join(frames[1:])), stack
 
 
 # -- decorator and outputs ------------------------------------------------------------------------
