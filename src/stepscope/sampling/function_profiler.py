@@ -238,11 +238,14 @@ class FunctionProfiler:
         self, session: Session, fallback: str | None, start: int, raised: bool, name: str
     ) -> None:
         """Stop the session and keep its results; raises only with stop_at_error after success."""
-        duration_s = (clock.now_ns() - start) / 1e9
+        end = clock.now_ns()
+        duration_s = (end - start) / 1e9
         try:
             trace, truncated, dropped = session.stop(self.timeout_wait_for_finished_sec)
             anchors = {(name, __file__) for name in _ANCHOR_NAMES}
-            trimmed, profiler_samples = trim_stacks(trace, anchors)
+            # py-spy's sample times are spread over the run, not read: only ours tell the call
+            call = (start, end) if session.backend == "inprocess" else None
+            trimmed, profiler_samples = trim_stacks(trace, anchors, call)
             result = ProfileResult(
                 trace=trimmed,
                 backend=session.backend,
