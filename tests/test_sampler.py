@@ -201,7 +201,7 @@ def test_both_backends_attribute_a_known_workload(implementation: str) -> None:
         500, thread_ids=[threading.get_native_id()], implementation=implementation, seed=1
     )
     sampler.start()
-    workload(0.5, time.thread_time)  # 0.5 s on the CPU, however long the machine's load makes it
+    workload(0.5, cpu=True)  # 0.5 s on the CPU, however long the machine's load makes it
     data = sampler.stop(5)
     b = TraceBuilder()
     add_samples(b, data, 1)

@@ -9,7 +9,6 @@ import re
 import shutil
 import sys
 import threading
-import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
@@ -91,7 +90,7 @@ def assert_seventy_percent(result: ProfileResult, independent: float = 1.0) -> N
 def test_inprocess_attributes_seventy_percent_to_the_hot_callee() -> None:
     profiler = FunctionProfiler(sampling_rate_hz=400, sample_tags=["unit", "known"])
     # 0.5 s of CPU time (a loaded machine stretches the wall time, not the samples: ~200)
-    assert profiler.profile(workload, 0.5, time.thread_time) == "done"
+    assert profiler.profile(workload, 0.5, True) == "done"
     result = profiler.profile_result
     assert result is not None and result.backend == "inprocess"
     assert_seventy_percent(result)
@@ -110,7 +109,7 @@ def test_inprocess_attributes_seventy_percent_to_the_hot_callee() -> None:
 def test_py_spy_backend_end_to_end(fmt: str) -> None:
     profiler = FunctionProfiler(backend="py-spy", py_spy_format=fmt, sampling_rate_hz=200)
     # 0.6 s of CPU time: py-spy samples on the wall clock, which load stretches, so enough
-    assert profiler.profile(workload, 0.6, time.thread_time) == "done"
+    assert profiler.profile(workload, 0.6, True) == "done"
     result = profiler.profile_result
     assert result is not None
     if result.fallback_reason and "ptrace denied" in result.fallback_reason:
@@ -266,7 +265,7 @@ class WorkFailed(Exception):
 
 
 def failing_work() -> None:
-    workload(0.1, clock=time.thread_time)  # 0.1 s on the CPU: ~40 samples at 400 Hz
+    workload(0.1, cpu=True)  # 0.1 s on the CPU: ~40 samples at 400 Hz
     raise WorkFailed("boom")
 
 
