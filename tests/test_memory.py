@@ -202,10 +202,15 @@ def test_tracemalloc_already_running_is_left_as_it_was() -> None:
         # between the last two step ends with a snapshot (a loaded machine skips some, and a
         # row without one cannot tell stepscope's own traced bytes apart)
         rows = meta["steps"]
-        before, after = [row for row in rows[:-1] if "site_changes" in row][-2:]
-        grew = after["python_current"] - before["python_current"]
-        leaks = leaks_between(rows, before["end_ns"], after["end_ns"])
-        assert grew == pytest.approx(leaks * sys.getsizeof(held[0]), rel=0.05)
+        snapshots = [row for row in rows[:-1] if "site_changes" in row]
+        if len(snapshots) >= 2:
+            before, after = snapshots[-2:]
+            grew = after["python_current"] - before["python_current"]
+            leaks = leaks_between(rows, before["end_ns"], after["end_ns"])
+            assert grew == pytest.approx(leaks * sys.getsizeof(held[0]), rel=0.05)
+        else:  # every snapshot skipped (noted): the totals still hold at least the leaks
+            grew = rows[-2]["python_current"] - rows[0]["python_current"]
+            assert grew >= 0.95 * (len(rows) - 2) * sys.getsizeof(held[0]), rows
     finally:
         tracemalloc.stop()
     prof = python_loop([], leak=False, steps=2)
