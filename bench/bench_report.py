@@ -106,13 +106,13 @@ def child(kind: str, path: str, scratch: str) -> None:
 
         traces, _ = load_traces(Path(path), sys.stderr)
         phases["read"] = time.perf_counter() - start
-        result = analyze(traces)
+        result = analyze(traces, flames=kind == "stepscope-html")
         phases["analyse"] = time.perf_counter() - start - phases["read"]
         with open(os.devnull, "w") as sink:
             render_report(result, Console(file=sink))
         write_text(os.path.join(scratch, "report.json"), result.to_json() + "\n", "JSON")
         if kind == "stepscope-html":
-            write_html(result, os.path.join(scratch, "report.html"), traces)
+            write_html(result, os.path.join(scratch, "report.html"))
         phases["render and write"] = time.perf_counter() - start - sum(phases.values())
     else:
         import logging

@@ -135,11 +135,11 @@ def run(report: Report) -> None:
         subjects[name] = go
 
     for hz in (100, 1000):
-        profiled(f"stepscope {hz} Hz", sample_rate_hz=hz)
+        profiled(f"stepscope {hz} Hz", sampling_rate_hz=hz)
     try:
         find_py_spy("py-spy")
         for hz in (100, 1000):
-            profiled(f"py-spy {hz} Hz", backend="py-spy", sample_rate_hz=hz)
+            profiled(f"py-spy {hz} Hz", backend="py-spy", sampling_rate_hz=hz)
     except BackendUnavailable as exc:
         report.note(f"py-spy skipped: {exc}")
     try:

@@ -214,7 +214,9 @@ def test_the_repository_keeps_every_rule_of_the_design() -> None:
     design, ours = load_layers(DESIGN_LAYERS_FILE), load_layers()
     assert {tuple(r[:2]) for r in design["never"]} <= {tuple(r[:2]) for r in ours["never"]}
     for part, spec in design["parts"].items():
-        assert set(spec["is"]) <= set(ours["parts"][part]["is"]), part
+        # a module the design places that the package has since deleted needs no place
+        existing = {path for path in spec["is"] if (REPO / path).exists()}
+        assert existing <= set(ours["parts"][part]["is"]), part
 
 
 def test_the_graph_sees_every_folder() -> None:

@@ -132,6 +132,9 @@ def test_full_ring_drops_and_counts(
 def test_failed_exports_are_retried_then_spilled_then_recover(
     pipelines: list[Pipeline], tmp_path: Path
 ) -> None:
+    # the loop's first step is declared before the pipeline exists: declaring it asks every
+    # live pipeline to export at once, on its thread, which would race the cycles run here
+    set_step(0)
     p = make(
         pipelines,
         tmp_path,

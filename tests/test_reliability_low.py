@@ -31,7 +31,7 @@ def test_flame_graph_svg_holds_control_characters_and_lone_surrogates(tmp_path: 
 @pytest.mark.parametrize("rate", [math.inf, math.nan, -1.0, 0, "100"])
 def test_function_profiler_rate_is_checked_at_construction(rate: object) -> None:
     with pytest.raises(ValueError, match="sampling_rate_hz must be a positive, finite number"):
-        FunctionProfiler(sample_rate_hz=rate)  # type: ignore[arg-type]
+        FunctionProfiler(sampling_rate_hz=rate)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("activities", ["CPU", b"CPU"])

@@ -143,8 +143,11 @@ def test_a_child_forked_while_sampling_starts_clean_and_samples_on_its_own() -> 
         def child() -> dict[str, Any]:
             before = sigprof_caught()  # as the parent's run left it
             with profile(activities=["CPU", "SAMPLING"], sampling_rate_hz=1000) as own:
-                deadline = time.perf_counter() + 0.3
-                while time.perf_counter() < deadline:
+                # 0.1 s of this thread's CPU time, however long a loaded machine makes it: the
+                # sampler's ticks reach a running thread, ~100 samples at 1000 Hz
+                spent = time.thread_time() + 0.1
+                deadline = time.perf_counter() + 30
+                while time.thread_time() < spent and time.perf_counter() < deadline:
                     work(200)
             info = own.trace().metadata["stepscope_sampler"]
             return {

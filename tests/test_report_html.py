@@ -88,8 +88,8 @@ def run_demo(out: Path) -> Path:
 
 def test_page_is_self_contained(tmp_path: Path) -> None:
     trace = read_chrome_trace(SHARED / "training_rank0_gpu.json.gz")
-    report = analyze([("rank0", trace)])
-    page = report_html.html_document(report, [("rank0", trace)])
+    report = analyze([("rank0", trace)], flames=True)
+    page = report_html.html_document(report)
     # nothing to fetch: no src/href attributes, a CSP that forbids every load
     assert not re.search(r"<(script|link|img|iframe)[^>]*\s(src|href)=", page)
     assert "default-src 'none'" in page
@@ -137,20 +137,20 @@ def test_flame_tree_folds_small_frames() -> None:
 def test_steps_option_limits_the_flame_graph(tmp_path: Path) -> None:
     path = hostile_trace(tmp_path / "t.json")
     trace = read_chrome_trace(path)
-    whole = report_html.trace_flames(trace)["spans"]
-    one = report_html.trace_flames(trace, (2, 2))["spans"]
-    assert sum(one.values()) * 3 == pytest.approx(sum(whole.values()), rel=0.01)
+    whole = analyze([("t", trace)], flames=True).combined.flames
+    one = analyze([("t", trace)], (2, 2), flames=True).combined.flames
+    assert whole is not None and one is not None
+    assert sum(one.spans.values()) * 3 == pytest.approx(sum(whole.spans.values()), rel=0.01)
 
 
 def test_write_is_atomic(tmp_path: Path) -> None:
     trace = read_chrome_trace(hostile_trace(tmp_path / "t.json"))
-    report = analyze([("a", trace), ("b", trace)])
+    report = analyze([("a", trace), ("b", trace)], flames=True)
     out = tmp_path / "r.html"
     out.write_text("old")
-    with pytest.raises(ValueError, match="2 files"):
-        report_html.write_html(report, out, [("a", trace)])  # one trace for two files
-    assert out.read_text() == "old"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.html", "t.json"]
+    report_html.write_html(report, out)
+    assert data_block(out.read_text(encoding="utf-8"))["generator"]["flames_given"] is True
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.html", "t.json"]  # no temp file
     with pytest.raises(FileNotFoundError, match="does not exist"):
         report_html.write_html(report, tmp_path / "missing" / "r.html")
 

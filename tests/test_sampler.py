@@ -28,7 +28,6 @@ from stepscope.collectors.sampler import (
     add_samples,
     make_backend,
 )
-from stepscope.report.collapsed import collapsed_from_samples
 from stepscope.report.flamegraph import flamegraph_svg, write_flamegraph
 from stepscope.report.speedscope import SPEEDSCOPE_SCHEMA, speedscope_document, write_speedscope
 from stepscope.trace.chrome_reader import read_chrome_trace
@@ -39,6 +38,7 @@ from stepscope.trace.sampled_spans import (
     SAMPLED_CATEGORY,
     SAMPLED_TID_BASE,
 )
+from stepscope.trace.stacks import collapsed_from_samples
 from tests.sampling_workloads import hot, workload
 
 # C-part tests (`-m native`): also run under Python 3.12 and 3.13 by `make test-monitoring`.
@@ -201,7 +201,7 @@ def test_both_backends_attribute_a_known_workload(implementation: str) -> None:
         500, thread_ids=[threading.get_native_id()], implementation=implementation, seed=1
     )
     sampler.start()
-    workload(0.5)
+    workload(0.5, cpu=True)  # 0.5 s on the CPU, however long the machine's load makes it
     data = sampler.stop(5)
     b = TraceBuilder()
     add_samples(b, data, 1)

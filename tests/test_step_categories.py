@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from stepscope.analysis.analyze import analyze_trace
 from stepscope.analysis.diff import diff_summaries
-from stepscope.report.collapsed import span_stacks_ns
 from stepscope.trace.model import Trace, TraceBuilder
 from stepscope.trace.nesting import nest_spans
+from stepscope.trace.stacks import span_stacks_ns
 
 OPT = "Optimizer.step#SGD.step"
 BACKWARD = "autograd::engine::evaluate_function: AddmmBackward0"

@@ -18,6 +18,7 @@ from itertools import compress
 
 from stepscope.analysis import device as dev
 from stepscope.analysis import host, ops, steps
+from stepscope.analysis.flames import merge_flames, trace_flames
 from stepscope.analysis.memory import combine_memory, memory_summary
 from stepscope.analysis.overhead import pick_overhead, trace_overhead
 from stepscope.analysis.ranks import RankFacts, rank_facts, reduce_ranks
@@ -25,6 +26,7 @@ from stepscope.analysis.result import (
     Category,
     CounterInfo,
     DeviceBreakdown,
+    FlameStacks,
     FunctionRow,
     HostBreakdown,
     KernelRow,
@@ -73,6 +75,7 @@ class _Facts:
     notes: list[str]
     sums: dict[str, float] = field(default_factory=dict)
     window: str = ""
+    flames: FlameStacks | None = None
 
 
 class _Windows:
@@ -104,7 +107,9 @@ class _Windows:
         ]
 
 
-def _facts(trace: Trace, source: str, step_range: tuple[int, int] | None) -> _Facts:
+def _facts(
+    trace: Trace, source: str, step_range: tuple[int, int] | None, flames: bool = False
+) -> _Facts:
     is_host = steps.host_span_mask(trace)
     all_steps, has_steps = steps.find_steps(trace, is_host)
     chosen = steps.select_steps(all_steps, step_range)
@@ -146,11 +151,17 @@ def _facts(trace: Trace, source: str, step_range: tuple[int, int] | None) -> _Fa
     host_steps = host.host_breakdowns(trace, nesting, self_ns, is_host, chosen, python_taken)
     for i, taken in python_taken.items():
         self_ns[i] -= taken
-    windows = _Windows([(s.start_ns, s.end_ns) for s in chosen])
+    step_windows = [(s.start_ns, s.end_ns) for s in chosen]
+    windows = _Windows(step_windows)
     if has_steps:
         members = windows.select(compress(range(len(spans)), is_host), starts)
     else:
         members = list(compress(range(len(spans)), is_host))
+    stacks = (
+        trace_flames(trace, nesting, members, step_windows if has_steps else None)
+        if flames
+        else None
+    )
     step_total = sum(s.dur_ns for s in chosen)
 
     events = dev.device_events(trace)
@@ -215,6 +226,7 @@ def _facts(trace: Trace, source: str, step_range: tuple[int, int] | None) -> _Fa
         notes=notes,
         sums=sums,
         window=_window_name(trace),
+        flames=stacks,
     )
 
 
@@ -381,6 +393,7 @@ def _summarize(source: str, facts: Sequence[_Facts], top: int) -> TraceSummary:
         notes=notes,
         measures=measures,
         windows={f.source: f.window for f in facts if f.window},
+        flames=merge_flames([f.flames for f in facts]),
     )
     summary.recommendations = recommend(summary)
     return summary
@@ -401,11 +414,14 @@ def analyze(
     step_range: tuple[int, int] | None = None,
     top: int = 10,
     failures: list[str] | None = None,
+    *,
+    flames: bool = False,
 ) -> Report:
     """Analyse traces (label, trace): a summary per trace and one of all of them together.
 
     With a ``failures`` list, a trace whose analysis fails is left out and a line saying why is
-    appended (the others are still reported); without one, the error is raised.
+    appended (the others are still reported); without one, the error is raised.  ``flames``
+    keeps each summary's flame-graph stacks (``TraceSummary.flames``, for the HTML report).
     """
     if not traces:
         raise ValueError("analyze: no traces given")
@@ -415,7 +431,7 @@ def analyze(
     parts: list[FileAnalysis] = []
     for label, trace in traces:
         try:
-            parts.append(analyze_file(label, trace, step_range, top, several))
+            parts.append(analyze_file(label, trace, step_range, top, several, flames=flames))
         except ANALYSIS_ERRORS as exc:
             if failures is None:
                 raise
@@ -442,11 +458,14 @@ def analyze_file(
     step_range: tuple[int, int] | None = None,
     top: int = 10,
     with_ranks: bool = True,
+    *,
+    flames: bool = False,
 ) -> FileAnalysis:
-    """Analyse one trace of a report; ``combine`` joins the files' parts."""
+    """Analyse one trace of a report (``flames``: keep its flame-graph stacks); ``combine``
+    joins the files' parts."""
     if top < 1:
         raise ValueError(f"top must be 1 or more, got {top}")
-    facts = _facts(trace, label, step_range)
+    facts = _facts(trace, label, step_range, flames)
     summary = _summarize(facts.source, [facts], top)
     summary.memory = memory_summary(trace, top, step_range)
     summary.overhead = trace_overhead(trace)

@@ -29,6 +29,7 @@ __all__ = [
     "DeviceBreakdown",
     "DiffResult",
     "DiffRow",
+    "FlameStacks",
     "FunctionRow",
     "HostBreakdown",
     "KernelRow",
@@ -64,9 +65,17 @@ HOST_CATEGORIES = (
 """Host breakdown categories, in display order (rules in ``stepscope.analysis.host``)."""
 
 
+_NOT_IN_JSON = {"json": False}
+"""Field metadata of a result field that ``to_dict`` leaves out (data for one renderer)."""
+
+
 def _plain(value: Any) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        return {
+            f.name: _plain(getattr(value, f.name))
+            for f in dataclasses.fields(value)
+            if f.metadata.get("json", True)
+        }
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
     if isinstance(value, dict):
@@ -274,6 +283,18 @@ class Overhead:
     sampling and signal handling); the rest of the slowdown is not split by collector."""
 
 
+@dataclass(frozen=True)
+class FlameStacks:
+    """The folded stacks (``root;...;leaf`` -> weight) of the analysed steps, for flame graphs.
+
+    ``spans``: host spans that start in an analysed step, by self time (ns), each under the spans
+    enclosing it; ``samples``: stack samples taken in an analysed step, idle threads left out
+    (counts).  A trace without steps counts all of its host spans and samples."""
+
+    spans: dict[str, int]
+    samples: dict[str, int]
+
+
 @dataclass
 class TraceSummary:
     """Everything the analysis found in one trace (or in several together)."""
@@ -310,6 +331,9 @@ class TraceSummary:
     trace says (stepscope's ``stepscope_window``)."""
     overhead: Overhead | None = None
     """Recorded against unrecorded steps, and each collector's cost (stepscope's own traces)."""
+    flames: FlameStacks | None = field(default=None, metadata=_NOT_IN_JSON)
+    """The flame graphs' stacks, when ``analyze(..., flames=True)`` kept them (not in the JSON:
+    the HTML report draws them)."""
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON values."""

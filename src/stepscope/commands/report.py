@@ -195,8 +195,13 @@ def run(args: argparse.Namespace) -> int:
         return _run_mapped(args, step_range)
     traces, failures = load_traces(Path(args.path), sys.stderr)
     # --parquet writes every row: analyse once with all of them, and show the top ones
-    full = analyze(traces, step_range, ALL_ROWS, failures) if args.parquet else None
-    report = full.cut(args.top) if full else analyze(traces, step_range, args.top, failures)
+    flames = bool(args.html)  # keep the stacks of the HTML page's flame graphs
+    full = analyze(traces, step_range, ALL_ROWS, failures, flames=flames) if args.parquet else None
+    report = (
+        full.cut(args.top)
+        if full
+        else analyze(traces, step_range, args.top, failures, flames=flames)
+    )
     for failure in failures:
         print(f"stepscope report: skipped {one_line(failure)}", file=sys.stderr)
     analysed = {s.source for s in report.files}
@@ -206,7 +211,7 @@ def run(args: argparse.Namespace) -> int:
     if args.html:
         from stepscope.report.html import write_html
 
-        write_html(report, args.html, traces)
+        write_html(report, args.html)
         print(f"stepscope report: HTML -> {args.html}", file=sys.stderr)
     if args.parquet:
         from stepscope.report.parquet import write_parquet

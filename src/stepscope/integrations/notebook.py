@@ -52,7 +52,7 @@ class NotebookReport:
 
     def to_html(self) -> str:
         """The whole self-contained HTML page."""
-        return html_document(self.report, self.traces)
+        return html_document(self.report)
 
     def _repr_html_(self) -> str:
         page = html.escape(self.to_html(), quote=True)
@@ -101,4 +101,4 @@ def load_report(
         raise ValueError(f"top must be 1 or more, got {top}")
     step_range = parse_step_range(steps) if steps else None
     traces, skipped = load_traces(Path(path), io.StringIO())
-    return NotebookReport(analyze(traces, step_range, top), traces, skipped)
+    return NotebookReport(analyze(traces, step_range, top, flames=True), traces, skipped)

@@ -1,7 +1,8 @@
 """The HTML report: one self-contained page (no network at view time) of a ``Report``.
 
-The page holds the report's JSON (``stepscope.report`` schema), flame-graph trees built from the
-traces' spans and stack samples, and the vendored JavaScript libraries that draw it, all inline:
+The page holds the report's JSON (``stepscope.report`` schema), flame-graph trees of the stacks
+the analysis kept (``TraceSummary.flames``), and the vendored JavaScript libraries that draw it,
+all inline:
 uPlot for the step charts, d3-flame-graph (on the d3 modules it needs) for the flame graph, and
 ``assets/report.js`` for the rest (summary, breakdowns, sortable tables, recommendations).
 A Content-Security-Policy forbids every fetch.  Text from a trace reaches the page only as JSON
@@ -11,7 +12,6 @@ text, never as markup.
 
 from __future__ import annotations
 
-import bisect
 import datetime as _dt
 import html
 import os
@@ -20,14 +20,11 @@ from importlib import resources
 from typing import Any
 
 from stepscope._version import __version__
-from stepscope.analysis.result import Report
-from stepscope.analysis.steps import find_steps, host_span_mask, select_steps
+from stepscope.analysis.result import FlameStacks, Report, TraceSummary
 from stepscope.atomic import atomic_output
 from stepscope.jsonenc import json_bytes
-from stepscope.report.collapsed import collapsed_from_samples, span_stacks_ns
 from stepscope.report.labels import source_labels
 from stepscope.text import clean_text
-from stepscope.trace.model import Trace
 
 __all__ = [
     "CUT_FRAMES",
@@ -40,7 +37,6 @@ __all__ = [
     "offline_page",
     "report_flames",
     "script_json",
-    "trace_flames",
     "write_html",
 ]
 
@@ -172,44 +168,6 @@ def flame_tree(
     return finish(root)
 
 
-def _window_test(windows: Sequence[tuple[int, int]]) -> Any:
-    ordered = sorted(windows)
-    starts = [lo for lo, _ in ordered]
-
-    def inside(t: int) -> bool:
-        k = bisect.bisect_right(starts, t) - 1
-        return k >= 0 and t < ordered[k][1]
-
-    return inside
-
-
-def trace_flames(
-    trace: Trace, step_range: tuple[int, int] | None = None
-) -> dict[str, dict[str, int]]:
-    """The collapsed stacks a trace's flame graphs show, over the steps the report analysed:
-    ``spans`` (host spans by self time, ns) and ``samples`` (stack samples, counts)."""
-    is_host = host_span_mask(trace)
-    all_steps, has_steps = find_steps(trace, is_host)
-    chosen = select_steps(all_steps, step_range)
-    windows = [(s.start_ns, s.end_ns) for s in chosen] if has_steps else None
-    starts = trace.spans["start_ns"]
-    if windows is None:
-
-        def keep(i: int) -> bool:
-            return is_host[i]
-
-    else:
-        inside = _window_test(windows)
-
-        def keep(i: int) -> bool:
-            return is_host[i] and inside(starts[i])
-
-    found = {"spans": span_stacks_ns(trace, keep=keep)}
-    if len(trace.samples):
-        found["samples"] = collapsed_from_samples(trace, include_idle=False, windows=windows)
-    return found
-
-
 _FLAME_TITLES = {
     # a sampled program's Python stacks first: its spans are often only a few annotations
     "samples": ("Python stack samples (idle threads left out)", "samples"),
@@ -217,42 +175,31 @@ _FLAME_TITLES = {
 }
 
 
-def _graphs(stacks: Mapping[str, Mapping[str, int]]) -> list[dict[str, Any]]:
+def _graphs(flames: FlameStacks | None) -> list[dict[str, Any]]:
+    if flames is None:
+        return []
+    stacks = {"samples": flames.samples, "spans": flames.spans}
     graphs = []
     for kind, (title, unit) in _FLAME_TITLES.items():
-        found = stacks.get(kind)
-        if found and any(v > 0 for v in found.values()):
+        found = stacks[kind]
+        if any(v > 0 for v in found.values()):
             graphs.append({"kind": kind, "title": title, "unit": unit, "root": flame_tree(found)})
     return graphs
 
 
-def report_flames(
-    report: Report, traces: Sequence[tuple[str, Trace]]
-) -> list[list[dict[str, Any]]]:
+def report_flames(report: Report) -> list[list[dict[str, Any]]]:
     """Flame graphs per view of the page: all files together first, then each file (when
-    several); each a list of ``{kind, title, unit, root}``."""
-    per_file = [trace_flames(trace, report.step_range) for _, trace in traces]
-    merged: dict[str, dict[str, int]] = {}
-    for found in per_file:
-        for kind, stacks in found.items():
-            into = merged.setdefault(kind, {})
-            for key, value in stacks.items():
-                into[key] = into.get(key, 0) + value
-    views = [_graphs(merged)]
-    if len(report.files) > 1:
-        views += [_graphs(found) for found in per_file]
-    return views
+    several); each a list of ``{kind, title, unit, root}`` (none where the analysis kept no
+    stacks)."""
+    return [_graphs(s.flames) for s in _view_summaries(report)]
 
 
-def _data_json(report: Report, traces: Sequence[tuple[str, Trace]]) -> str:
-    summaries = [report.combined]
-    if len(report.files) > 1:
-        summaries += report.files
-    if traces and len(traces) != len(report.files):
-        raise ValueError(
-            f"write_html: {len(traces)} traces given for a report of {len(report.files)} files"
-        )
-    flames = report_flames(report, traces) if traces else [[] for _ in summaries]
+def _view_summaries(report: Report) -> list[TraceSummary]:
+    """The summaries the page has a view of: all files together, then each file (when several)."""
+    return [report.combined, *report.files] if len(report.files) > 1 else [report.combined]
+
+
+def _data_json(report: Report) -> str:
     data = report.to_dict()
     if report.ranks is not None:
         from stepscope.report.ranks import heatmap_data
@@ -261,20 +208,20 @@ def _data_json(report: Report, traces: Sequence[tuple[str, Trace]]) -> str:
     combined = report.combined
     data["source_labels"] = source_labels(combined.files, combined.windows)
     data["views"] = [
-        {"title": s.source, "flames": f} for s, f in zip(summaries, flames, strict=True)
+        {"title": s.source, "flames": _graphs(s.flames)} for s in _view_summaries(report)
     ]
     data["generator"] = {
         "name": "stepscope",
         "version": __version__,
         "created": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "traces_given": bool(traces),
+        "flames_given": report.combined.flames is not None,
     }
     return script_json(data)
 
 
-def html_document(report: Report, traces: Sequence[tuple[str, Trace]] = ()) -> str:
-    """The page's HTML text; ``traces`` (label, trace), in the report's file order, give the
-    flame graphs (without them the page has none)."""
+def html_document(report: Report) -> str:
+    """The page's HTML text; flame graphs where the report kept their stacks
+    (``analyze(..., flames=True)``)."""
     title = html.escape(clean_text(f"stepscope report: {report.combined.source}"))
     return offline_page(
         title,
@@ -284,18 +231,14 @@ def html_document(report: Report, traces: Sequence[tuple[str, Trace]] = ()) -> s
             '<main id="app"></main>',
         ],
         "stepscope-data",
-        _data_json(report, traces),
+        _data_json(report),
         styles=[(asset(n), n) for n in (*VENDOR_STYLES, "report.css")],
         scripts=[(asset(n), n) for n in (*VENDOR_SCRIPTS, "report.js")],
     )
 
 
-def write_html(
-    report: Report,
-    path: str | os.PathLike[str],
-    traces: Sequence[tuple[str, Trace]] = (),
-) -> None:
+def write_html(report: Report, path: str | os.PathLike[str]) -> None:
     """Write the HTML report atomically (never a half-written page)."""
-    page = html_document(report, traces)
+    page = html_document(report)
     with atomic_output(path, what="HTML report") as fh:
         fh.write(page.encode("utf-8"))

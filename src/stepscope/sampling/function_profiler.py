@@ -35,7 +35,6 @@ from typing import Any, TypeVar, cast
 from stepscope import clock
 from stepscope.collectors.sampler import DEFAULT_MAX_SAMPLES
 from stepscope.failures import failure_log, is_strict
-from stepscope.renamed import renamed_option
 from stepscope.sampling.inprocess import InProcessSession
 from stepscope.sampling.pyspy import FORMATS, PySpySession
 from stepscope.sampling.result import ProfileResult, trim_stacks
@@ -85,10 +84,10 @@ class FunctionProfiler:
         *,
         stop_at_error: bool = False,
         max_profile_duration_sec: float = 600.0,
-        sampling_rate_hz: float | None = None,
+        sampling_rate_hz: float = 100.0,
         sample_each: float | None = None,
         sample_tags: Iterable[str] | None = None,
-        max_depth: int | None = None,
+        stack_max_len: int = 127,
         timeout_wait_for_running_sec: float = 60.0,
         timeout_wait_for_finished_sec: float = 60.0,
         backend: str = "inprocess",
@@ -98,17 +97,14 @@ class FunctionProfiler:
         include_idle: bool = True,
         max_samples: int = DEFAULT_MAX_SAMPLES,
         output_dir: str | os.PathLike[str] | None = None,
-        sample_rate_hz: float | None = None,
-        stack_max_len: int | None = None,
     ) -> None:
         """Settings of every run; ``sample_each`` (seconds between samples) overrides the rate.
 
-        ``sample_rate_hz`` and ``stack_max_len`` are the old spellings of ``sampling_rate_hz``
-        and ``max_depth``."""
-        sampling_rate_hz = renamed_option(
-            "sampling_rate_hz", sampling_rate_hz, "sample_rate_hz", sample_rate_hz, 100.0
-        )
-        max_depth = renamed_option("max_depth", max_depth, "stack_max_len", stack_max_len, 127)
+        ``stop_at_error``, ``max_profile_duration_sec``, ``sample_each``, ``sample_tags``,
+        ``stack_max_len`` (frames kept per stack, the innermost) and the two timeouts are the
+        strobelight profiler's keywords, with one difference: ``sample_each`` is seconds between
+        samples here, not CPU cycles.  ``sampling_rate_hz`` (samples a second) is stepscope's
+        own name for the rate, as in ``profile(sampling_rate_hz=...)``."""
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
         if py_spy_format not in FORMATS:
@@ -116,10 +112,10 @@ class FunctionProfiler:
         rate = _positive("sampling_rate_hz", sampling_rate_hz)
         if sample_each is not None:
             rate = 1.0 / _positive("sample_each", sample_each)
-        if isinstance(max_depth, bool) or not isinstance(max_depth, int):
-            raise TypeError(f"max_depth must be an int, got {max_depth!r}")
-        if max_depth < 1:
-            raise ValueError(f"max_depth must be at least 1, got {max_depth}")
+        if isinstance(stack_max_len, bool) or not isinstance(stack_max_len, int):
+            raise TypeError(f"stack_max_len must be an int, got {stack_max_len!r}")
+        if stack_max_len < 1:
+            raise ValueError(f"stack_max_len must be at least 1, got {stack_max_len}")
         tags = () if sample_tags is None else tuple(sample_tags)
         if isinstance(sample_tags, str) or not all(isinstance(t, str) for t in tags):
             raise TypeError(f"sample_tags must be a list of strings, got {sample_tags!r}")
@@ -129,7 +125,7 @@ class FunctionProfiler:
         )
         self.sampling_rate_hz = rate
         self.sample_tags = tags
-        self.max_depth = max_depth
+        self.stack_max_len = stack_max_len
         self.timeout_wait_for_running_sec = _positive(
             "timeout_wait_for_running_sec", timeout_wait_for_running_sec
         )
@@ -151,16 +147,6 @@ class FunctionProfiler:
         """Files written for the most recent run when ``output_dir`` is set."""
 
     # -- the run ---------------------------------------------------------------------------------
-
-    @property
-    def sample_rate_hz(self) -> float:
-        """Old spelling of ``sampling_rate_hz``."""
-        return self.sampling_rate_hz
-
-    @property
-    def stack_max_len(self) -> int:
-        """Old spelling of ``max_depth``."""
-        return self.max_depth
 
     def profile(self, work_function: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
         """Run ``work_function(*args, **kwargs)`` under the sampler; returns its result."""
@@ -216,7 +202,7 @@ class FunctionProfiler:
             thread_id=threading.get_native_id(),
             all_threads=self.all_threads,
             max_duration_s=self.max_profile_duration_sec,
-            max_depth=self.max_depth,
+            max_depth=self.stack_max_len,
             max_samples=self.max_samples,
         )
 
@@ -252,11 +238,14 @@ class FunctionProfiler:
         self, session: Session, fallback: str | None, start: int, raised: bool, name: str
     ) -> None:
         """Stop the session and keep its results; raises only with stop_at_error after success."""
-        duration_s = (clock.now_ns() - start) / 1e9
+        end = clock.now_ns()
+        duration_s = (end - start) / 1e9
         try:
             trace, truncated, dropped = session.stop(self.timeout_wait_for_finished_sec)
             anchors = {(name, __file__) for name in _ANCHOR_NAMES}
-            trimmed, profiler_samples = trim_stacks(trace, anchors)
+            # py-spy's sample times are spread over the run, not read: only ours tell the call
+            call = (start, end) if session.backend == "inprocess" else None
+            trimmed, profiler_samples = trim_stacks(trace, anchors, call)
             result = ProfileResult(
                 trace=trimmed,
                 backend=session.backend,

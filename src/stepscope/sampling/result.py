@@ -8,14 +8,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from stepscope.report.collapsed import (
-    collapsed_from_samples,
-    sample_frame_label,
-    write_collapsed,
-)
+from stepscope.collectors.sampler import TRUNCATED_FRAME
+from stepscope.report.collapsed import write_collapsed
 from stepscope.report.flamegraph import write_flamegraph
 from stepscope.report.speedscope import write_speedscope
 from stepscope.trace.model import Trace, TraceBuilder
+from stepscope.trace.names import sample_frame_label
+from stepscope.trace.stacks import collapsed_from_samples
 
 __all__ = ["FunctionStats", "ProfileResult", "trim_stacks"]
 
@@ -39,12 +38,16 @@ class FunctionStats:
         return sample_frame_label(self.name, self.file)
 
 
-def trim_stacks(trace: Trace, anchors: set[tuple[str, str]]) -> tuple[Trace, int]:
+def trim_stacks(
+    trace: Trace, anchors: set[tuple[str, str]], call: tuple[int, int] | None = None
+) -> tuple[Trace, int]:
     """A copy of the trace's samples whose stacks start below the last anchor frame.
 
     Anchors are (function name, file) pairs; stacks without one are kept whole. Samples taken
     in the anchor's own file below the anchor (the profiler starting or stopping around the
-    call) are left out; their weight is returned beside the copy.
+    call) are left out; their weight is returned beside the copy.  A stack cut at the sampler's
+    depth has lost its anchor: with ``call`` (the call's ``[start_ns, end_ns]`` on the samples'
+    clock) such a sample taken outside the call is the profiler's own too.
     """
     anchor_files = {file for _, file in anchors}
     own_weight = 0
@@ -55,6 +58,7 @@ def trim_stacks(trace: Trace, anchors: set[tuple[str, str]]) -> tuple[Trace, int
         out.meta_event(meta.name, meta.pid, meta.tid, dict(meta.args or {}))
     stacks, frames, strings = trace.tables["stacks"], trace.tables["frames"], trace.strings
     mapped: dict[int, int] = {-1: -1}
+    cut_short: set[int] = set()  # stacks cut at the sampler's depth
     samples = trace.samples
     for pid, tid, ts, stack, weight, idle in zip(
         *(samples[c] for c in ("pid", "tid", "ts_ns", "stack", "weight", "idle")), strict=True
@@ -77,7 +81,9 @@ def trim_stacks(trace: Trace, anchors: set[tuple[str, str]]) -> tuple[Trace, int
             cut = max((i + 1 for i, f in enumerate(path) if (f[0], f[1]) in anchors), default=0)
             own = cut > 0 and (cut == len(path) or path[cut][1] in anchor_files)
             sid = mapped[stack] = -2 if own else out.stack([out.frame(*f) for f in path[cut:]])
-        if sid == -2:
+            if sid != -2 and path and path[0][0] == TRUNCATED_FRAME:
+                cut_short.add(sid)
+        if sid == -2 or (call is not None and sid in cut_short and not call[0] <= ts <= call[1]):
             own_weight += weight
             continue
         out.sample(trace.label(pid), trace.label(tid), ts, sid, weight, bool(idle))

@@ -488,9 +488,9 @@
   function flameSection(view, after) {
     const graphs = view.flames;
     if (!graphs.length) {
-      const why = DATA.generator.traces_given
+      const why = DATA.generator.flames_given
         ? "No stacks: the analysed steps hold no nested host spans or stack samples."
-        : "No stacks: the page was written without the traces.";
+        : "No stacks: the report was analysed without its flame-graph stacks.";
       return section("flame", "Flame graph", empty(why));
     }
     const chart = h("div", { id: "flame-chart" });
