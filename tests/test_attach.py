@@ -50,7 +50,10 @@ def _attach_twice(
 
 
 def test_plain_loop_two_windows_of_whole_steps(tmp_path: Path) -> None:
-    target = Target(tmp_path, "plain", "--step-on", "attach_target:train_step")
+    # three steps are ~17 ms: at the default 100 Hz the twins' sampler thread may not tick once
+    target = Target(
+        tmp_path, "plain", "--step-on", "attach_target:train_step", "--sampling-rate", "1000"
+    )
     try:
         (sampled, first), (traced, second) = _attach_twice(
             target, tmp_path / "out", 3, "--with-stack"
