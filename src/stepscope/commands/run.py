@@ -199,7 +199,7 @@ def _profile(args: argparse.Namespace, step_on: str | None, in_program: bool) ->
             skip_first=args.skip_first,
             wait=args.wait,
             warmup=args.warmup,
-            active=args.active if args.active is not None else (5 if args.profile_memory else 3),
+            active=args.active if args.active is not None else _default_active(args),
             repeat=args.repeat,
         )
     tracer_options = {
@@ -353,3 +353,13 @@ def _summary(
 
 COMMAND = Command("run", __doc__ or "", add_arguments, run)
 """``stepscope run``."""
+
+
+def _default_active(args: argparse.Namespace) -> int:
+    """Recorded steps per window: 3, or with memory enough step ends for a leak hint past the
+    warm-up rise it leaves out."""
+    if not args.profile_memory:
+        return 3
+    from stepscope.analysis.memory import LEAK_MIN_STEPS  # the analysis only when it is needed
+
+    return LEAK_MIN_STEPS + 1
