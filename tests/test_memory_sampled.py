@@ -100,8 +100,10 @@ def test_sites_at_the_peak_are_within_5_percent_of_what_each_line_holds(
         if row["file"].endswith("test_memory_sampled.py"):
             by_line[row["line"]] = by_line.get(row["line"], 0) + row["bytes"]
     estimates = sorted(by_line.values(), reverse=True)
-    assert len(estimates) == 2
-    for estimate, truth in zip(estimates, _held_at_the_peak(keep), strict=True):
+    # the loop's other lines allocate a little too (its iterators, a list's growth): a sample
+    # there weighs about one mean, far below the two lines that hold the 64 MiB
+    assert len(estimates) >= 2 and sum(estimates[2:]) <= 4 * mean, estimates
+    for estimate, truth in zip(estimates[:2], _held_at_the_peak(keep), strict=True):
         sigma = math.sqrt(truth * mean)  # the stated error: 2 sigma is the 95 % band
         assert abs(estimate - truth) <= min(0.05 * truth, 5 * sigma), (estimate, truth)
     assert meta["peak"]["bytes"] == pytest.approx(sum(_held_at_the_peak(keep)), rel=0.01)
