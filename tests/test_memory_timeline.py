@@ -49,8 +49,9 @@ def per_category(sizes: list[list[int]]) -> tuple[list[int], list[int]]:
 
 
 def profiled(step: Callable[[], None], steps: int) -> stepscope.profile:
-    """``steps`` training steps under ``profile_memory=True``."""
-    with stepscope.profile(profile_memory=True) as prof:
+    """``steps`` training steps under ``profile_memory=True, record_shapes=True`` (torch's
+    categorizer reads operator inputs)."""
+    with stepscope.profile(profile_memory=True, record_shapes=True) as prof:
         for _ in range(steps):
             step()
             prof.step()
@@ -151,13 +152,29 @@ def test_bad_requests_say_what_to_do(tmp_path: Path) -> None:
     assert not list(tmp_path.iterdir())  # nothing half-written
 
 
+def test_torch_categories_without_record_shapes_say_what_to_pass(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    step, _, _ = training_loop(2)
+    with stepscope.profile(profile_memory=True) as prof:
+        for _ in range(2):
+            step()
+            prof.step()
+    with pytest.raises(ValueError, match="needs record_shapes=True"):
+        prof.export_memory_timeline(tmp_path / "t.json", "cpu")
+    assert not list(tmp_path.iterdir())
+    prof.export_memory_timeline(tmp_path / "py.json", "python")  # the heap needs no shapes
+    assert (tmp_path / "py.json").exists()
+
+
 def test_timeline_page_and_report_in_browser(browser: Any, tmp_path: Path) -> None:
     from stepscope.cli import main
 
     step, _, _ = training_loop(3)
     held: list[Any] = []
     with stepscope.profile(
-        profile_memory=True, on_trace_ready=stepscope.trace_handler(str(tmp_path / "traces"))
+        profile_memory=True,
+        record_shapes=True,
+        on_trace_ready=stepscope.trace_handler(str(tmp_path / "traces")),
     ) as prof:
         for _ in range(5):
             step()

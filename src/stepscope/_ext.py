@@ -53,6 +53,7 @@ REQUIRED = (
     "scan_trace",
     "spans_from_events",
     "remap_column",
+    "int_args",
     "RecordFunction",
     "_tracer_start",
     "StackSampler",
@@ -76,6 +77,7 @@ if TYPE_CHECKING:
         spans_from_events = staticmethod(_native.spans_from_events)
         scan_trace = staticmethod(_native.scan_trace)
         remap_column = staticmethod(_native.remap_column)
+        int_args = staticmethod(_native.int_args)
         RecordFunction = _native.RecordFunction
         _annotations_start = staticmethod(_native._annotations_start)
         _annotations_stop = staticmethod(_native._annotations_stop)

@@ -73,6 +73,12 @@ def remap_column(
     """A column re-based for another builder: mode 0 string ids and 1 pid/tid labels through
     ``table``, 2 times and 3 args refs (-1 stays) plus ``offset``."""
 
+def int_args(
+    rows: Sequence[object], keys: tuple[bytes, ...], /
+) -> list[tuple[int | None, ...] | None]:
+    """Per row (args text as bytes, None for no args, anything else for Python to read) the keys'
+    integer values (None when absent), or None where Python must read the row."""
+
 def scan_trace(
     data: ReadableBuffer,
     string_ids: dict[str, int],

@@ -504,7 +504,6 @@ static PyObject *hook_end_step(PyObject *self, PyObject *noargs) {
                                   (unsigned long long)hs.step_frees, "peak_mark",
                                   (unsigned long long)hs.peak_mark);
     if (row != NULL) {
-        units_sweep();
         hs.step_peak = hs.current;
         hs.step_allocated = hs.step_freed = hs.step_allocs = hs.step_frees = 0;
         hs.peak_mark = hs.first_seq + hs.n_events;

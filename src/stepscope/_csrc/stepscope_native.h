@@ -18,6 +18,7 @@ int ss_annotations_init(PyObject *module);
 int ss_tracer_init(PyObject *module);
 int ss_sampler_init(PyObject *module);
 int ss_chrome_columns_init(PyObject *module);
+int ss_chrome_args_init(PyObject *module);
 int ss_chrome_scanner_init(PyObject *module);
 int ss_step_times_init(PyObject *module);
 int ss_alloc_hook_init(PyObject *module);

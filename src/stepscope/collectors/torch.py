@@ -123,14 +123,11 @@ class TorchCollector(Collector):
         bridge_annotations: bool | None = None,
         activity_filters: dict[str, list[str]] | None = None,
         post_processing_timeout_s: float | None = None,
-        implied: Iterable[str] = (),
     ) -> None:
-        """``implied``: options stepscope turned on for its own needs, not the user's.
-        ``module_frames``: torch's Python tracer runs too, for its ``nn.Module: X_n`` frames
+        """``module_frames``: torch's Python tracer runs too, for its ``nn.Module: X_n`` frames
         (TensorBoard's Module view); its other frames are dropped (stepscope's tracer has them).
         """
         self._autograd_profiler: Any = None
-        self._implied = frozenset(implied)
         acts = set(activities)
         devices = [DEVICE_NAMES[a] for a in acts if a in DEVICE_NAMES]
         if len(devices) > 1:
@@ -368,8 +365,7 @@ class TorchCollector(Collector):
     def _note_torch_never_came(self, ctx: WindowContext) -> None:
         # profile_memory also measures the Python heap and the RSS without torch: only what
         # records nothing without torch, and the user asked for, is named
-        skip = self._implied | {"profile_memory"}
-        asked = [flag for flag, value in self.options.items() if value and flag not in skip]
+        asked = [flag for flag, value in self.options.items() if value and flag != "profile_memory"]
         if self.use_device is not None:
             asked.append(f"activity {self.use_device.upper()}")
         if asked:

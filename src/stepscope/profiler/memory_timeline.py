@@ -1,13 +1,14 @@
 """``profile.export_memory_timeline``: torch's memory timeline files, for torch and plain Python.
 
 With torch's data the timeline is torch's own: ``torch.profiler._memory_profiler.MemoryProfile``
-categorizes the window's tensors (it needs ``record_shapes``, which ``profile_memory`` turns on),
-and the optimizers stepped during the window name their parameters and state (torch finds those
-with its Python tracer, which stepscope does not run). Without torch, the Python heap's snapshots
-are the timeline, one category per allocating module (with the allocation hook, the sampled
-modules' shares of the exact bytes held). The file's suffix picks the shape, as in
-torch: ``.html`` (a self-contained page), ``.json`` / ``.json.gz`` (``[times, sizes]``) and
-``.raw.json.gz`` (rows ``[ts, action, bytes, category]``).
+categorizes the window's tensors (it needs ``record_shapes=True`` beside ``profile_memory``, as
+torch's own export does: without operator inputs it can name almost no tensor), and the
+optimizers stepped during the window name their parameters and state (torch finds those with its
+Python tracer, which stepscope does not run). Without torch, the Python heap's snapshots are the
+timeline, one category per allocating module (with the allocation hook, the sampled modules'
+shares of the exact bytes held). The file's suffix picks the shape, as in torch: ``.html`` (a
+self-contained page), ``.json`` / ``.json.gz`` (``[times, sizes]``) and ``.raw.json.gz`` (rows
+``[ts, action, bytes, category]``).
 """
 
 from __future__ import annotations
@@ -81,6 +82,13 @@ def memory_timeline(prof: Any, device: str | None = None) -> Timeline:
         raise ValueError(
             f"device {device!r}: this window recorded no torch tensors (torch was not in use); "
             "use device='python' for the Python heap"
+        )
+    if not prof.record_shapes:
+        raise ValueError(
+            f"export_memory_timeline(device={device!r}) needs record_shapes=True with "
+            "profile_memory=True (torch's categorizer reads operator inputs; torch's own export "
+            "asks for it too): profile(profile_memory=True, record_shapes=True) or "
+            "`stepscope run --memory --record-shapes`; device='python' works without it"
         )
     return torch_timeline(result.kineto_results, list(collector.optimizers.values()), device)
 

@@ -35,6 +35,7 @@ from stepscope.collectors.torch import (
 )
 from stepscope.distributed import distributed_info
 from stepscope.failures import failure_log
+from stepscope.gcpause import gc_paused
 from stepscope.profiler.activity import split_activity_filters
 from stepscope.profiler.events import EventList, function_events
 from stepscope.profiler.execution_trace import ExecutionTraceCollector, ExecutionTraceObserver
@@ -214,8 +215,7 @@ class profile:
             found.append(
                 TorchCollector(
                     torch_activities,
-                    # torch's memory categorizer needs shapes (export_memory_timeline).
-                    record_shapes=self.record_shapes or bool(self.profile_memory),
+                    record_shapes=self.record_shapes,
                     profile_memory=bool(self.profile_memory),
                     with_flops=self.with_flops,
                     with_modules=self.with_modules,
@@ -223,9 +223,6 @@ class profile:
                     experimental_config=self.experimental_config,
                     activity_filters=self.activity_filters,
                     post_processing_timeout_s=self.post_processing_timeout_s,
-                    implied=("record_shapes",)
-                    if self.profile_memory and not self.record_shapes
-                    else (),
                 )
             )
         else:
@@ -480,15 +477,18 @@ class profile:
             record = self._ranks.first_window_end(self._window_first_step, self.step_num)
             if record is not None:
                 ctx.metadata["stepscope_rank_sync"] = record
-        builder = TraceBuilder()
-        for collector in self.collectors:
-            self._guarded(collector, "collect", functools.partial(collector.collect, builder, ctx))
-        self._finish_metadata(builder, ctx)
-        trace = builder.build()
-        for collector in self.collectors:
-            self._guarded(
-                collector, "window_built", functools.partial(collector.window_built, trace)
-            )
+        with gc_paused():  # the window's trace is built from many small containers
+            builder = TraceBuilder()
+            for collector in self.collectors:
+                self._guarded(
+                    collector, "collect", functools.partial(collector.collect, builder, ctx)
+                )
+            self._finish_metadata(builder, ctx)
+            trace = builder.build()
+            for collector in self.collectors:
+                self._guarded(
+                    collector, "window_built", functools.partial(collector.window_built, trace)
+                )
         if self.acc_events:
             self._traces.append(trace)
         else:

@@ -13,18 +13,18 @@ scanned in C as well (``_csrc/chrome_samples.c``); its ``sf`` keys are resolved 
 from __future__ import annotations
 
 import contextlib
-import gc
 import hashlib
 import json
 import math
 import os
 import zlib
 from array import array
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from stepscope._ext import native
+from stepscope.gcpause import gc_paused
 from stepscope.jsonenc import utf8
 from stepscope.trace.chrome_writer import RESERVED_KEYS
 from stepscope.trace.kineto import drop_bookkeeping
@@ -170,7 +170,7 @@ def read_chrome_trace(
     data = _load_bytes(p, max_inflated_bytes)
     # Parsing allocates one container per event: with the cyclic GC on, a large heap (torch
     # loaded) is rescanned many times over.  Nothing parsed here can form a cycle.
-    with _gc_paused():
+    with gc_paused():
         try:
             return _read_document(p, data, drop_kineto_bookkeeping)
         except ChromeTraceError:
@@ -180,17 +180,6 @@ def read_chrome_trace(
         except (ValueError, TypeError, OverflowError, KeyError, AttributeError) as exc:
             # a value of a shape no check above anticipated: still a clean, named error
             raise ChromeTraceError(f"{p}: unreadable value: {type(exc).__name__}: {exc}") from None
-
-
-@contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def _loads(p: Path, data: bytes) -> Any:

@@ -4,10 +4,9 @@ are read back: one place for the recorder that writes them and the analysis that
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
-from stepscope.trace.raw_args import arg_reader
+from stepscope.trace.raw_args import arg_rows
 
 __all__ = [
     "MEMORY_INSTANT",
@@ -34,8 +33,7 @@ _TENSOR_KEYS = ("Bytes", "Total Allocated", "Device Type", "Device Id", "Addr")
 _DEVICE_TYPES = {0: "cpu", 1: "cuda", 12: "xpu", 13: "mps", 23: "mtia", 20: "privateuseone"}
 
 
-@dataclass(frozen=True)
-class TensorEvent:
+class TensorEvent(NamedTuple):
     """One ``[memory]`` instant: an allocation (bytes > 0) or a free (bytes < 0)."""
 
     ts_ns: int
@@ -59,15 +57,22 @@ def tensor_events(
 ) -> list[TensorEvent]:
     """``[memory]`` instants ``(ts, pid, tid, args)`` as events, in time order."""
     found: list[TensorEvent] = []
-    read = arg_reader(_TENSOR_KEYS)  # plain integers read from the args' text, no JSON parse
-    for ts, pid, tid, args in instants:
-        size, total, device_type, device_id, addr = read(args)
+    listed = instants if isinstance(instants, list) else list(instants)
+    # plain integers read from the args' text in one pass, no JSON parse
+    rows = arg_rows([args for _, _, _, args in listed], _TENSOR_KEYS)
+    devices: dict[tuple[Any, Any], str] = {}
+    for (ts, pid, tid, _), (size, total, device_type, device_id, addr) in zip(
+        listed, rows, strict=True
+    ):
         if size is None or total is None:
             continue
         try:
-            device = device_name(
-                0 if device_type is None else device_type, -1 if device_id is None else device_id
-            )
+            device = devices.get((device_type, device_id))
+            if device is None:
+                device = devices[(device_type, device_id)] = device_name(
+                    0 if device_type is None else device_type,
+                    -1 if device_id is None else device_id,
+                )
             found.append(TensorEvent(ts, device, int(size), int(total), pid, tid, int(addr or 0)))
         except (TypeError, ValueError):
             continue  # a malformed event is left out, not guessed at

@@ -5,17 +5,20 @@ as it is; ``RawArgs`` is its name in the trace model.
 
 ``arg_values`` reads a few keys of many events' args without parsing each one: integer values
 of top-level keys are found in the text itself, and anything less plain goes to ``json.loads``.
+``arg_rows`` does the same for a whole column of args in one call to the C ``int_args``
+(``_csrc/chrome_args.c``) where the extension is built, ``arg_reader`` row by row otherwise.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from stepscope._ext import native
 from stepscope.jsonenc import RawJsonObject
 
-__all__ = ["RawArgs", "arg_reader", "arg_values"]
+__all__ = ["RawArgs", "arg_reader", "arg_rows", "arg_values"]
 
 RawArgs = RawJsonObject
 """A read-only mapping over a JSON object's text (one event's args)."""
@@ -93,3 +96,20 @@ def arg_values(args: Mapping[str, Any] | None, keys: tuple[str, ...]) -> tuple[A
     """``tuple(args.get(k) for k in keys)`` (all None for no or empty args), without parsing
     ``RawArgs`` whose text shows the keys missing or plain integers."""
     return arg_reader(keys)(args)
+
+
+def arg_rows(
+    args: Sequence[Mapping[str, Any] | None], keys: tuple[str, ...]
+) -> list[tuple[Any, ...]]:
+    """``[arg_values(a, keys) for a in args]``, plain integers read by the extension in one call
+    (rows it cannot read plainly, and every row without it, by ``arg_reader``)."""
+    read = arg_reader(keys)
+    mod = native()
+    if mod is None or not args or not 1 <= len(keys) <= 8:
+        return [read(a) for a in args]
+    # the text of raw args; None for none; other mappings as they are (rows int_args leaves)
+    texts = [a.raw if type(a) is RawJsonObject else (a or None) for a in args]
+    rows: list[Any] = mod.int_args(texts, tuple(k.encode() for k in keys))
+    for i in [i for i, row in enumerate(rows) if row is None]:
+        rows[i] = read(args[i])
+    return rows
