@@ -8,7 +8,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stepscope.trace.raw_args import RawArgs, arg_reader, arg_values
+from stepscope.trace.raw_args import RawArgs, arg_reader, arg_rows, arg_values
 
 _KEYS = ("stream", "correlation", "device")
 _ODD_KEYS = (" stream", "a:b", ",x", ",", "{", " ", 'de"v')
@@ -69,6 +69,31 @@ def test_arg_reader_matches_json_loads(
     assert got == expected
     assert [type(v) for v in got] == [type(v) for v in expected]
     assert arg_values(args, keys) == expected
+    # a column of args in one call (the C int_args where built): the same, row by row
+    plain = {keys[0]: 5}
+    rows = arg_rows([args, None, plain, RawArgs(b"{}", 0), args], keys)
+    nones = (None,) * len(keys)
+    assert rows == [expected, nones, (5, *nones[1:]), nones, expected]
+    assert [type(v) for v in rows[0]] == [type(v) for v in expected]
+
+
+def test_arg_rows_reads_every_row_and_what_is_not_plain() -> None:
+    """A column with escapes, floats, duplicates, nesting and bad text reads as ``get`` says."""
+    texts = [
+        b'{"stream": 7, "correlation": 12, "device": 0}',
+        b'{"st\\u0072eam": 5}',
+        b'{"stream": 1, "stream": 2}',
+        b'{"a": {"stream": 9}, "stream": 3}',
+        b'{"stream": 1.5, "device": true}',
+        b'{"stream": 99999999999999999999999}',
+        b' { "stream" : -0 } ',
+    ]
+    args = [RawArgs(t, len(json.loads(t))) for t in texts]
+    expected = [tuple(json.loads(t).get(k) for k in _KEYS) for t in texts]
+    rows = arg_rows(args, _KEYS)
+    assert rows == expected
+    assert [[type(v) for v in r] for r in rows] == [[type(v) for v in r] for r in expected]
+    assert arg_rows([], _KEYS) == []
 
 
 def test_arg_reader_plain_dicts_and_none() -> None:

@@ -39,7 +39,7 @@ from stepscope.analysis.result import (
     StreamBreakdown,
 )
 from stepscope.trace.model import Trace
-from stepscope.trace.raw_args import arg_reader
+from stepscope.trace.raw_args import arg_reader, arg_rows
 
 __all__ = [
     "COMMUNICATION",
@@ -68,6 +68,8 @@ _COMM = re.compile(r"^nccl.*Kernel")
 _MEMORY = re.compile(r"(^Memcpy)|(^Memset)|(^dma)")
 _NOT_COMPUTE = re.compile(r"(^nccl.*Kernel)|(.*(Memcpy)|(Memset))|(.*Sync)")
 _SYNC_NAMES = frozenset({"Event Sync", "Context Sync"})
+_DEVICE_KEYS = ("stream", "correlation", "device")
+"""The args a span is placed on a device stream by (HTA's ``stream``, ``correlation``)."""
 _TYPE_BITS = ((COMPUTATION, 1), (COMMUNICATION, 2), (MEMORY, 4))
 
 
@@ -173,11 +175,13 @@ def device_events(trace: Trace) -> DeviceEvents:
     labels: dict[int, str] = {}
     out = DeviceEvents([], [], [], [], [], [], [], [], [], {}, {}, [], [])
     cpu_correlation, cpu_count = out.cpu_correlation, out.cpu_correlation_count
-    read_args = arg_reader(("stream", "correlation", "device"))
     span_correlation = out.span_correlation
     span_correlation.extend(array("q", [-1]) * len(spans))
-    columns = zip(cats.tolist(), argrefs.tolist(), names.tolist(), strict=True)
-    for i, (cat, ref, name_id) in enumerate(columns):
+    refs = argrefs.tolist()
+    # every span's stream, correlation and device in one pass over the args' text
+    read = arg_rows([all_args[ref] if ref >= 0 else None for ref in refs], _DEVICE_KEYS)
+    columns = zip(cats.tolist(), refs, names.tolist(), read, strict=True)
+    for i, (cat, ref, name_id, (raw_stream, raw_correlation, device)) in enumerate(columns):
         if cat in trace_cat:
             span_correlation[i] = -2
             continue
@@ -185,7 +189,6 @@ def device_events(trace: Trace) -> DeviceEvents:
             stream = correlation = -1
             device = None
         else:
-            raw_stream, raw_correlation, device = read_args(all_args[ref])
             # plain ints (not bools) as they are; anything else as _as_stream / _as_int say
             if raw_stream is None:
                 stream = -1
