@@ -18,6 +18,7 @@ child process for its peak RSS: time <= 1.1x the unprofiled loop and peak RSS <=
 from __future__ import annotations
 
 import gc
+import os
 import tempfile
 import time
 import warnings
@@ -93,6 +94,7 @@ def train_case(report: Report, steps: int, repeat: int) -> None:
     base: list[float] = []
     runs: dict[str, list[float]] = {
         "stepscope profile_memory": [],
+        "stepscope profile_memory + record_shapes": [],
         "torch.profiler 3 flags": [],
         "stepscope record_shapes only": [],
     }
@@ -103,6 +105,11 @@ def train_case(report: Report, steps: int, repeat: int) -> None:
             base.append(_timed(lambda: None, lambda: None, lambda: train(None)))
             ours = stepscope.profile(activities=["CPU"], profile_memory=True)
             runs["stepscope profile_memory"].append(
+                _timed(ours.start, ours.stop, lambda p=ours: train(p.step))
+            )
+            # torch's categories in export_memory_timeline need shapes, as torch's export does
+            ours = stepscope.profile(activities=["CPU"], profile_memory=True, record_shapes=True)
+            runs["stepscope profile_memory + record_shapes"].append(
                 _timed(ours.start, ours.stop, lambda p=ours: train(p.step))
             )
             theirs = torch.profiler.profile(
@@ -129,9 +136,10 @@ def train_case(report: Report, steps: int, repeat: int) -> None:
     over = _overheads(report, f"{case}, loop + stop", baseline, runs)
     s_over, t_over = over["stepscope profile_memory"], over["torch.profiler 3 flags"]
     report.note(
-        "train: stepscope record_shapes only is the same torch options without the memory "
-        "collector and torch's memory events: the rest of the overhead is the window end "
-        "(Kineto's file read back and merged) and torch's own recording"
+        "train: stepscope profile_memory records no shapes (only export_memory_timeline's "
+        "torch categories need them; + record_shapes is the like-for-like with torch's flags "
+        "and the profile the timelines are exported from); record_shapes only is the same "
+        "torch options without the memory collector and torch's memory events"
     )
     for limit, issue in ((0.5, 17), (1.0, 25)):
         report.target(
@@ -361,15 +369,86 @@ def run(report: Report) -> None:
     else:
         train_case(report, 20 if report.quick else 40, repeat)
         rnn_case(report, 20 if report.quick else 60, repeat)
+        rnn_run_case(report, 100 if report.quick else 600, 3 if report.quick else 5)
     python_case(report, 20 if report.quick else 40, repeat)
     big = 2_000_000 if report.quick else 10_000_000
     big_heap_case(report, big, 0, 6, 1 if report.quick else 3)
     big_heap_case(report, 0, 1_000_000, 6, 1 if report.quick else 3)
 
 
-if __name__ == "__main__":  # one big-heap child run: mode, live blocks, kept per step, steps
+RUN_SCHEDULE = {"wait": 1, "warmup": 1, "active": 5}
+"""``stepscope run --memory``'s default schedule (one window of LEAK_MIN_STEPS + 1 steps)."""
+
+
+def rnn_program(steps: int, torch_profiler: bool) -> None:
+    """mnist_rnn's training as a program (what ``python prog.py`` runs), optionally under
+    torch's ``profile_memory`` on the same schedule as ``stepscope run --memory``'s default."""
+    train = make_rnn(steps)
+    if not torch_profiler:
+        train(None)
+        return
+    import torch.profiler
+
+    with torch.profiler.profile(
+        activities=[torch.profiler.ProfilerActivity.CPU],
+        profile_memory=True,
+        schedule=torch.profiler.schedule(**RUN_SCHEDULE),
+    ) as prof:
+        train(prof.step)
+
+
+def rnn_run_case(report: Report, steps: int, repeat: int) -> None:
+    """The whole program, as a user runs it: ``python prog.py`` against ``stepscope run
+    --memory prog.py`` (its defaults: steps found by the optimizer, one window) and the program
+    under torch's profiler on the same schedule; process wall time, alternating."""
+    import subprocess
+    import sys
+
+    from harness import SRC
+
+    env = dict(os.environ, PYTHONPATH=SRC, PYTHONWARNINGS="ignore")
+    prog = [__file__, "rnn", str(steps)]
+    commands = {
+        "python prog.py": [sys.executable, *prog, "plain"],
+        "stepscope run --memory": [
+            sys.executable,
+            "-m",
+            "stepscope",
+            "run",
+            "--memory",
+            "-o",
+            "{out}",
+            *prog,
+            "plain",
+        ],
+        "torch.profiler profile_memory, same schedule": [sys.executable, *prog, "torch"],
+    }
+    times: dict[str, list[float]] = {name: [] for name in commands}
+    with tempfile.TemporaryDirectory() as tmp:
+        for _ in range(repeat):
+            for name, argv in commands.items():
+                argv = [a.replace("{out}", tmp) for a in argv]
+                begin = time.perf_counter()
+                done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=900)
+                times[name].append(time.perf_counter() - begin)
+                if done.returncode != 0:
+                    raise RuntimeError(f"{name} failed: {done.stderr[-2000:]}")
+    case = f"mnist_rnn program, {steps} steps, whole process"
+    baseline = report.add(case, "python prog.py", "s", times.pop("python prog.py"))
+    over = _overheads(report, case, baseline, times)
+    report.target(
+        "mnist_rnn program: stepscope run --memory time / unprofiled <= 1.05",
+        1 + over["stepscope run --memory"],
+        1.05,
+    )
+
+
+if __name__ == "__main__":
     import json
     import sys
 
-    mode, live, kept, steps = sys.argv[1], *map(int, sys.argv[2:5])  # mode may hold spaces
-    print(json.dumps(big_heap_child(mode, live, kept, steps)))
+    if sys.argv[1] == "rnn":  # the mnist_rnn program: steps, plain or torch
+        rnn_program(int(sys.argv[2]), sys.argv[3] == "torch")
+    else:  # one big-heap child run: mode, live blocks, kept per step, steps
+        mode, live, kept, steps = sys.argv[1], *map(int, sys.argv[2:5])  # mode may hold spaces
+        print(json.dumps(big_heap_child(mode, live, kept, steps)))
