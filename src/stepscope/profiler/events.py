@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from stepscope.jsonenc import json_bytes
 from stepscope.trace.model import Trace
 from stepscope.trace.nesting import DEVICE_CATEGORIES, Nesting, group_name, nest_spans
+from stepscope.trace.raw_args import arg_rows
 
 if TYPE_CHECKING:
     from stepscope.profiler.summary import KeyAverages, RowAverage
@@ -498,13 +499,12 @@ def span_memory(trace: Trace, nesting: Nesting) -> tuple[list[int], list[int], l
     mem_id = trace.strings.index(MEMORY_EVENT) if MEMORY_EVENT in strings else -1
     if mem_id < 0:
         return cpu, device, []
-    for j in range(len(inst)):
-        if names[j] != mem_id:
-            continue
-        args = trace.args_at(inst["args"][j]) or {}
-        nbytes = args.get("Bytes", 0)
-        on_cpu = args.get("Device Type", 0) == 0
+    found = [j for j, name in enumerate(names) if name == mem_id]
+    # each event's bytes and device type read from the args' text in one pass
+    read = arg_rows([trace.args_at(inst["args"][j]) for j in found], ("Bytes", "Device Type"))
+    for j, (nbytes, device_type) in zip(found, read, strict=True):
         key = (inst["pid"][j], inst["tid"][j])
+        on_cpu = (device_type or 0) == 0
         records.setdefault(key, []).append((inst["ts_ns"][j], int(nbytes or 0), on_cpu, j))
     for recs in records.values():
         recs.sort()
