@@ -90,15 +90,13 @@ def _run_b(
 
 def _ab(body: Callable[[], None], tmp_path: Path, **options: object) -> tuple[Overhead, float]:
     """Alternating runs without (A) and with (B) stepscope: the last B's stated overhead with
-    the median of every B's stated slowdown, and the external slowdown (all recorded step
-    bodies against all of A's)."""
-    a_times: list[int] = []
-    b_recorded: list[int] = []
+    the median of every B's stated slowdown, and the external slowdown (per round, B's recorded
+    step bodies against the same round's A; the median of the rounds)."""
     slowdowns: list[float] = []
     a_medians: list[float] = []
+    externals: list[float] = []
     for n in range(ROUNDS):
         a_round = _run_a(body, 2 * CYCLE)
-        a_times += a_round
         a_medians.append(statistics.median(a_round))
         stated, recorded = _run_b(body, tmp_path / str(n), **options)
         assert stated.recorded_steps == ACTIVE * REPEAT
@@ -106,17 +104,18 @@ def _ab(body: Callable[[], None], tmp_path: Path, **options: object) -> tuple[Ov
         assert stated.warmup_steps == WARMUP * REPEAT
         assert stated.slowdown_pct is not None
         slowdowns.append(stated.slowdown_pct)
-        b_recorded += recorded
-    external = 100.0 * (statistics.median(b_recorded) / statistics.median(a_times) - 1)
+        externals.append(100.0 * (statistics.median(recorded) / a_medians[-1] - 1))
+    external = statistics.median(externals)
     said = statistics.median(slowdowns)
     # the machine's own drift between rounds of the same unprofiled loop widens the margin:
     # on a loaded 2-core machine it moves the A/B comparison as much as stepscope does
-    # and so does the stated figure's own spread over the rounds (369-577 % at load 6 for one
-    # call-heavy loop under with_stack)
+    # and so does each figure's own spread over the rounds (369-577 % stated at load 6 for one
+    # call-heavy loop under with_stack; 237-621 % stated against 835 % measured over all rounds
+    # pooled at load 5, when a burst of load fell on the B runs)
     drift = 100.0 * (max(a_medians) - min(a_medians)) / min(a_medians)
-    spread = (max(slowdowns) - min(slowdowns)) / 2
+    spread = (max(slowdowns) - min(slowdowns)) / 2 + (max(externals) - min(externals)) / 2
     margin = max(5.0, 0.25 * abs(external)) + 2 * drift + spread
-    assert abs(said - external) <= margin, (slowdowns, external, drift)
+    assert abs(said - external) <= margin, (slowdowns, externals, drift)
     return stated, external
 
 

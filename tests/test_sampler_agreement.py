@@ -5,8 +5,10 @@ second; the in-process sampler at 1 kHz), so what is left between them is sampli
 1.2 percentage points of standard error per function at ~2000 samples each, against the 3-point
 tolerance.  A loaded machine lets both take fewer samples: the tolerance then widens with the
 standard error of the difference of two shares (never below 3 points).  A measurement over the
-tolerance is repeated once before failing: the thread-mode sampler this replaces was 15-20
-points off on raytrace, which no repetition hides.
+tolerance is repeated, up to three in all, before failing: at load 5 on two cores one pair of
+runs was 7 points apart on raytrace's ``Vector.dot`` twice (the samplers see a process that is
+mostly descheduled differently), while the thread-mode sampler this replaces was 15-20 points
+off on raytrace on every run, which no repetition hides.
 """
 
 from __future__ import annotations
@@ -43,7 +45,9 @@ def tolerance(result: Agreement) -> float:
 )
 def test_self_shares_agree_with_py_spy_on_the_same_run(workload: str, hot: str) -> None:
     result = agreement(workload)
-    if result.max_abs_diff > tolerance(result):
+    for _ in range(2):
+        if result.max_abs_diff <= tolerance(result):
+            break
         result = agreement(workload)
     assert result.max_abs_diff <= tolerance(result), result.table()
     assert hot in result.top and hot in result.ours, result.table()
