@@ -35,16 +35,16 @@ def run(args: argparse.Namespace) -> int:
     from stepscope.report.terminal import report_console
     from stepscope.steptables.fleet import connect, fleet_report, run_sql
 
-    con = connect(args.path)
+    tables = connect(args.path)
     console = report_console()
     if args.sql:
         if args.html:
             raise ValueError("--html draws the fleet report; it cannot be combined with --sql")
-        columns, rows = run_sql(con, args.sql)
+        columns, rows = run_sql(tables, args.sql)
         console.print(render_rows(columns, rows))
         document: object = {"columns": columns, "rows": [list(r) for r in rows]}
     else:
-        report = fleet_report(args.path, con)
+        report = fleet_report(args.path, tables)
         console.print(render_fleet(report))
         document = report.to_dict()
         if args.html:

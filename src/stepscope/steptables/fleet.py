@@ -11,6 +11,7 @@ one inside collectives.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ __all__ = [
     "FleetReport",
     "SlowRank",
     "StepStraggler",
+    "StepTables",
     "connect",
     "fleet_report",
     "run_sql",
@@ -108,19 +110,55 @@ class FleetReport:
         }
 
 
-def connect(path: str | os.PathLike[str]) -> Any:
-    """A DuckDB connection with the view ``steps`` over every step table under ``path``."""
+@dataclass
+class StepTables:
+    """A DuckDB connection whose view ``steps`` reads every step table under ``path``, and the
+    files of each rank (so that a query over a few ranks reads only theirs)."""
+
+    con: Any
+    path: Path
+    extra: str
+    """The ``run``/``rank`` columns the path itself fixes (``DIR/run=x``), as SQL."""
+    union_by_name: bool
+    """Whether the files' columns differ (read by name, which costs a schema read per file)."""
+    rank_files: dict[int, list[str]]
+    """Each rank's files, from its ``rank=N`` directory (empty when a file has none)."""
+
+    def source(self, ranks: Iterable[int] | None = None) -> str:
+        """SQL for the rows of ``ranks`` (every rank: the ``steps`` view)."""
+        if ranks is None or not self.rank_files:
+            return "steps"
+        files = [f for r in sorted(set(ranks)) for f in self.rank_files.get(r, [])]
+        if not files:
+            return "(SELECT * FROM steps WHERE false)"
+        listed = "[" + ", ".join(_quoted(f) for f in files) + "]"
+        union = "true" if self.union_by_name else "false"
+        return (
+            f"(SELECT *{self.extra} FROM read_parquet({listed}, hive_partitioning = true, "
+            f"union_by_name = {union}))"
+        )
+
+
+def connect(path: str | os.PathLike[str]) -> StepTables:
+    """The step tables under ``path`` on a DuckDB connection (the view ``steps``)."""
     duckdb = require("duckdb", "stepscope fleet", "parquet")
     root = Path(path)
     if not root.is_dir():
         raise ValueError(f"{root}: not a directory of step tables (profile(step_tables=DIR))")
-    if next(root.rglob("*.parquet"), None) is None:
+    files = sorted(str(f) for f in root.rglob("*.parquet"))
+    if not files:
         raise ValueError(f"{root}: no step tables (*.parquet) under this directory")
     con = duckdb.connect()
     con.execute("SET enable_progress_bar = false")
     glob = _quoted(str(root / "**" / "*.parquet"))
-    source = f"read_parquet({glob}, hive_partitioning = true, union_by_name = true)"
     try:
+        # one schema read of every file; the view then reads them by position when they agree
+        (shapes,) = con.execute(
+            "SELECT count(DISTINCT shape) FROM (SELECT list(name || ' ' || coalesce(type, '') "
+            f"ORDER BY name) AS shape FROM parquet_schema({glob}) GROUP BY file_name)"
+        ).fetchone()
+        union = "true" if shapes > 1 else "false"
+        source = f"read_parquet({glob}, hive_partitioning = true, union_by_name = {union})"
         columns = {row[0] for row in con.execute(f"DESCRIBE SELECT * FROM {source}").fetchall()}
         extra = _partitions_from_path(root, columns)
         con.execute(f"CREATE VIEW steps AS SELECT *{extra} FROM {source}")
@@ -132,7 +170,20 @@ def connect(path: str | os.PathLike[str]) -> Any:
             f"{root}: not step tables (no column {', '.join(missing)}); point at the directory "
             "given to profile(step_tables=DIR)"
         )
-    return con
+    return StepTables(con, root, extra, shapes > 1, _rank_files(root, files))
+
+
+def _rank_files(root: Path, files: list[str]) -> dict[int, list[str]]:
+    """Each rank's files by their ``rank=N`` directory (or the root's); {} when one has none."""
+    found: dict[int, list[str]] = {}
+    fixed = [part for part in root.parts if part.startswith("rank=")]
+    for file in files:
+        parts = [p for p in Path(file).relative_to(root).parts[:-1] if p.startswith("rank=")]
+        label = (parts or fixed or [""])[-1].removeprefix("rank=")
+        if not label.isdigit():
+            return {}
+        found.setdefault(int(label), []).append(file)
+    return found
 
 
 def _quoted(text: str) -> str:
@@ -160,11 +211,11 @@ def _partitions_from_path(root: Path, columns: set[str]) -> str:
     return extra
 
 
-def run_sql(con: Any, query: str) -> tuple[list[str], list[tuple[Any, ...]]]:
+def run_sql(tables: StepTables, query: str) -> tuple[list[str], list[tuple[Any, ...]]]:
     """(column names, rows) of a query over the ``steps`` view; a bad query is a ValueError."""
     duckdb = require("duckdb", "stepscope fleet", "parquet")
     try:
-        result = con.execute(query)
+        result = tables.con.execute(query)
         rows = result.fetchall()
     except duckdb.Error as exc:
         raise ValueError(f"--sql: {_first_line(exc)}") from None
@@ -186,7 +237,7 @@ _REFERENCE = f"""
 CREATE TEMP TABLE reference AS
 SELECT run, step, avg(duration_ns) AS duration_ns,
        {", ".join(f"quantile_disc({p}, {REFERENCE_QUANTILE}) AS {p}" for p in PHASES)}
-FROM steps WHERE rank % {{stride}} = 0 GROUP BY run, step
+FROM {{source}} WHERE rank % {{stride}} = 0 GROUP BY run, step
 """
 
 _LAGS = f"""
@@ -262,12 +313,17 @@ def _phase(index: int, lag_ns: float) -> str:
     return _NAMES[index] if lag_ns > 0 else "-"
 
 
-def fleet_report(path: str | os.PathLike[str], con: Any = None) -> FleetReport:
+def fleet_report(path: str | os.PathLike[str], tables: StepTables | None = None) -> FleetReport:
     """The fleet report of the step tables under ``path``."""
-    con = connect(path) if con is None else con
-    # the rank directories say how many ranks without a scan; the counts come from ``lags``
-    rank_dirs = len({p.name for p in Path(path).glob("**/rank=*") if p.is_dir()})
-    con.execute(_REFERENCE.format(stride=max(1, rank_dirs // REFERENCE_RANKS)))
+    tables = connect(path) if tables is None else tables
+    con = tables.con
+    # the reference reads every stride-th rank's files only; the counts come from ``lags``
+    rank_dirs = len(tables.rank_files) or len(
+        {p.name for p in Path(path).glob("**/rank=*") if p.is_dir()}
+    )
+    stride = max(1, rank_dirs // REFERENCE_RANKS)
+    sampled = range(0, max(tables.rank_files, default=0) + 1, stride) if tables.rank_files else None
+    con.execute(_REFERENCE.format(source=tables.source(sampled), stride=stride))
     con.execute(_LAGS)
     con.execute(_PER_STEP)
     con.execute(_PER_RANK)
