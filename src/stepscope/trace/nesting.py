@@ -1,4 +1,8 @@
-"""Span nesting per thread: each span's parent and self time (duration minus its children)."""
+"""Span nesting per thread: each span's parent and self time (duration minus its children).
+
+The C ``nest_spans`` (``_csrc/span_nesting.c``) does the work when the extension is in use;
+``nest_spans_python`` is its pure-Python twin.
+"""
 
 from __future__ import annotations
 
