@@ -54,6 +54,7 @@ REQUIRED = (
     "spans_from_events",
     "remap_column",
     "int_args",
+    "nest_spans",
     "RecordFunction",
     "_tracer_start",
     "StackSampler",
@@ -78,6 +79,7 @@ if TYPE_CHECKING:
         scan_trace = staticmethod(_native.scan_trace)
         remap_column = staticmethod(_native.remap_column)
         int_args = staticmethod(_native.int_args)
+        nest_spans = staticmethod(_native.nest_spans)
         RecordFunction = _native.RecordFunction
         _annotations_start = staticmethod(_native._annotations_start)
         _annotations_stop = staticmethod(_native._annotations_stop)

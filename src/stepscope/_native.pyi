@@ -5,9 +5,9 @@ One declaration per entry point the C parts register (their ``PyMethodDef`` tabl
 module only through :func:`stepscope._ext.native` / :func:`stepscope._ext.resolve`, which return
 it typed as this stub (or ``None`` when the twins run).  ``tests/test_native_stub.py`` holds the
 stub and the built module to the same names.  Twins: ``clock.py`` (clock),
-``trace/chrome_writer.py`` and ``trace/chrome_reader.py`` (Chrome), ``collectors/annotations.py``
-(record_function), ``collectors/python_twin.py`` (tracer), ``collectors/sampler_twin.py``
-(sampler).
+``trace/chrome_writer.py`` and ``trace/chrome_reader.py`` (Chrome), ``trace/nesting.py`` (span
+nesting), ``collectors/annotations.py`` (record_function), ``collectors/python_twin.py``
+(tracer), ``collectors/sampler_twin.py`` (sampler).
 """
 
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -105,6 +105,21 @@ def scan_trace(
     B/E pairs, (unmatched E events, B events left open), (sample columns with each sample's index
     into the distinct stack-frame keys, those keys) or None without a samples list), or None
     when the text is not one the scanner reads (``json.loads`` decides then)."""
+
+# -- span_nesting.c ----------------------------------------------------------------------------
+
+def nest_spans(
+    pid: ReadableBuffer,
+    tid: ReadableBuffer,
+    start_ns: ReadableBuffer,
+    dur_ns: ReadableBuffer,
+    names: ReadableBuffer,
+    step_names: ReadableBuffer,
+    /,
+) -> tuple[bytes, bytes, bytes]:
+    """Per span (int64 pid, tid, start, dur; uint32 name ids; a byte per string id, 1 for a
+    ``ProfilerStep#N``): its parent (int32, -1 at the root), self ns (int64) and fold flag
+    (int8)."""
 
 # -- annotations.c -----------------------------------------------------------------------------
 

@@ -1,4 +1,8 @@
-"""Span nesting per thread: each span's parent and self time (duration minus its children)."""
+"""Span nesting per thread: each span's parent and self time (duration minus its children).
+
+The C ``nest_spans`` (``_csrc/span_nesting.c``) does the work when the extension is in use;
+``nest_spans_python`` is its pure-Python twin.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +13,10 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from stepscope._ext import native
 from stepscope.trace.model import Trace
 
-__all__ = ["DEVICE_CATEGORIES", "Nesting", "group_name", "nest_spans"]
+__all__ = ["DEVICE_CATEGORIES", "Nesting", "group_name", "nest_spans", "nest_spans_python"]
 
 _STEP_NAME = re.compile(r"^ProfilerStep#\d+$")
 
@@ -59,7 +64,29 @@ def nest_spans(trace: Trace) -> Nesting:
     still running), so self times never overlap: on every track they add up to the time some
     span was open.  Spans that overlap without nesting (a step marker opened inside one call and
     closed inside a later one, clock skew between two recorders) are attributed that way too.
+
+    Runs the C ``nest_spans`` (``_csrc/span_nesting.c``) when the extension is in use, else its
+    twin :func:`nest_spans_python`; both give the same arrays.
     """
+    mod = native()
+    if mod is None:
+        return nest_spans_python(trace)
+    spans = trace.spans
+    flags = bytearray(len(trace.strings))
+    for sid in _step_name_ids(trace):
+        flags[sid] = 1
+    parent_bytes, self_bytes, folded_bytes = mod.nest_spans(
+        spans["pid"], spans["tid"], spans["start_ns"], spans["dur_ns"], spans["name"], flags
+    )
+    parent, self_ns, folded = array("i"), array("q"), array("b")
+    parent.frombytes(parent_bytes)
+    self_ns.frombytes(self_bytes)
+    folded.frombytes(folded_bytes)
+    return Nesting(parent, self_ns, folded)
+
+
+def nest_spans_python(trace: Trace) -> Nesting:
+    """Twin of the C ``nest_spans``: the same parents, self times and fold flags in Python."""
     spans = trace.spans
     n = len(spans)
     # plain lists: indexing them hands back existing ints instead of making new ones
@@ -132,7 +159,7 @@ def _lift_crossing_steps(
     ``Optimizer.step`` and outlives it: a step belongs to no span that ends inside it, or the
     steps would stack up (step, Optimizer.step, step, ...) and inherit what they cross.
     """
-    step_ids = {sid for sid, text in enumerate(trace.strings) if _STEP_NAME.match(text)}
+    step_ids = _step_name_ids(trace)
     if not step_ids:
         return
     for i, name in enumerate(names):
@@ -143,6 +170,11 @@ def _lift_crossing_steps(
         while p >= 0 and start[p] + dur[p] < end:
             p = parent[p]
         parent[i] = p
+
+
+def _step_name_ids(trace: Trace) -> set[int]:
+    """The string ids of the trace's ``ProfilerStep#N`` names."""
+    return {sid for sid, text in enumerate(trace.strings) if _STEP_NAME.match(text)}
 
 
 _PAST_EVERY_END = 1 << 65
