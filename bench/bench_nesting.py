@@ -87,7 +87,4 @@ def run(report: Report) -> None:
         if subject in results:
             report.ratio("nesting CPU, lower is better", results[subject], results["hta"])
     fast = results.get("c", results["twin"])
-    report.note(
-        f"nest_spans is {fast.median / whole.median:.1%} of analyze() "
-        f"({fast.subject})"
-    )
+    report.note(f"nest_spans is {fast.median / whole.median:.1%} of analyze() ({fast.subject})")
