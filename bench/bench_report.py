@@ -129,7 +129,9 @@ def child(kind: str, path: str, scratch: str) -> None:
         assert len(breakdown) == 1
     seconds = time.perf_counter() - start
     peak = max(own_peak_kb(), resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
-    print(json.dumps({"seconds": seconds, "maxrss_kb": peak, "phases": phases}))
+    used = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+    cpu = sum(u.ru_utime + u.ru_stime for u in used)  # the whole process, start-up included
+    print(json.dumps({"seconds": seconds, "cpu": cpu, "maxrss_kb": peak, "phases": phases}))
 
 
 def own_peak_kb() -> int:
@@ -144,14 +146,17 @@ def own_peak_kb() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
-def run_child(kind: str, path: Path, scratch: Path) -> tuple[float, float, float, dict[str, float]]:
-    """(process wall seconds, in-process seconds, peak RSS MiB, phase seconds) of one run."""
+def run_child(
+    kind: str, path: Path, scratch: Path
+) -> tuple[float, float, float, dict[str, float], float]:
+    """(process wall seconds, in-process seconds, peak RSS MiB, phase seconds, process CPU
+    seconds) of one run."""
     wall, found = run_json_child(
         [sys.executable, __file__, "--child", kind, str(path), str(scratch)],
         timeout=1800,
         cwd=str(HERE),
     )
-    return wall, found["seconds"], found["maxrss_kb"] / 1024, found["phases"]
+    return wall, found["seconds"], found["maxrss_kb"] / 1024, found["phases"], found["cpu"]
 
 
 # ---- the benchmark -------------------------------------------------------------------------
@@ -170,7 +175,7 @@ def bench_report_vs_hta(report: Report, work: Path, target_events: int) -> tuple
     )
     repeat = 1 if report.quick else 3
     case = f"report {events / 1e6:.2f}M-event trace"
-    samples: dict[str, list[tuple[float, float, float, dict[str, float]]]] = {}
+    samples: dict[str, list[tuple[float, float, float, dict[str, float], float]]] = {}
     for _ in range(repeat):  # interleaved, so drift hits both alike
         for kind in ("stepscope", "hta", "stepscope-html"):
             if kind == "stepscope-html" and samples.get(kind) and report.quick:
@@ -187,7 +192,9 @@ def bench_report_vs_hta(report: Report, work: Path, target_events: int) -> tuple
     for k, v in samples.items():
         report.add(case + " (in process)", names[k], "s", [s[1] for s in v])
     rss = {k: report.add(case, names[k], "MiB peak", [s[2] for s in v]) for k, v in samples.items()}
+    cpu = {k: report.add(case, names[k], "CPU s", [s[4] for s in v]) for k, v in samples.items()}
     time_ratio = report.ratio("wall time, lower is better", walls["stepscope"], walls["hta"])
+    cpu_ratio = report.ratio("CPU time, lower is better", cpu["stepscope"], cpu["hta"])
     mem_ratio = report.ratio("peak RSS, lower is better", rss["stepscope"], rss["hta"])
     report.note(f"stepscope report is {1 / time_ratio:.2f}x faster than HTA on this trace")
     for kind in ("stepscope", "stepscope-html"):
@@ -200,6 +207,7 @@ def bench_report_vs_hta(report: Report, work: Path, target_events: int) -> tuple
             report.note(f"{names[kind]}, median per phase: {split}")
     size = f"{events / 1e3:,.0f}k events"
     report.target(f"{size}: stepscope report time / HTA time <= 0.2", time_ratio, 0.2)
+    report.target(f"{size}: stepscope report CPU time / HTA CPU time <= 0.2", cpu_ratio, 0.2)
     report.target(f"{size}: stepscope report peak RSS / HTA peak RSS <= 0.3", mem_ratio, 0.3)
     return big, events
 

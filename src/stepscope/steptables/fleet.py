@@ -25,7 +25,7 @@ __all__ = [
     "FleetReport",
     "SlowRank",
     "StepStraggler",
-    "StepTables",
+    "FleetTables",
     "connect",
     "fleet_report",
     "run_sql",
@@ -111,7 +111,7 @@ class FleetReport:
 
 
 @dataclass
-class StepTables:
+class FleetTables:
     """A DuckDB connection whose view ``steps`` reads every step table under ``path``, and the
     files of each rank (so that a query over a few ranks reads only theirs)."""
 
@@ -139,7 +139,7 @@ class StepTables:
         )
 
 
-def connect(path: str | os.PathLike[str]) -> StepTables:
+def connect(path: str | os.PathLike[str]) -> FleetTables:
     """The step tables under ``path`` on a DuckDB connection (the view ``steps``)."""
     duckdb = require("duckdb", "stepscope fleet", "parquet")
     root = Path(path)
@@ -170,7 +170,7 @@ def connect(path: str | os.PathLike[str]) -> StepTables:
             f"{root}: not step tables (no column {', '.join(missing)}); point at the directory "
             "given to profile(step_tables=DIR)"
         )
-    return StepTables(con, root, extra, shapes > 1, _rank_files(root, files))
+    return FleetTables(con, root, extra, shapes > 1, _rank_files(root, files))
 
 
 def _rank_files(root: Path, files: list[str]) -> dict[int, list[str]]:
@@ -211,7 +211,7 @@ def _partitions_from_path(root: Path, columns: set[str]) -> str:
     return extra
 
 
-def run_sql(tables: StepTables, query: str) -> tuple[list[str], list[tuple[Any, ...]]]:
+def run_sql(tables: FleetTables, query: str) -> tuple[list[str], list[tuple[Any, ...]]]:
     """(column names, rows) of a query over the ``steps`` view; a bad query is a ValueError."""
     duckdb = require("duckdb", "stepscope fleet", "parquet")
     try:
@@ -313,7 +313,7 @@ def _phase(index: int, lag_ns: float) -> str:
     return _NAMES[index] if lag_ns > 0 else "-"
 
 
-def fleet_report(path: str | os.PathLike[str], tables: StepTables | None = None) -> FleetReport:
+def fleet_report(path: str | os.PathLike[str], tables: FleetTables | None = None) -> FleetReport:
     """The fleet report of the step tables under ``path``."""
     tables = connect(path) if tables is None else tables
     con = tables.con
