@@ -240,29 +240,43 @@ SELECT run, step, avg(duration_ns) AS duration_ns,
 FROM {{source}} WHERE rank % {{stride}} = 0 GROUP BY run, step
 """
 
-_LAGS = f"""
-CREATE TEMP TABLE lags AS
+_LAG_ROWS = f"""
 SELECT s.run, s.step, s.rank::INTEGER AS rank,
        {" + ".join(_LAG_COLUMNS)} AS lag_ns,
        {", ".join(f"{c} AS {n}_lag" for c, n in zip(_LAG_COLUMNS, _NAMES, strict=True))},
        ({" + ".join(_LAG_COLUMNS)}) > greatest({MIN_LAG_NS}, {LAG_FRACTION} * m.duration_ns)
            AS slow
-FROM steps s JOIN reference m USING (run, step)
+FROM {{source}} s JOIN reference m USING (run, step)
+"""
+"""Each row's lag in each phase and whether the rank lags at that step."""
+
+# one scan of every row, aggregated per step (stragglers and drift) and per rank (the slow
+# ones) at once; the rows themselves are not kept
+_PASSES = f"""
+CREATE TEMP TABLE passes AS
+WITH lags AS ({_LAG_ROWS.format(source="steps")})
+SELECT run, step, rank, GROUPING(step) AS by_rank,
+       arg_max(rank, lag_ns) AS top_rank, max(lag_ns)::BIGINT AS top_lag_ns,
+       arg_max({_top_phase([f"{n}_lag" for n in _NAMES])}, lag_ns) AS phase,
+       count(*) AS ranks, median(lag_ns) AS median_lag_ns, sum(slow::INT) AS slow_steps
+FROM lags GROUP BY GROUPING SETS ((run, step), (run, rank))
 """
 
-# one pass over the lags per step (stragglers and drift) and one per rank (the slow ones)
-_PER_STEP = f"""
+_PER_STEP = """
 CREATE TEMP TABLE per_step AS
-SELECT run, step, arg_max(rank, lag_ns) AS rank, max(lag_ns)::BIGINT AS lag_ns,
-       arg_max({_top_phase([f"{n}_lag" for n in _NAMES])}, lag_ns) AS phase,
-       count(*) AS ranks, median(lag_ns) AS median_lag_ns
-FROM lags GROUP BY run, step
+SELECT run, step, top_rank AS rank, top_lag_ns AS lag_ns, phase, ranks, median_lag_ns
+FROM passes WHERE by_rank = 0
 """
 
 _PER_RANK = """
-CREATE TEMP TABLE per_rank AS
-SELECT run, rank, sum(slow::INT) AS slow_steps FROM lags GROUP BY run, rank
+CREATE TEMP TABLE per_rank AS SELECT run, rank, slow_steps FROM passes WHERE by_rank = 1
 """
+
+_CANDIDATES = f"SELECT DISTINCT rank FROM per_rank WHERE slow_steps >= {MIN_SLOW_STEPS}"
+
+# the lag rows again, of the ranks slow in enough steps only (few, in a healthy job: their
+# files alone are read)
+_LAGS = "CREATE TEMP TABLE lags AS " + _LAG_ROWS
 
 _STRAGGLERS = """
 SELECT p.run, p.step, p.rank, p.lag_ns, p.phase, m.duration_ns::BIGINT, p.ranks
@@ -324,9 +338,11 @@ def fleet_report(path: str | os.PathLike[str], tables: FleetTables | None = None
     stride = max(1, rank_dirs // REFERENCE_RANKS)
     sampled = range(0, max(tables.rank_files, default=0) + 1, stride) if tables.rank_files else None
     con.execute(_REFERENCE.format(source=tables.source(sampled), stride=stride))
-    con.execute(_LAGS)
+    con.execute(_PASSES)
     con.execute(_PER_STEP)
     con.execute(_PER_RANK)
+    candidates = [int(r) for (r,) in con.execute(_CANDIDATES).fetchall()]
+    con.execute(_LAGS.format(source=tables.source(candidates)))
     rows, runs, steps = con.execute(
         "SELECT sum(ranks), list(DISTINCT run ORDER BY run), count(*) FROM per_step"
     ).fetchone()
