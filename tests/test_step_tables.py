@@ -107,10 +107,14 @@ def test_fleet_names_the_slow_rank_its_phase_and_delay(job: Any, tmp_path: Path)
     # one step's lag also holds the other rank's noise at that step (2 shared cores): a rank 0
     # preempted for longer than the injected sleep is that step's straggler (seen once at load
     # 6, in its optimizer phase); the mean over the steps is the measure held to 20 % above
-    named = [s for s in stragglers if (s["rank"], s["phase"]) == (1, "data_wait")]
+    # (and rank 0 preempted in its own data wait shrinks rank 1's lag at that step: 7 of 40 ms
+    # once at load 4)
+    named = [
+        s
+        for s in stragglers
+        if (s["rank"], s["phase"]) == (1, "data_wait") and s["lag_ns"] >= 0.5 * slept[s["step"]]
+    ]
     assert len(named) >= JOB_STEPS - 2, stragglers
-    for s in named:
-        assert s["lag_ns"] >= 0.5 * slept[s["step"]]
     page = page_path.read_text()
     assert "Ranks slow since a step" in page and "uPlot" in page
 
@@ -191,19 +195,21 @@ def test_columns_match_times_measured_around_the_loop(tmp_path: Path) -> None:
     rows = sorted(pq.read_table(tmp_path).to_pylist(), key=lambda r: r["step"])
     assert [r["step"] for r in rows] == list(range(6))
     assert {r["rank"] for r in rows} == {0} and {r["run"] for r in rows} == {"one"}
+    # the ring's readings and the test's are a few instructions apart (the optimizer's inside
+    # torch's step wrapper): a preemption between them, one scheduler slice of ~4 ms on a loaded
+    # machine, falls on one side only (4.2 ms apart once at load 4)
+    slice_ns = 4_000_000
     for row, m in zip(rows, measured, strict=True):
-        assert row["data_wait_ns"] == pytest.approx(m["data"], rel=0.2)
-        assert row["optimizer_ns"] == pytest.approx(m["opt"], rel=0.2)
+        assert abs(row["data_wait_ns"] - m["data"]) <= 0.2 * m["data"] + slice_ns, (row, m)
+        assert abs(row["optimizer_ns"] - m["opt"]) <= 0.2 * m["opt"] + slice_ns, (row, m)
         assert m["gc"] * 0.5 <= row["gc_ns"] <= m["gc"] * 1.2 + 200_000
         assert row["cpu_ns"] >= m["busy_cpu"]
         assert row["duration_ns"] == pytest.approx(m["dur"], rel=0.1)
         assert row["rss_bytes"] > 10 << 20
         assert row["host"] and row["pid"] == os.getpid() and row["schema_version"] == 1
-        # every step was recorded (the default schedule): the trace's own spans agree
-        # (span edges and the ring's clock readings are a few instructions apart: a preemption
-        # between them, one scheduler slice of ~4 ms on a loaded machine, separates the two)
+        # every step was recorded (the default schedule): the trace's own spans agree (span
+        # edges and the ring's clock readings are a few instructions apart too)
         categories = dict(row["host_categories"])
-        slice_ns = 4_000_000
         assert categories["data_loading"] == pytest.approx(
             row["data_wait_ns"], rel=0.2, abs=slice_ns
         )
