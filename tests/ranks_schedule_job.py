@@ -27,6 +27,11 @@ def main() -> None:
     )
     waited = 0.0
     with prof:
+        # both ranks' profiles start at the same boundary: with no collective between steps a
+        # rank that joins later takes the leader's current step number, which may be ahead of
+        # its own (rank 0 joining 0.5 s late took step 5, its window never came, and rank 1
+        # waited out the whole timeout for it)
+        dist.barrier()
         for _ in range(6):
             with stepscope.record_function("work"):
                 time.sleep(0.002)

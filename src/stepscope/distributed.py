@@ -12,7 +12,10 @@ step boundary, its step number with the default group's collective count (a ``se
 waited for).  Every rank issues the same collectives in the same order, so a rank that starts
 profiling later waits for the leader's record with its own collective count — the same
 boundary — and takes that step number (``leader_step``).  A rank that started late thus records
-the same step numbers (windows come from the same schedule at the same steps).
+the same step numbers (windows come from the same schedule at the same steps).  This needs a
+collective between steps (a training step's all-reduce): in a loop with none every boundary has
+the same count, and a rank that starts later takes the leader's current step, which may be
+ahead of its own.
 
 **Clock offsets** (``sync_first_window``, once per profile, at the end of its first window,
 after the collectors stopped).  Collectives are issued only when every rank of the default
