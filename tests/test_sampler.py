@@ -39,7 +39,7 @@ from stepscope.trace.sampled_spans import (
     SAMPLED_TID_BASE,
 )
 from stepscope.trace.stacks import collapsed_from_samples
-from tests.sampling_workloads import cold, hot, workload
+from tests.sampling_workloads import hot, workload
 
 # C-part tests (`-m native`): also run under Python 3.12 and 3.13 by `make test-monitoring`.
 pytestmark = pytest.mark.native
@@ -200,18 +200,6 @@ def test_both_backends_attribute_a_known_workload(implementation: str) -> None:
     sampler = Sampler(
         500, thread_ids=[threading.get_native_id()], implementation=implementation, seed=1
     )
-    # hot's share of a round, measured on this thread's CPU clock: 0.7 by the iterations, less
-    # under coverage's tracer, which adds to the calls and the loop around them (0.58 sampled
-    # once at load 5 under coverage on the twins)
-    began = time.thread_time()
-    for _ in range(20):
-        hot(7000)
-    hot_s = time.thread_time() - began
-    began = time.thread_time()
-    for _ in range(20):
-        hot(7000)
-        cold(3000)
-    expected = hot_s / (time.thread_time() - began)
     sampler.start()
     workload(0.5, cpu=True)  # 0.5 s on the CPU, however long the machine's load makes it
     data = sampler.stop(5)
@@ -221,8 +209,10 @@ def test_both_backends_attribute_a_known_workload(implementation: str) -> None:
     total = sum(stacks.values())
     hot_share = sum(v for k, v in stacks.items() if k.split(";")[-1].startswith("hot ")) / total
     assert total >= 50, sampler.describe(data)
-    assert 0.55 <= expected <= 0.8, expected
-    assert abs(hot_share - expected) <= 0.1, (expected, stacks)
+    # hot is 70 % of the iterations; coverage's tracer adds to the calls and the loop around
+    # them, which lowers hot's share (0.58 sampled once under coverage on the twins at load 5)
+    low = 0.5 if os.environ.get("STEPSCOPE_UNDER_COVERAGE") == "1" else 0.6
+    assert low <= hot_share <= 0.8, stacks
     assert sampler.describe(data)["backend"] == implementation
 
 
