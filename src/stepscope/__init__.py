@@ -7,11 +7,11 @@ The public names are imported on first use: ``import stepscope`` alone (which ev
 
 from __future__ import annotations
 
-import importlib
 import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from stepscope._version import __version__
+from stepscope.lazy import lazy_names
 
 if TYPE_CHECKING:
     from stepscope.activity import ProfilerActivity
@@ -28,14 +28,14 @@ if TYPE_CHECKING:
 _WHERE = {
     "record_function": "stepscope.collectors.annotations",
     "traced": "stepscope.collectors.annotations",
-    "ExecutionTraceObserver": "stepscope.profiler",
-    "KeyAverages": "stepscope.profiler",
-    "ProfilerAction": "stepscope.profiler",
-    "ProfilerActivity": "stepscope.profiler",
-    "profile": "stepscope.profiler",
-    "schedule": "stepscope.profiler",
-    "tensorboard_trace_handler": "stepscope.profiler",
-    "trace_handler": "stepscope.profiler",
+    "ExecutionTraceObserver": "stepscope.profiler.execution_trace",
+    "KeyAverages": "stepscope.profiler.summary",
+    "ProfilerAction": "stepscope.profiler.schedule",
+    "ProfilerActivity": "stepscope.activity",
+    "profile": "stepscope.profiler.profile",
+    "schedule": "stepscope.profiler.schedule",
+    "tensorboard_trace_handler": "stepscope.profiler.handlers",
+    "trace_handler": "stepscope.profiler.handlers",
     "listen": "stepscope.profiler.on_demand",
     "current_step": "stepscope.steps",
     "set_step": "stepscope.steps",
@@ -43,19 +43,7 @@ _WHERE = {
 """Each lazily imported public name and the module that defines it."""
 
 
-def __getattr__(name: str) -> Any:
-    """A public name, imported from its module on first use (then kept as a plain global)."""
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module 'stepscope' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    """The module's names, the lazy ones included."""
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_names(globals(), _WHERE)
 
 
 def load_report(

@@ -1,4 +1,9 @@
-"""The one shape of a subcommand: its name, its help, how it reads its arguments, how it runs."""
+"""The one shape of a subcommand: its name, its help, how it reads its arguments, how it runs.
+
+``stepscope`` builds every command's arguments before it runs one, so a command module imports
+at its top what its arguments need and imports the machinery of its work (the profiler, say)
+when it runs: ``stepscope report`` never loads the profiler, nor ``stepscope run`` the readers.
+"""
 
 from __future__ import annotations
 

@@ -16,15 +16,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from stepscope.analysis.analyze import analyze
-from stepscope.analysis.comparable import mismatches, run_facts
-from stepscope.analysis.diff import diff_summaries
-from stepscope.analysis.noise import MIN_STEPS
-from stepscope.analysis.steps import parse_step_range
 from stepscope.commands.command import Command
 from stepscope.commands.report import load_traces, write_text
 from stepscope.text import one_line
-from stepscope.trace.merge import rank_of
 
 __all__ = ["COMMAND", "EXIT_NO_STEPS", "EXIT_SLOWER", "add_arguments", "run"]
 
@@ -55,7 +49,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``stepscope diff``."""
+    from stepscope.analysis.analyze import analyze
+    from stepscope.analysis.comparable import mismatches, run_facts
+    from stepscope.analysis.diff import diff_summaries
+    from stepscope.analysis.noise import MIN_STEPS
+    from stepscope.analysis.steps import parse_step_range
     from stepscope.report.terminal import render_diff, report_console
+    from stepscope.trace.merge import rank_of
 
     if args.top < 1:
         raise ValueError(f"--top must be 1 or more, got {args.top}")

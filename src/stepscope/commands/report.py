@@ -15,16 +15,16 @@ import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
-from stepscope.analysis.analyze import analyze
-from stepscope.analysis.result import Report
-from stepscope.analysis.steps import parse_step_range
 from stepscope.atomic import atomic_output
 from stepscope.commands.command import Command
 from stepscope.text import one_line, printable
 from stepscope.trace.chrome_reader import read_chrome_trace
 from stepscope.trace.model import Trace
+
+if TYPE_CHECKING:
+    from stepscope.analysis.result import Report
 
 __all__ = ["COMMAND", "add_arguments", "load_traces", "run", "trace_files", "write_text"]
 
@@ -188,6 +188,9 @@ def write_text(path: str, text: str, what: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``stepscope report``."""
+    from stepscope.analysis.analyze import analyze
+    from stepscope.analysis.steps import parse_step_range
+
     if args.top < 1:
         raise ValueError(f"--top must be 1 or more, got {args.top}")
     step_range = parse_step_range(args.steps) if args.steps else None

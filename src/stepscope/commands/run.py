@@ -20,14 +20,14 @@ from typing import TYPE_CHECKING
 
 from stepscope.collectors.torch import torch_installed
 from stepscope.commands.command import Command
-from stepscope.profiler.profile import profile
-from stepscope.profiler.step_trigger import StepTrigger, names_program_function
-from stepscope.profiler.summary import SORT_KEYS
+from stepscope.profiler.sort_keys import SORT_KEYS
 from stepscope.program import Program, find_program, first_import, print_program_traceback
 from stepscope.steps import window_label
 
 if TYPE_CHECKING:
     from stepscope.profiler.on_demand import OnDemand
+    from stepscope.profiler.profile import profile
+    from stepscope.profiler.step_trigger import StepTrigger
 
 AUTO = "auto"
 NO_STEPS = "none"
@@ -226,6 +226,9 @@ def _profile(args: argparse.Namespace, step_on: str | None, in_program: bool) ->
 
 def run(args: argparse.Namespace) -> int:
     """Run ``stepscope run``."""
+    from stepscope.profiler.profile import profile
+    from stepscope.profiler.step_trigger import StepTrigger, names_program_function
+
     if args.top < 0:
         raise ValueError(f"--top must be 0 or more, got {args.top}")
     if args.max_calls < 1:

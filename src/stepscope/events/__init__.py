@@ -31,6 +31,7 @@ from stepscope.events.decorator import EVENTS_LOGGER, Logged, NoCall, logged
 from stepscope.events.event import Event
 from stepscope.events.extractors import checkpoint_fields
 from stepscope.events.failures import failure_counts
+from stepscope.lazy import lazy_names
 
 if TYPE_CHECKING:
     from stepscope.events.sinks import JsonFormatter, JsonlHandler, as_json_object, log_to_jsonl
@@ -67,10 +68,5 @@ def set_attr(name: str, value: Any) -> bool:
     return False if call is None else call.set(name, value)
 
 
-def __getattr__(name: str) -> Any:
-    # the sinks import the metrics pipeline: only load it when a sink is asked for
-    if name in _SINKS:
-        from stepscope.events import sinks
-
-        return getattr(sinks, name)
-    raise AttributeError(f"module 'stepscope.events' has no attribute {name!r}")
+# the sinks import the metrics pipeline: only load it when a sink is asked for
+__getattr__, __dir__ = lazy_names(globals(), dict.fromkeys(_SINKS, "stepscope.events.sinks"))

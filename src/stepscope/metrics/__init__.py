@@ -12,9 +12,7 @@ The seed-compatible names (``put_metric``, ``@prof``, ``configure``, handlers ..
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
+from stepscope.lazy import lazy_names
 from stepscope.metrics.api import (
     ConsoleMetricHandler,
     MetricData,
@@ -48,6 +46,7 @@ from stepscope.metrics.default import (
     telemetry,
 )
 from stepscope.metrics.exporters import (
+    EXTRA_EXPORTERS,
     ConsoleExporter,
     CsvExporter,
     Exporter,
@@ -112,10 +111,4 @@ __all__ = [
     "telemetry",
 ]
 
-_LAZY = ("PrometheusEndpoint", "PushgatewayExporter", "OtlpExporter", "OtelMeterBridge")
-
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module("stepscope.metrics.exporters"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__, __dir__ = lazy_names(globals(), EXTRA_EXPORTERS, stand_in_for_missing_extra=True)

@@ -29,26 +29,11 @@ from stepscope.profiler.events import (
     span_memory,
     split_overload,
 )
+from stepscope.profiler.sort_keys import SORT_KEYS
 from stepscope.trace.model import Trace
 from stepscope.trace.nesting import DEVICE_CATEGORIES, Nesting, group_name, nest_spans
 
 __all__ = ["KeyAverages", "RowAverage", "key_averages"]
-
-SORT_KEYS = {
-    "cpu_time": "cpu_time",
-    "cpu_time_total": "cpu_time_total",
-    "self_cpu_time_total": "self_cpu_time_total",
-    "count": "count",
-    "cpu_memory_usage": "cpu_memory_usage",
-    "self_cpu_memory_usage": "self_cpu_memory_usage",
-    "flops": "flops",
-}
-for _device in ("cuda", "device", "xpu", "privateuse1", "mtia"):
-    SORT_KEYS[f"{_device}_time"] = "device_time"
-    SORT_KEYS[f"{_device}_time_total"] = "device_time_total"
-    SORT_KEYS[f"self_{_device}_time_total"] = "self_device_time_total"
-    SORT_KEYS[f"{_device}_memory_usage"] = "device_memory_usage"
-    SORT_KEYS[f"self_{_device}_memory_usage"] = "self_device_memory_usage"
 
 
 @dataclass

@@ -8,10 +8,7 @@ those are imported when first used; without them, constructing one raises
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
-from stepscope.extras import MissingExtraError, unavailable_class
+from stepscope.lazy import lazy_names
 from stepscope.metrics.exporters.base import Exporter
 from stepscope.metrics.exporters.console import ConsoleExporter, HandlerExporter, LoggingExporter
 from stepscope.metrics.exporters.files import CsvExporter, JsonlExporter
@@ -31,19 +28,12 @@ __all__ = [
     "StatsdExporter",
 ]
 
-_LAZY = {
+EXTRA_EXPORTERS = {
     "PrometheusEndpoint": "stepscope.metrics.exporters.prometheus",
     "PushgatewayExporter": "stepscope.metrics.exporters.prometheus",
     "OtlpExporter": "stepscope.metrics.exporters.otlp",
     "OtelMeterBridge": "stepscope.metrics.exporters.otlp",
 }
+"""The exporters that need an extra, each with its module: imported on first use."""
 
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    try:
-        return getattr(importlib.import_module(module), name)
-    except MissingExtraError as exc:  # importable; constructing it says which extra to install
-        return unavailable_class(name, exc)
+__getattr__, __dir__ = lazy_names(globals(), EXTRA_EXPORTERS, stand_in_for_missing_extra=True)
