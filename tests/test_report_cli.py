@@ -295,3 +295,26 @@ def test_parquet_tables_hold_every_row_and_the_shown_report_is_unchanged(tmp_pat
         f"select count(*) from read_parquet('{tmp_path}/pq/ops.parquet')"
     ).fetchall()
     assert len(shown) == 1 and count >= 3  # data_loading, fn_small, fn_large
+
+
+def test_the_report_command_never_loads_the_profiler(tmp_path: Path) -> None:
+    """`stepscope report` reads traces: the profiler and torch stay unloaded."""
+    import subprocess
+    import sys
+
+    trace = tmp_path / "simple_add_gpu.json.gz"
+    shutil.copy(SHARED / "simple_add_gpu.json.gz", trace)
+    probe = (
+        "import sys\n"
+        "from stepscope.cli import main\n"
+        f"status = main(['report', {str(trace)!r}, '--top', '3'])\n"
+        "light = {'stepscope.profiler.' + m for m in ('control_client', 'control_protocol', "
+        "'sort_keys')}\n"
+        "loaded = sorted(m for m in sys.modules if m.split('.')[0] == 'torch' or "
+        "m.startswith('stepscope.profiler.') and m not in light)\n"
+        "print('LOADED', loaded, status)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=300, check=True
+    )
+    assert "LOADED [] 0" in done.stdout, done.stdout[-2000:] + done.stderr[-2000:]
