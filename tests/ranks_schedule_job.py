@@ -1,7 +1,10 @@
-"""Two ranks whose schedules differ (rank 1's window is one step longer), under torchrun.
+"""Two ranks under torchrun, in a loop with no collective between steps.
 
-argv: OUT_DIR.  Each rank writes ``waited_rank<N>.txt``: the seconds its window-ending
-``step()`` took (the clock handshake runs there).
+argv: OUT_DIR [late].  By default rank 1's window is one step longer than rank 0's (the
+schedules differ) and both profiles start at one boundary.  With ``late``, both ranks have the
+same schedule, steps take 0.1 s, and rank 0 starts its profile 0.55 s after rank 1 (rank 1,
+the step leader, is then at its step 5, past the window).  Each rank writes
+``waited_rank<N>.txt``: the seconds its slowest ``step()`` took (the clock handshake runs there).
 """
 
 from __future__ import annotations
@@ -16,25 +19,25 @@ import stepscope
 
 
 def main() -> None:
-    """Profile six steps; rank 1's window ends one step after rank 0's."""
-    out = sys.argv[1]
+    """Profile six steps (eight with ``late``)."""
+    out, late = sys.argv[1], sys.argv[2:] == ["late"]
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     prof = stepscope.profile(
-        schedule=stepscope.schedule(wait=1, warmup=1, active=2 + rank, repeat=1),
+        schedule=stepscope.schedule(wait=1, warmup=1, active=2 + (0 if late else rank), repeat=1),
         on_trace_ready=stepscope.trace_handler(out),
         torch_ops=False,
     )
+    dist.barrier()
+    if late and rank == 0:
+        time.sleep(0.55)
     waited = 0.0
     with prof:
-        # both ranks' profiles start at the same boundary: with no collective between steps a
-        # rank that joins later takes the leader's current step number, which may be ahead of
-        # its own (rank 0 joining 0.5 s late took step 5, its window never came, and rank 1
-        # waited out the whole timeout for it)
-        dist.barrier()
-        for _ in range(6):
+        if not late:
+            dist.barrier()  # both profiles start at the same boundary
+        for _ in range(8 if late else 6):
             with stepscope.record_function("work"):
-                time.sleep(0.002)
+                time.sleep(0.1 if late else 0.002)
             before = time.monotonic()
             prof.step()
             waited = max(waited, time.monotonic() - before)

@@ -428,21 +428,42 @@ def test_the_scaling_doc_query_finds_the_slow_rank(job: Any, tmp_path: Path) -> 
     assert len(rows) == min(5, ranks)
 
 
-def test_ranks_with_different_schedules_skip_the_clock_sync_at_once(tmp_path: Path) -> None:
+def run_schedule_job(tmp_path: Path, timeout_s: float, *mode: str) -> None:
+    """``ranks_schedule_job.py`` on two ranks under torchrun; its status must be 0."""
     if not TORCHRUN.exists():
         pytest.skip(f"{TORCHRUN} is not installed with torch here")
-    timeout_s = 60.0
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     env["STEPSCOPE_RANK_SYNC_TIMEOUT_S"] = str(timeout_s)
     cmd = [
         str(TORCHRUN), "--nproc-per-node=2", "--master-addr=127.0.0.1",
         f"--master-port={free_port()}", str(ROOT / "tests" / "ranks_schedule_job.py"),
-        str(tmp_path),
+        str(tmp_path), *mode,
     ]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+
+def test_ranks_with_different_schedules_skip_the_clock_sync_at_once(tmp_path: Path) -> None:
+    timeout_s = 60.0
+    run_schedule_job(tmp_path, timeout_s)
     for rank in range(2):  # before: each rank waited out the whole timeout
         assert float((tmp_path / f"waited_rank{rank}.txt").read_text()) < timeout_s / 4
     records = [t.metadata["stepscope_rank_sync"] for _, t in read_dir(tmp_path)]
     assert len(records) == 2 and all(r["status"] == "skipped" for r in records)
     assert all("schedules differ" in r["reason"] for r in records)
+
+
+def test_a_late_rank_in_a_loop_without_collectives_keeps_its_own_steps(tmp_path: Path) -> None:
+    """With no collective between steps the leader's boundaries cannot be told apart: the rank
+    that starts 0.55 s late (the leader at its step 5) numbers its own steps, records its
+    window, and the clock handshake goes ahead (before: it took step 5, never had a window,
+    and the leader waited out the whole timeout)."""
+    timeout_s = 60.0
+    run_schedule_job(tmp_path, timeout_s, "late")
+    for rank in range(2):
+        assert float((tmp_path / f"waited_rank{rank}.txt").read_text()) < timeout_s / 4
+    traces = read_dir(tmp_path)
+    assert sorted(t.distributed_info["rank"] for _, t in traces) == [0, 1]  # type: ignore[index]
+    for _, trace in traces:
+        assert [w.step for w in find_steps(trace)[0]] == [2, 3]
+        assert trace.metadata["stepscope_rank_sync"]["status"] == "synced"

@@ -14,8 +14,10 @@ profiling later waits for the leader's record with its own collective count — 
 boundary — and takes that step number (``leader_step``).  A rank that started late thus records
 the same step numbers (windows come from the same schedule at the same steps).  This needs a
 collective between steps (a training step's all-reduce): in a loop with none every boundary has
-the same count, and a rank that starts later takes the leader's current step, which may be
-ahead of its own.
+the same count, so the leader's record also holds the count at its previous boundary, and a
+rank that finds the two equal cannot tell which boundary it is at and keeps its own numbering
+(a late joiner that took the leader's current step could be past its window, and the others
+would wait out the clock handshake's timeout for it).
 
 **Clock offsets** (``sync_first_window``, once per profile, at the end of its first window,
 after the collectors stopped).  Collectives are issued only when every rank of the default
@@ -205,12 +207,15 @@ class StepBeacon:
 
     def __init__(self, dist: Any, store: Any) -> None:
         self._dist, self._store = dist, store
+        self._previous = -1  # the collective count at the previous boundary (-1: none yet)
 
     def publish(self, step: int) -> None:
-        """Record ``step`` with the collective count at this step boundary (not waited for)."""
+        """Record ``step`` with the collective counts at this step boundary and the one before
+        (not waited for)."""
         sequence = _sequence(self._dist)
         if sequence is not None:
-            self._store.set(STEPS_KEY, f"{step} {sequence}")
+            self._store.set(STEPS_KEY, f"{step} {sequence} {self._previous}")
+            self._previous = sequence
 
     def close(self) -> None:
         """The leader's profile stopped: later ranks stop waiting for its records."""
@@ -242,7 +247,9 @@ def leader_step(dist: Any, store: Any, timeout_s: float) -> int | None:
     """The leader's number for this rank's current step boundary, or None when there is none.
 
     Every rank issues the same collectives in the same order, so the leader's record with this
-    rank's collective count is the same boundary.  The leader is never ahead of that (it cannot
+    rank's collective count is the same boundary, unless the leader's previous boundary had the
+    same count too (no collective between steps): then None, and this rank keeps its own step
+    numbers.  The leader is never ahead of that (it cannot
     pass a collective this rank has not joined) and gets there without this rank (no collective
     between a step's last collective and its boundary), so waiting for it cannot deadlock; the
     wait is bounded by ``timeout_s`` all the same, and ends at once when the leader stopped.
@@ -256,9 +263,9 @@ def leader_step(dist: Any, store: Any, timeout_s: float) -> int | None:
             text = bytes(store.get(STEPS_KEY)).decode()
             if text == STOPPED:
                 return None
-            leader, leader_sequence = map(int, text.split())
+            leader, leader_sequence, previous = map(int, text.split())
             if leader_sequence == sequence:
-                return leader
+                return None if previous == sequence else leader
             if leader_sequence > sequence:
                 return None
         if time.monotonic() >= deadline:
