@@ -197,6 +197,35 @@ def _python_steps(meta: Mapping[str, Any]) -> dict[int, dict[str, Any]]:
     return steps
 
 
+def _int_values(value: Any) -> dict[str, int]:
+    """A mapping's integer values (a row from an unknown writer may hold anything)."""
+    if not isinstance(value, Mapping):
+        return {}
+    return {str(k): int(v) for k, v in value.items() if isinstance(v, int)}
+
+
+def cuda_allocator_notes(steps: Sequence[MemoryStep]) -> list[str]:
+    """What the CUDA caching allocator's counters say that the tensor figures do not: retries
+    (it freed its cache to fit an allocation: memory near full or fragmented) and OOMs."""
+    rows = [s.cuda_allocator for s in steps if s.cuda_allocator]
+    if not rows:
+        return []
+    notes = []
+    for key, what in (
+        (
+            "alloc_retries",
+            "allocation(s) retried after freeing the allocator's cache (memory "
+            "near full or fragmented: torch.cuda.memory_summary() shows where)",
+        ),
+        ("ooms", "out-of-memory error(s) raised by the CUDA allocator"),
+    ):
+        last, first = rows[-1].get(key, 0), rows[0].get(key, 0)
+        if last > 0:
+            during = f", {last - first} after the first recorded step" if len(rows) > 1 else ""
+            notes.append(f"CUDA: {last:,} {what} in this process{during}")
+    return notes
+
+
 def _leak_sites(rows: Any) -> list[LeakSite]:
     sites = []
     for row in rows or ():
@@ -259,7 +288,13 @@ def memory_summary(
         held, peak = tensors.get(n, ({}, {}))
         steps.append(
             MemoryStep(
-                n, row.get("python_current"), row.get("python_peak"), row.get("rss"), held, peak
+                n,
+                row.get("python_current"),
+                row.get("python_peak"),
+                row.get("rss"),
+                held,
+                peak,
+                _int_values(row.get("cuda_allocator")),
             )
         )
     leaks: list[LeakHint] = []
@@ -280,6 +315,7 @@ def memory_summary(
         for h in leaks
     ]
     notes = [str(n) for n in meta.get("notes", ())]
+    notes += cuda_allocator_notes(steps)
     if not leaks:  # neither the heap nor tensors rose: say so if the process did anyway
         rss_ends = [s.rss for s in steps if s.rss is not None]
         rise = steady_rise(rss_ends, RSS_RISE_MIN_BYTES_PER_STEP)

@@ -20,6 +20,11 @@ class MemoryStep:
     tensor_current: dict[str, int] = field(default_factory=dict)
     """Tensor bytes held at the end of the step, by device (torch's ``Total Allocated``)."""
     tensor_peak: dict[str, int] = field(default_factory=dict)
+    cuda_allocator: dict[str, int] = field(default_factory=dict)
+    """torch's CUDA caching allocator at the end of the step, when the program used CUDA:
+    ``allocated``, ``reserved`` (held by its cache: what ``nvidia-smi`` shows of the process),
+    ``allocated_peak`` (since the program's last reset), ``alloc_retries``, ``ooms``
+    (``torch.cuda.memory_stats``, the current device)."""
 
 
 @dataclass(frozen=True)

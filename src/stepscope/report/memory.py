@@ -77,6 +77,10 @@ def _steps_table(m: MemorySummary) -> Table:
     for device in devices:
         table.add_column(f"{device} tensors held", justify="right")
         table.add_column(f"{device} tensors peak", justify="right")
+    has_cuda = any(s.cuda_allocator for s in m.steps)
+    if has_cuda:
+        table.add_column("cuda allocated", justify="right")
+        table.add_column("cuda reserved", justify="right")
     if any(s.rss is not None for s in m.steps):
         table.add_column("rss", justify="right")
     for s in m.steps[:MAX_STEP_ROWS]:
@@ -87,6 +91,11 @@ def _steps_table(m: MemorySummary) -> Table:
             row += [
                 human_bytes(s.tensor_current.get(device)),
                 human_bytes(s.tensor_peak.get(device)),
+            ]
+        if has_cuda:
+            row += [
+                human_bytes(s.cuda_allocator.get("allocated")),
+                human_bytes(s.cuda_allocator.get("reserved")),
             ]
         if any(x.rss is not None for x in m.steps):
             row.append(human_bytes(s.rss))

@@ -670,6 +670,12 @@
       columns.push({ title: d + " held (MiB)", value: (r) => (r.tensor_current[d] || 0) / 1048576, num: true });
       columns.push({ title: d + " peak (MiB)", value: (r) => (r.tensor_peak[d] || 0) / 1048576, num: true });
     }
+    if (m.steps.some((r) => r.cuda_allocator && Object.keys(r.cuda_allocator).length)) {
+      for (const key of ["allocated", "reserved"]) {
+        const of = (r) => (r.cuda_allocator && key in r.cuda_allocator ? r.cuda_allocator[key] / 1048576 : null);
+        columns.push({ title: `cuda ${key} (MiB)`, value: of, num: true });
+      }
+    }
     columns.push({ title: "rss (MiB)", value: (r) => (r.rss === null ? null : r.rss / 1048576), num: true });
     for (const c of columns.slice(1)) c.text = (r) => (c.value(r) === null ? "–" : NF3.format(c.value(r)));
     parts.push(sortableTable("table-memory-steps", columns, m.steps, "Memory per step"));
