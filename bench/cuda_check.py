@@ -7,7 +7,8 @@ Run on a machine with an NVIDIA GPU and a CUDA build of torch:
 It profiles a few steps of a small MLP on the GPU with activities CPU + CUDA, writes the trace,
 and checks that (1) kernel and memcpy spans are present on device tracks, (2) every ``ac2g``
 flow starts on a CPU launch (``cuda_runtime``/``cuda_driver`` span) and ends on a device span
-(kernel/memcpy/memset), and (3) each kernel lies inside the window.  Prints a summary and exits
+(kernel/memcpy/memset), and (3) a lone flow end sits only on a runtime call that launches
+nothing.  Prints a summary and exits
 non-zero when a check fails (2 when there is no GPU to check on).
 """
 
@@ -71,11 +72,22 @@ def main(out_dir: Path) -> int:
         if f.cat == "ac2g":
             flows.setdefault(f.flow_id, {})[f.phase] = f
     starts = {(s.pid, s.tid, s.start_ns): s for s in spans}
-    good = bad = 0
+    good = bad = half = 0
     for ends in flows.values():
         s_end, f_end = ends.get("s"), ends.get("f")
         if s_end is None or f_end is None:
-            bad += 1
+            # kineto (torch 2.11, H200) puts lone flow ends on runtime calls that launch
+            # nothing (cudaStreamIsCapturing, cudaStreamSynchronize, cudaDeviceGetAttribute):
+            # fine there, wrong on a launch, a copy or a device span
+            only = s_end or f_end
+            bound = starts.get((only.pid, only.tid, only.ts_ns))  # type: ignore[attr-defined]
+            launches = bound is not None and any(
+                word in bound.name for word in ("Launch", "Memcpy", "Memset")
+            )
+            if bound is not None and bound.cat in LAUNCH_CATEGORIES and not launches:
+                half += 1
+            else:
+                bad += 1
             continue
         src = starts.get((s_end.pid, s_end.tid, s_end.ts_ns))  # type: ignore[attr-defined]
         dst = starts.get((f_end.pid, f_end.tid, f_end.ts_ns))  # type: ignore[attr-defined]
@@ -88,8 +100,8 @@ def main(out_dir: Path) -> int:
             good += 1
         else:
             bad += 1
-    print(f"ac2g flows: {good} launch->device, {bad} not")
-    if good == 0 or bad > good // 10:
+    print(f"ac2g flows: {good} launch->device, {bad} not, {half} lone ends on non-launch calls")
+    if good == 0 or bad:
         failures.append(f"CPU->GPU flows: {good} good, {bad} bad")
     window = trace.metadata.get("stepscope_window", {})
     print("window:", window)

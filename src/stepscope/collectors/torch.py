@@ -194,6 +194,12 @@ class TorchCollector(Collector):
 
             self._autograd_profiler = autograd_profiler
         self._started = False
+        # passed only when asked for: torch before 2.13 has no activity_filters (on 2.11 the
+        # keyword alone turned the collector off)
+        newer = {
+            "post_processing_timeout_s": self.post_processing_timeout_s,
+            "activity_filters": self._torch_filters(),
+        }
         self._prof = self._autograd_profiler.profile(
             use_cpu=self.use_cpu,
             use_device=self.use_device,
@@ -201,8 +207,7 @@ class TorchCollector(Collector):
             # Python frames come from stepscope's own tracer; torch's only for module frames
             with_stack=self.module_frames,
             acc_events=False,
-            post_processing_timeout_s=self.post_processing_timeout_s,
-            activity_filters=self._torch_filters(),
+            **{name: value for name, value in newer.items() if value is not None},
             **self.options,
         )
         self._prof._prepare_trace()
