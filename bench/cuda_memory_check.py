@@ -104,10 +104,10 @@ def overhead(rounds: int = 3) -> None:
 
     import stepscope
 
-    def ours() -> float:
+    def ours(memory: bool = True) -> float:
         with stepscope.profile(
             activities=["CPU", "CUDA"],
-            profile_memory=True,
+            profile_memory=memory,
             schedule=stepscope.schedule(wait=1, warmup=1, active=20, repeat=1),
         ) as prof:
             return train(40, prof.step)
@@ -120,7 +120,12 @@ def overhead(rounds: int = 3) -> None:
         ) as prof:
             return train(40, prof.step)
 
-    subjects = {"unprofiled": lambda: train(40, None), "stepscope": ours, "torch.profiler": torchs}
+    subjects = {
+        "unprofiled": lambda: train(40, None),
+        "stepscope": ours,
+        "stepscope without memory": lambda: ours(False),
+        "torch.profiler": torchs,
+    }
     times: dict[str, list[float]] = {name: [] for name in subjects}
     train(10, None)  # warm the GPU and cuBLAS
     for _ in range(rounds):
@@ -130,6 +135,29 @@ def overhead(rounds: int = 3) -> None:
     for name, values in times.items():
         med = statistics.median(values)
         print(f"overhead: {name}: {med * 1e3:.2f} ms/step, {med / base:.2f}x unprofiled {values}")
+
+
+def stats_cost() -> None:
+    """Microseconds per call of what the memory collector reads at every step end."""
+    import torch
+
+    from stepscope.collectors.memory import _cuda_allocator_stats
+    from stepscope.rss import RssReader, rss_bytes
+
+    reader = RssReader()
+    calls = {
+        "torch.cuda.memory_stats()": torch.cuda.memory_stats,
+        "torch.cuda.memory_stats_as_nested_dict()": torch.cuda.memory_stats_as_nested_dict,
+        "stepscope's allocator row": _cuda_allocator_stats,
+        "rss_bytes() (open, read)": rss_bytes,
+        "RssReader.read() (pread)": reader.read,
+    }
+    for name, call in calls.items():
+        begin = time.perf_counter()
+        for _ in range(200):
+            call()
+        print(f"cost: {name}: {(time.perf_counter() - begin) / 200 * 1e6:.1f} us")
+    reader.close()
 
 
 def main(out_dir: Path) -> int:
@@ -142,6 +170,7 @@ def main(out_dir: Path) -> int:
     print("device:", torch.cuda.get_device_name(), "torch", torch.__version__)
     out_dir.mkdir(parents=True, exist_ok=True)
     failures = check_memory(out_dir)
+    stats_cost()
     overhead()
     for failure in failures:
         print("FAIL:", failure)

@@ -30,6 +30,7 @@ from stepscope.collectors import optimizer_hook
 from stepscope.collectors.base import Collector, WindowContext
 from stepscope.collectors.memory_sampled import SampledHeap, sampling_error_note, unavailable_reason
 from stepscope.failures import failure_log
+from stepscope.rss import RssReader
 from stepscope.trace.memory_fields import (
     MEMORY_INSTANT,
     MEMORY_KEY,
@@ -114,6 +115,7 @@ class _Window:
     high_step: int = -1
     """The step of the last snapshot at a new high."""
     heap: SampledHeap | None = None
+    rss_reader: RssReader = field(default_factory=RssReader)
     """The allocation hook, when it counts the heap (else tracemalloc does)."""
     hook_fallback: str = ""
     tracing_lost_step: int | None = None
@@ -157,15 +159,6 @@ def _snapshot_sites() -> tuple[Sites, int]:
         sites[key] = (held + size, blocks + count)
         total += size
     return sites, total
-
-
-def rss_bytes() -> int | None:
-    """The resident set size of this process (Linux ``/proc``), None where unknown."""
-    try:
-        with open("/proc/self/statm", "rb") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 @functools.lru_cache(maxsize=512)
@@ -329,7 +322,7 @@ class MemoryCollector(Collector):
         return spent <= SNAPSHOT_SHARE * (now - w.window_start_ns)
 
     def _note_rss(self, w: _Window, now: int) -> None:
-        rss = rss_bytes()
+        rss = w.rss_reader.read()
         if rss is not None:
             w.rss.append((now, rss))
 
@@ -372,7 +365,7 @@ class MemoryCollector(Collector):
             "end_ns": now,
             "python_current": total,
             "python_peak": step_peak,
-            "rss": rss_bytes(),
+            "rss": w.rss_reader.read(),
         }
         if changes is not None:
             row["site_changes"] = changes
@@ -402,7 +395,7 @@ class MemoryCollector(Collector):
                 "python_peak": counts["peak"],
                 "python_allocated": counts["allocated"],
                 "python_freed": counts["freed"],
-                "rss": rss_bytes(),
+                "rss": w.rss_reader.read(),
                 "site_changes": changes,
                 "site_changes_since_ns": w.ends[-2].t_ns,
             }
@@ -518,6 +511,7 @@ class MemoryCollector(Collector):
         try:
             self._end_step(w, clock.now_ns(), last=True)
         finally:
+            w.rss_reader.close()
             if w.heap is not None:
                 w.heap.stop()
             if w.started_tracing and tracemalloc.is_tracing():
@@ -683,18 +677,29 @@ def _tracemalloc_state(w: _Window) -> str:
     return "started for the window" if w.started_tracing else "already running: left as it was"
 
 
+_CUDA_STATS = (
+    (("allocated_bytes", "all", "current"), "allocated"),
+    (("allocated_bytes", "all", "peak"), "allocated_peak"),
+    (("reserved_bytes", "all", "current"), "reserved"),
+    (("num_alloc_retries",), "alloc_retries"),
+    (("num_ooms",), "ooms"),
+)
+"""Where each counter sits in ``memory_stats_as_nested_dict()``, and its name in a step row."""
+
+
 def _cuda_allocator_stats() -> dict[str, int]:
-    """torch's CUDA caching allocator counters, when the program has initialized CUDA."""
+    """torch's CUDA caching allocator counters, when the program has initialized CUDA (the
+    nested form: ``memory_stats()`` flattens and sorts every counter, several times the cost)."""
     torch = sys.modules.get("torch")
     cuda = getattr(torch, "cuda", None)
     if cuda is None or not cuda.is_initialized():
         return {}
-    stats: Mapping[str, Any] = cuda.memory_stats()
-    keys = {
-        "allocated_bytes.all.current": "allocated",
-        "allocated_bytes.all.peak": "allocated_peak",
-        "reserved_bytes.all.current": "reserved",
-        "num_alloc_retries": "alloc_retries",
-        "num_ooms": "ooms",
-    }
-    return {short: int(stats[key]) for key, short in keys.items() if key in stats}
+    stats: Mapping[str, Any] = cuda.memory_stats_as_nested_dict()
+    found = {}
+    for path, short in _CUDA_STATS:
+        value: Any = stats
+        for key in path:
+            value = value.get(key) if isinstance(value, Mapping) else None
+        if isinstance(value, int):
+            found[short] = value
+    return found

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from stepscope.atomic import atomic_output
 from stepscope.extras import require
 from stepscope.failures import failure_log
+from stepscope.rss import rss_bytes
 from stepscope.steptables.schema import INT_COLUMNS, SCHEMA_VERSION, arrow_schema
 from stepscope.trace.model import Trace
 
@@ -79,15 +80,6 @@ class WindowRows:
     trace: Trace | None
 
 
-def _read_rss() -> int:
-    """Resident bytes of this process (0 where /proc is missing)."""
-    try:
-        with open("/proc/self/statm", "rb") as fh:
-            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return 0
-
-
 class TableWriter:
     """Writes the rows handed over by ``submit`` into ``directory`` on its own thread, which
     also calls ``poll`` (the recorder taking new rows from the step ring) every ``RSS_PERIOD_S``."""
@@ -98,7 +90,7 @@ class TableWriter:
         self.base_ns = base_ns
         """Added to a monotonic ns reading to make it Unix ns."""
         self.pid = os.getpid()
-        self.rss = _read_rss()
+        self.rss = rss_bytes() or 0
         """The latest RSS sample (what the rows taken at that moment carry)."""
         self.files_written = 0
         self.written: list[Path] = []
@@ -134,7 +126,7 @@ class TableWriter:
         while True:
             self._wake.wait(RSS_PERIOD_S)
             self._wake.clear()
-            self.rss = _read_rss()
+            self.rss = rss_bytes() or 0
             closing = self._closing  # read before the last poll: nothing is left behind
             self._guarded(self._poll, "step tables ring", "its rows are taken at the next try")
             while self._queue:
