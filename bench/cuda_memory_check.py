@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -104,11 +105,14 @@ def overhead(rounds: int = 3) -> None:
 
     import stepscope
 
+    out = Path(tempfile.mkdtemp())  # both write their traces, as a user's run does
+
     def ours(memory: bool = True) -> float:
         with stepscope.profile(
             activities=["CPU", "CUDA"],
             profile_memory=memory,
             schedule=stepscope.schedule(wait=1, warmup=1, active=20, repeat=1),
+            on_trace_ready=stepscope.trace_handler(out / "stepscope"),
         ) as prof:
             return train(40, prof.step)
 
@@ -117,6 +121,7 @@ def overhead(rounds: int = 3) -> None:
             activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA],
             profile_memory=True,
             schedule=torch.profiler.schedule(wait=1, warmup=1, active=20, repeat=1),
+            on_trace_ready=torch.profiler.tensorboard_trace_handler(str(out / "torch")),
         ) as prof:
             return train(40, prof.step)
 
