@@ -555,3 +555,12 @@ def test_a_failing_execution_trace_observer_never_reaches_the_loop() -> None:
         profile(execution_trace_observer=_FailingObserver(), torch_ops=False, strict=True),
     ):
         pass
+
+
+@pytest.mark.torch
+def test_the_default_activities_are_torch_profilers() -> None:
+    """``activities=None`` records what torch.profiler's default does here (CPU, and CUDA on an
+    NVIDIA machine: checked there with bench/cuda_trainers.py)."""
+    tp = pytest.importorskip("torch.profiler")
+    ours = {a.name for a in profile().activities}
+    assert ours == {a.name for a in tp.supported_activities()}

@@ -42,8 +42,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--activities",
         default=None,
-        help="comma-separated ProfilerActivity names (default: CPU when the process has torch "
-        "loaded, else CPU,SAMPLING)",
+        help="comma-separated ProfilerActivity names (default: CPU and torch's device, CUDA on "
+        "an NVIDIA machine, when the process has torch loaded, else CPU,SAMPLING)",
     )
     parser.add_argument("--with-stack", action="store_true", help="record every Python call")
     parser.add_argument(

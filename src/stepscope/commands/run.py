@@ -68,7 +68,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=AUTO,
         help="comma-separated ProfilerActivity names: CPU, CUDA, PYTHON, SAMPLING ... "
         "(default: CPU when steps come from the optimizer, else CPU,SAMPLING so the table "
-        "shows where a plain-Python program spends its time)",
+        "shows where a plain-Python program spends its time; with torch imported, its device "
+        "too: CUDA on an NVIDIA machine)",
     )
     parser.add_argument(
         "--sampling-rate",
@@ -170,8 +171,13 @@ def resolve_step_on(value: str) -> str | None:
 
 
 def _activities(args: argparse.Namespace, step_on: str | None) -> list[str]:
-    if args.activities == AUTO:
-        return ["CPU"] if step_on == "optimizer" or args.with_stack else ["CPU", "SAMPLING"]
+    if args.activities == AUTO:  # with torch imported: its device too (CUDA on a GPU machine)
+        from stepscope.profiler.activity import default_activities
+
+        found = {a.name for a in default_activities()}
+        if not (step_on == "optimizer" or args.with_stack):
+            found.add("SAMPLING")
+        return sorted(found)
     return [part.strip().upper() for part in args.activities.split(",") if part.strip()]
 
 

@@ -12,6 +12,7 @@ __all__ = [
     "EVENT_TYPES",
     "ProfilerActivity",
     "coerce_activities",
+    "default_activities",
     "kineto_available",
     "split_activity_filters",
     "supported_activities",
@@ -64,6 +65,22 @@ def supported_activities() -> set[ProfilerActivity]:
             name = getattr(activity, "name", str(activity))
             if name in ProfilerActivity.__members__:
                 found.add(ProfilerActivity[name])
+    return found
+
+
+DEVICE_PREFERENCE = ("CUDA", "XPU", "MTIA", "HPU", "PrivateUse1")
+"""The device a default profile records when torch offers more than one (it records one)."""
+
+
+def default_activities() -> set[ProfilerActivity]:
+    """What ``activities=None`` records, as in torch.profiler: the CPU, and the device torch
+    records here (CUDA on an NVIDIA machine) once the program has imported torch."""
+    found = {ProfilerActivity.CPU}
+    if "torch" in sys.modules:
+        supported = {activity.name for activity in supported_activities()}
+        device = next((name for name in DEVICE_PREFERENCE if name in supported), None)
+        if device is not None:
+            found.add(ProfilerActivity[device])
     return found
 
 

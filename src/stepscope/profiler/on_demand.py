@@ -25,6 +25,7 @@ from typing import Any
 
 from stepscope.activity import coerce_activities
 from stepscope.failures import failure_log
+from stepscope.profiler.activity import default_activities
 from stepscope.profiler.handlers import trace_handler
 from stepscope.profiler.profile import profile
 from stepscope.profiler.schedule import ProfilerAction
@@ -130,7 +131,11 @@ class WindowRequest:
 
 
 def _default_activities() -> list[str]:
-    return ["CPU"] if "torch" in sys.modules else ["CPU", "SAMPLING"]
+    """The CPU (and torch's device, CUDA on a GPU machine) in a torch program, else CPU and
+    sampled stacks."""
+    if "torch" not in sys.modules:
+        return ["CPU", "SAMPLING"]
+    return sorted(a.name for a in default_activities())
 
 
 class OnDemand:

@@ -36,7 +36,7 @@ from stepscope.collectors.torch import (
 from stepscope.distributed import distributed_info
 from stepscope.failures import failure_log
 from stepscope.gcpause import gc_paused
-from stepscope.profiler.activity import split_activity_filters
+from stepscope.profiler.activity import default_activities, split_activity_filters
 from stepscope.profiler.events import EventList, function_events
 from stepscope.profiler.execution_trace import ExecutionTraceCollector, ExecutionTraceObserver
 from stepscope.profiler.ranks import RankSync
@@ -100,7 +100,7 @@ class profile:
         step_tables: str | os.PathLike[str] | steptables.StepTables | None = None,
     ) -> None:
         plain, self.activity_filters = split_activity_filters(activities)
-        self.activities = coerce_activities(plain)
+        self.activities = coerce_activities(plain) if plain is not None else default_activities()
         if use_cuda is not None:
             warnings.warn(
                 "`use_cuda` is deprecated, use `activities` argument instead",
