@@ -40,9 +40,13 @@ __all__ = [
 ]
 
 LEAK_MIN_BYTES_PER_STEP = 4096
+"""A rise smaller than this per step is noise (interpreter caches, free lists), not a leak."""
 LEAK_MIN_STEPS = 4
 """Step ends a steady rise needs before it is a leak hint."""
-"""A rise smaller than this per step is noise (interpreter caches, free lists), not a leak."""
+SMALL_LEAK_BYTES_PER_STEP = 64 << 10
+SMALL_LEAK_MIN_STEPS = 8
+"""Step ends a rise below ``SMALL_LEAK_BYTES_PER_STEP`` needs: lazily built state grows by a few
+KiB a step for a few steps (an HF Trainer on a GPU: 3.5, 4.1, 4.1, then 0.6 KiB)."""
 RSS_RISE_MIN_BYTES_PER_STEP = 1 << 20
 """RSS moves by pages and allocator arenas: a rise below this per step is not reported."""
 
@@ -71,9 +75,10 @@ def tensor_steps(
 def steady_rise(values: Sequence[int], min_bytes: int = LEAK_MIN_BYTES_PER_STEP) -> int | None:
     """The median rise per step when step-end values rise steadily, else None.
 
-    Needs four step ends; with five or more the first rise (warm-up: caches, lazily built
-    state) is left out.  Steady: at least three quarters of the rises are positive, the median
-    rise is at least ``min_bytes`` and the whole window rose by at least half of it per step.
+    Needs four step ends (eight when the rise is under 64 KiB a step); with five or more the
+    first rise (warm-up: caches, lazily built state) is left out.  Steady: at least three
+    quarters of the rises are positive, the median rise is at least ``min_bytes`` and the whole
+    window rose by at least half of it per step.
     """
     if len(values) < LEAK_MIN_STEPS:
         return None
@@ -85,6 +90,8 @@ def steady_rise(values: Sequence[int], min_bytes: int = LEAK_MIN_BYTES_PER_STEP)
     if positive * 4 < len(rises) * 3 or typical < min_bytes:
         return None
     if sum(rises) < typical * len(rises) / 2:
+        return None
+    if typical < SMALL_LEAK_BYTES_PER_STEP and len(values) < SMALL_LEAK_MIN_STEPS:
         return None
     return typical
 
