@@ -69,7 +69,9 @@ def compiled_event_names(make: Callable[..., Any]) -> list[str]:
     compiled(x)  # compile outside the profile
     with torch.profiler.profile() as prof:
         out = compiled(x)
-    assert torch.allclose(out, annotated_with(make)(x))
+    # inductor's vectorized sin/cos differ from aten's by ~1e-7: allclose's atol of 1e-8 failed
+    # on an output near zero (-0.0078) with some random inputs; torch's own float32 tolerance
+    torch.testing.assert_close(out, annotated_with(make)(x))
     # the compiled graph's name carries a hash of its code
     return sorted(re.sub(r"CompiledFxGraph \w+", "CompiledFxGraph", e.name) for e in prof.events())
 

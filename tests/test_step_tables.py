@@ -98,10 +98,14 @@ def test_fleet_names_the_slow_rank_its_phase_and_delay(job: Any, tmp_path: Path)
     assert "data_wait" in done.stdout
     report = json.loads(out.read_text())
     assert report["schema"] == "stepscope.fleet" and report["ranks"] == 2
-    [slow] = report["slow_ranks"]
+    # slow ranks come worst first; on 2 shared cores rank 0, preempted a few ms (over 5 % of a
+    # step) in three of the last steps, was once named too ("slow since step 9"): it may be,
+    # with a lag far below the injected one
+    slow, *others = report["slow_ranks"]
     assert (slow["rank"], slow["phase"], slow["since_step"]) == (1, "data_wait", 0)
     measured_ns = sum(slept) / len(slept)
     assert slow["mean_lag_ns"] == pytest.approx(measured_ns, rel=0.2)
+    assert all(o["mean_lag_ns"] < 0.25 * measured_ns for o in others), others
     stragglers = report["stragglers"]
     assert [s["step"] for s in stragglers] == list(range(JOB_STEPS))
     # one step's lag also holds the other rank's noise at that step (2 shared cores): a rank 0
