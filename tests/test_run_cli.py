@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from stepscope.cli import main
-from stepscope.collectors.torch import torch_installed
 from stepscope.commands.run import resolve_step_on
+from stepscope.extras import torch_installed
 from stepscope.trace import read_chrome_trace
 
 PLAIN_SCRIPT = """

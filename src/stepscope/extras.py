@@ -8,10 +8,20 @@ the extra to install: ``pip install 'stepscope[prometheus]'``.
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import sys
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-__all__ = ["EXTRAS", "MissingExtraError", "missing_extra", "require", "unavailable_class"]
+__all__ = [
+    "EXTRAS",
+    "MissingExtraError",
+    "missing_extra",
+    "require",
+    "torch_available",
+    "torch_installed",
+    "unavailable_class",
+]
 
 EXTRAS = {
     "prometheus": "prometheus_client",
@@ -59,3 +69,18 @@ def unavailable_class(name: str, error: MissingExtraError) -> type:
 
     init: Callable[..., NoReturn] = __init__
     return type(name, (), {"__init__": init, "__doc__": f"Unavailable here: {error}"})
+
+
+def torch_available() -> bool:
+    """Whether the running program has imported torch (stepscope never imports it first)."""
+    return sys.modules.get("torch") is not None
+
+
+def torch_installed() -> bool:
+    """Whether torch is imported or importable here (found without importing it)."""
+    if torch_available():
+        return True
+    try:
+        return importlib.util.find_spec("torch") is not None
+    except (ImportError, ValueError):
+        return False

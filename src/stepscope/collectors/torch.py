@@ -27,6 +27,7 @@ from stepscope.collectors import import_watch
 from stepscope.collectors.annotations import default_backend
 from stepscope.collectors.base import Collector, WindowContext
 from stepscope.collectors.compiled import torch_args
+from stepscope.extras import torch_available
 from stepscope.trace.chrome_reader import read_chrome_trace
 from stepscope.trace.model import Trace, TraceBuilder
 
@@ -36,8 +37,6 @@ __all__ = [
     "bridged_names",
     "install_torch_profiler_hooks",
     "take_bridge_errors",
-    "torch_available",
-    "torch_installed",
     "want_bridge",
 ]
 
@@ -68,25 +67,6 @@ def _flops_by_id(results: Any) -> dict[str, int]:
         if flops:
             out[str(event.correlation_id())] = int(flops)
     return out
-
-
-def torch_available() -> bool:
-    """Whether the running program has imported torch (stepscope never imports it first)."""
-    import sys
-
-    return sys.modules.get("torch") is not None
-
-
-def torch_installed() -> bool:
-    """Whether torch is imported or importable here (found without importing it)."""
-    import importlib.util
-
-    if torch_available():
-        return True
-    try:
-        return importlib.util.find_spec("torch") is not None
-    except (ImportError, ValueError):
-        return False
 
 
 def _wall_offset_ns() -> int:

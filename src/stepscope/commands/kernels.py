@@ -15,14 +15,15 @@ import stat
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from stepscope.atomic import atomic_output
 from stepscope.clock import now_ns
 from stepscope.commands.command import Command
 from stepscope.config import config
-from stepscope.kernels import KernelMetadata, iter_kernel_sources, parse_kernel_metadata
-from stepscope.tables import format_cell, format_csv_row, get_metric_table
+
+if TYPE_CHECKING:
+    from stepscope.kernels import KernelMetadata
 
 PROGRESS_MIN_FILES = 200
 """With ``--progress auto``, directories with at least this many files show a progress bar."""
@@ -110,6 +111,8 @@ def _read_regular(path: Path) -> str:
 
 
 def _kernels_of(path: Path) -> list[tuple[str | None, str, str | None]]:
+    from stepscope.kernels import iter_kernel_sources
+
     return list(iter_kernel_sources(_read_regular(path)))
 
 
@@ -119,6 +122,9 @@ def scan(files: list[Path], run_name: str, progress: ProgressBar | None = None) 
     A wrapper's embedded copy of a kernel that also has its own module file among ``files`` is
     left out (the module's row is the same kernel, with its real path).
     """
+    from stepscope.kernels import parse_kernel_metadata
+    from stepscope.tables import format_cell, get_metric_table
+
     columns = get_metric_table("kernel_metadata").column_names
     result = ScanResult(files=len(files))
     # (kernel name, metadata, kernel path, found in its own module file)
@@ -160,6 +166,8 @@ def scan(files: list[Path], run_name: str, progress: ProgressBar | None = None) 
 
 def write_csv(path: Path, rows: list[list[str]]) -> None:
     """Write the kernel_metadata header and ``rows`` to ``path`` atomically."""
+    from stepscope.tables import format_csv_row, get_metric_table
+
     columns = get_metric_table("kernel_metadata").column_names
     data = b"".join([format_csv_row(["model_name", *columns]), *map(format_csv_row, rows)])
     path.parent.mkdir(parents=True, exist_ok=True)

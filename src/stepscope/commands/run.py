@@ -18,8 +18,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from stepscope.collectors.torch import torch_installed
 from stepscope.commands.command import Command
+from stepscope.extras import torch_installed
 from stepscope.profiler.sort_keys import SORT_KEYS
 from stepscope.program import Program, find_program, first_import, print_program_traceback
 from stepscope.steps import window_label

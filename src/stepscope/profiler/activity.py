@@ -6,7 +6,7 @@ import sys
 from collections.abc import Iterable, Mapping
 
 from stepscope.activity import ProfilerActivity, coerce_activities
-from stepscope.collectors.torch import torch_installed
+from stepscope.extras import torch_installed
 
 __all__ = [
     "EVENT_TYPES",

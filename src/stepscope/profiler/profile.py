@@ -31,9 +31,9 @@ from stepscope.collectors.torch import (
     DEVICE_NAMES,
     advance_kineto_step,
     install_torch_profiler_hooks,
-    torch_installed,
 )
 from stepscope.distributed import distributed_info
+from stepscope.extras import torch_installed
 from stepscope.failures import failure_log
 from stepscope.gcpause import gc_paused
 from stepscope.profiler.activity import default_activities, split_activity_filters

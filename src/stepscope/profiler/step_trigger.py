@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from stepscope.collectors import import_watch, optimizer_hook
-from stepscope.collectors.torch import torch_installed
+from stepscope.extras import torch_installed
 
 __all__ = ["StepTrigger"]
 
