@@ -1,5 +1,6 @@
-"""``stepscope run`` on GPU trainers, as a user runs it: a transformers ``Trainer`` and a
-Lightning ``fit`` on ``cuda``, with the defaults and with ``--memory``; then ``stepscope report``.
+"""``stepscope run`` on GPU trainers, as a user runs it: the test suite's transformers
+``Trainer`` and Lightning ``fit`` (``tests/test_run_trainers.py``) on ``cuda``, with the
+defaults and with ``--memory``; then ``stepscope report``.
 
     python bench/cuda_trainers.py OUT_DIR
 
@@ -16,49 +17,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.test_run_trainers import PROGRAMS as CPU_PROGRAMS  # noqa: E402
+
 PROGRAMS = {
-    "hf_trainer": """\
-import sys
-
-import torch
-from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
-
-torch.manual_seed(0)
-config = GPT2Config(vocab_size=512, n_positions=128, n_embd=256, n_layer=4, n_head=4)
-model = GPT2LMHeadModel(config)
-data = [{"input_ids": ids, "labels": ids} for ids in torch.randint(0, 512, (512, 128))]
-args = TrainingArguments(
-    output_dir=sys.argv[1], max_steps=12, per_device_train_batch_size=16, report_to=[],
-    save_strategy="no", logging_strategy="no", disable_tqdm=True,
-)
-Trainer(model=model, args=args, train_dataset=data).train()
-print("finished")
-""",
-    "lightning_fit": """\
-import lightning as L
-import torch
-
-class Tiny(L.LightningModule):
-    def __init__(self):
-        super().__init__()
-        layers = (torch.nn.Linear(512, 2048), torch.nn.ReLU(), torch.nn.Linear(2048, 1))
-        self.net = torch.nn.Sequential(*layers)
-
-    def training_step(self, batch, batch_idx):
-        x, y = batch
-        return torch.nn.functional.mse_loss(self.net(x), y)
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.01)
-
-torch.manual_seed(0)
-data = torch.utils.data.TensorDataset(torch.randn(4096, 512), torch.randn(4096, 1))
-trainer = L.Trainer(max_steps=12, accelerator="gpu", devices=1, logger=False,
-                    enable_checkpointing=False, enable_progress_bar=False,
-                    enable_model_summary=False)
-trainer.fit(Tiny(), torch.utils.data.DataLoader(data, batch_size=256))
-print("finished")
-""",
+    # the test suite's programs, on the GPU
+    "hf_trainer": CPU_PROGRAMS["hf_trainer"].replace(" use_cpu=True,", ""),
+    "lightning_fit": CPU_PROGRAMS["lightning_fit"].replace(
+        'accelerator="cpu"', 'accelerator="gpu", devices=1'
+    ),
 }
 
 
