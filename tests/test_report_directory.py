@@ -15,7 +15,7 @@ import stepscope
 from stepscope.analysis.analyze import analyze
 from stepscope.cli import main
 from stepscope.commands.report import load_traces
-from stepscope.report.terminal import GLYPHS, render_report
+from stepscope.report.terminal import GLYPHS, BreakdownBar, render_report
 from tests.test_report_cli import spin
 
 WINDOWS = 3
@@ -96,10 +96,28 @@ def test_piped_bars_name_their_categories(tmp_path: Path) -> None:
     out = io.StringIO()
     render_report(report, Console(file=out, width=120, color_system=None))
     text = out.getvalue()
-    shown = [c for c in report.combined.host_total.categories if c.pct >= 2]
+    categories = report.combined.host_total.categories
+    bar = BreakdownBar(categories).text(plain=True).plain
+    assert len(bar) == 60 and bar in text  # the whole run's bar, in letters
+    shown = [c for c in categories if c.pct >= 2]
     assert len(shown) >= 2
     for c in shown:
         glyph = GLYPHS[c.name]
         assert f"{glyph} {c.name} " in text  # the legend's key
-        assert glyph * 2 in text  # and the bar's run of it
+        # and the bar's cells of it: 2 % of 60 cells rounds to one (idle at 2.2 % under load)
+        assert glyph * max(1, round(0.6 * c.pct) - 1) in bar
     assert "█" not in text
+
+
+@pytest.mark.parametrize(
+    "shares",
+    [[97.5, 2.5], [96.7, 1.7, 1.6], [50, 30, 19.9, 0.1], [1] * 100, [33.3, 33.3, 33.4], [60, 40]],
+)
+def test_a_bar_has_its_width_and_a_cell_for_every_category(shares: list[float]) -> None:
+    from stepscope.analysis.result import Category
+
+    categories = [Category(f"c{i}", int(s * 1000), s) for i, s in enumerate(shares)]
+    cells = BreakdownBar(categories).cells(categories)
+    assert sum(cells) == max(60, len(shares)) and min(cells) >= 1
+    for c, n in zip(categories, cells, strict=True):  # each within a cell of its share
+        assert abs(n - 60 * c.pct / sum(shares)) < 1 or n == 1

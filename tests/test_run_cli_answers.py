@@ -74,7 +74,7 @@ print("program ran", file=sys.stderr)
 if __name__ == "__main__":
     trainer = Trainer()
     for _ in range(int(sys.argv[1]) if len(sys.argv) > 1 else 6):
-        trainer.step(int(sys.argv[3]) if len(sys.argv) > 3 else 2000)
+        trainer.step(int(sys.argv[3]) if len(sys.argv) > 3 and sys.argv[3].isdigit() else 2000)
     train(int(sys.argv[2]) if len(sys.argv) > 2 else 3)
     if "--fail" in sys.argv:
         def deeper():

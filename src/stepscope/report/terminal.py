@@ -78,17 +78,30 @@ class BreakdownBar:
 
     def text(self, plain: bool) -> Text:
         """The bar: coloured blocks, or letters when ``plain``."""
-        total = sum(c.ns for c in self.categories)
         bar = Text()
-        used = 0
-        shown = [c for c in self.categories if c.ns > 0] if total else []
-        for n, c in enumerate(shown):
-            cells = self.width - used if n == len(shown) - 1 else round(self.width * c.ns / total)
-            cells = max(cells, 1)
+        shown = [c for c in self.categories if c.ns > 0]
+        for c, cells in zip(shown, self.cells(shown), strict=True):
             glyph = GLYPHS.get(c.name, "#") if plain else "█"
             bar.append(glyph * cells, style=COLORS.get(c.name, "white"))
-            used += cells
         return bar
+
+    def cells(self, shown: list[Category]) -> list[int]:
+        """Each category's cells: ``width`` in all, at least one each, the rest by largest
+        remainder (rounding each alone could give the bar a cell too many or too few)."""
+        total = sum(c.ns for c in shown)
+        if not total:
+            return [0] * len(shown)
+        exact = [self.width * c.ns / total for c in shown]
+        cells = [max(1, int(e)) for e in exact]
+        while sum(cells) < self.width:
+            k = max(range(len(cells)), key=lambda i: exact[i] - cells[i])
+            cells[k] += 1
+        while sum(cells) > self.width and max(cells) > 1:
+            k = max(range(len(cells)), key=lambda i: cells[i] - exact[i])
+            if cells[k] == 1:
+                k = cells.index(max(cells))
+            cells[k] -= 1
+        return cells
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         yield self.text(console.color_system is None)
