@@ -210,8 +210,13 @@ def test_busy_straggler_evidence_equals_the_injected_delay(tmp_path: Path) -> No
     delay = statistics.median(measured) * 1e9
     assert delay >= SLOW_MS * 1e6
     assert top.rank == 1 and top.phase == "idle_other"
-    assert top.phase_ns - top.others_median_ns == pytest.approx(delay, rel=0.2)
-    assert top.excess_per_step_ns == pytest.approx(delay, rel=0.2)
+    # rank 1's own uninstrumented time holds its spin (a preemption of rank 1 lengthens both);
+    # the evidence is that less the others' median, which a preemption of rank 0 outside its
+    # collective raises: seen 11.9 of 30 ms once at load 5, so only the upper side is tight
+    assert top.phase_ns >= 0.8 * delay
+    evidence = top.phase_ns - top.others_median_ns
+    assert 0.3 * delay <= evidence <= 1.2 * delay
+    assert 0.3 * delay <= top.excess_per_step_ns <= 1.2 * delay
     # waiting at a collective is communication in the breakdown and in the per-rank table alike
     for summary in report.files:
         rank = summary.steps[0].source
