@@ -3,12 +3,17 @@
 Both sample the same execution at once (py-spy from outside, pausing the process 500 times a
 second; the in-process sampler at 1 kHz), so what is left between them is sampling noise: about
 1.2 percentage points of standard error per function at ~2000 samples each, against the 3-point
-tolerance.  A loaded machine lets both take fewer samples: the tolerance then widens with the
-standard error of the difference of two shares (never below 3 points).  A measurement over the
-tolerance is repeated, up to three in all, before failing: at load 5 on two cores one pair of
-runs was 7 points apart on raytrace's ``Vector.dot`` twice (the samplers see a process that is
-mostly descheduled differently), while the thread-mode sampler this replaces was 15-20 points
-off on raytrace on every run, which no repetition hides.
+tolerance.  A loaded machine gives both fewer independent samples, py-spy most: while the process
+waits for a CPU it reads the same stopped stack at every tick and counts each read, where the
+in-process sampler takes one sample per wait.  Measured on raytrace at load 6 on two cores,
+py-spy's 2000 samples came in runs of one stack that left it 22-1370 effective samples (Kish's
+count over the runs), and the failures of the old tolerance (over all samples) were py-spy
+alone inflating one function (``Scene.colour`` 18.2 % against 10.0 %, ``Vector.__init__`` 12.6
+against 6.1) while ours stayed at the quiet run's shares.  So the tolerance is 2.5 standard
+errors of the difference of two shares over the effective counts (3.1-3.9 points quiet, 4-7 at
+load 6), never below 3 points.  An attempt counts when both samplers had at least 200 effective
+samples and agree; up to three are made.  The thread-mode sampler this replaces was 15-20
+points off on raytrace on every run, which no repetition hides.
 """
 
 from __future__ import annotations
@@ -22,20 +27,28 @@ from tests.test_sampling import needs_py_spy
 
 SECONDS = 4.0
 TOLERANCE = 0.03
+MIN_EFFECTIVE = 200  # below this a sampler saw too little of the run to compare (load 6: 2 of 24)
+ATTEMPTS = 3
 
 
 def agreement(workload: str) -> Agreement:
     result = measure(workload, SECONDS, 1000, py_spy_rate_hz=500)
     if result.mode != "signal":
         pytest.skip("signal sampling is unavailable here")
-    assert result.our_samples >= 300 and result.their_samples >= 300, result
     return result
 
 
 def tolerance(result: Agreement) -> float:
-    """3 points, or 2.5 standard errors of the difference of two shares of about 25 %."""
-    spread = math.sqrt(0.25 * 0.75 * (1 / result.our_samples + 1 / result.their_samples))
+    """3 points, or 2.5 standard errors of the difference of two shares of about 25 %, over
+    the effective sample counts."""
+    spread = math.sqrt(0.25 * 0.75 * (1 / result.our_effective + 1 / result.their_effective))
     return max(TOLERANCE, 2.5 * spread)
+
+
+def agrees(result: Agreement) -> bool:
+    """Both saw enough of the run, and their shares are within the tolerance."""
+    enough = min(result.our_effective, result.their_effective) >= MIN_EFFECTIVE
+    return enough and result.max_abs_diff <= tolerance(result)
 
 
 @needs_py_spy
@@ -44,10 +57,14 @@ def tolerance(result: Agreement) -> float:
     [("richards", "System.run"), ("raytrace", "Sphere.intersectionTime")],
 )
 def test_self_shares_agree_with_py_spy_on_the_same_run(workload: str, hot: str) -> None:
-    result = agreement(workload)
-    for _ in range(2):
-        if result.max_abs_diff <= tolerance(result):
-            break
-        result = agreement(workload)
-    assert result.max_abs_diff <= tolerance(result), result.table()
+    tries = [agreement(workload)]
+    while not agrees(tries[-1]) and len(tries) < ATTEMPTS:
+        tries.append(agreement(workload))
+    result = tries[-1]
+    seen = "; ".join(
+        f"{t.our_samples} ours ({t.our_effective:.0f} effective), {t.their_samples} py-spy's "
+        f"({t.their_effective:.0f}), {100 * t.max_abs_diff:.1f} of {100 * tolerance(t):.1f} points"
+        for t in tries
+    )
+    assert agrees(result), f"{seen}\n{result.table()}"
     assert hot in result.top and hot in result.ours, result.table()
