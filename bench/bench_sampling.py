@@ -99,7 +99,8 @@ def agreement(report: Report) -> None:
                 f"{', '.join(f'{d:.1f}' for d in diffs)} pp (median run's worst {worst}: py-spy "
                 f"{100 * middle.theirs[worst]:.1f}%, stepscope "
                 f"{100 * middle.ours.get(worst, 0.0):.1f}%; {middle.our_samples} vs "
-                f"{middle.their_samples} samples)"
+                f"{middle.their_samples} samples, {middle.our_effective:.0f} vs "
+                f"{middle.their_effective:.0f} effective)"
             )
             if mode == "signal" and got == "signal":
                 report.target(
