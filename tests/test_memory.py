@@ -5,6 +5,7 @@ torch."""
 from __future__ import annotations
 
 import itertools
+import mmap
 import subprocess
 import sys
 import time
@@ -462,3 +463,44 @@ def test_exact_mode_snapshots_of_a_big_heap_stay_within_the_budget() -> None:
     # before, the first three step ends and the last were copied whatever they cost (12x
     # tracemalloc alone on a 6 M-block heap): at most the 4th and 5th could be skipped
     assert int(note.split()[0]) >= 4
+
+
+def vm_rss() -> int:
+    """The resident set size from /proc/self/status (another file than stepscope reads)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS line")
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="Linux /proc only")
+@pytest.mark.parametrize("mode", [True, "exact"])
+def test_each_step_row_holds_the_resident_size_at_its_end_and_the_timeline_shares_it(
+    mode: bool | str,
+) -> None:
+    grow = 16 << 20
+    held: list[mmap.mmap] = []
+    own: list[int] = []
+    page = b"x" * mmap.PAGESIZE
+    with stepscope.profile(profile_memory=mode, torch_ops=False) as prof:  # type: ignore[arg-type]
+        for _ in range(5):
+            held.append(mmap.mmap(-1, grow))  # fresh pages, not the heap's reused ones
+            for _ in range(grow // mmap.PAGESIZE):
+                held[-1].write(page)
+            own.append(vm_rss())
+            prof.step()
+    rows = steps_of(prof)
+    assert len(rows) == 5
+    for row, seen in zip(rows, own, strict=True):
+        # within 3 MiB: between the two readings stepscope's own step work may fault in a
+        # 2 MiB huge page (seen once in four runs); a reading of another step is 16 MiB off
+        assert abs(row["rss"] - seen) < (3 << 20), [
+            r["rss"] - o for r, o in zip(rows, own, strict=True)
+        ]
+    assert own[-1] - own[0] >= 4 * grow  # the size moved: the rows followed it
+    summary = memory_summary(prof.trace())
+    assert summary is not None
+    # the RSS track has a point at each step boundary, with the row's reading
+    timeline = summary.timeline["rss"]
+    for row in rows:
+        assert any(0 <= t - row["end_ns"] < 50_000_000 and b == row["rss"] for t, b in timeline)

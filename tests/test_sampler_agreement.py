@@ -3,17 +3,18 @@
 Both sample the same execution at once (py-spy from outside, pausing the process 500 times a
 second; the in-process sampler at 1 kHz), so what is left between them is sampling noise: about
 1.2 percentage points of standard error per function at ~2000 samples each, against the 3-point
-tolerance.  A loaded machine gives both fewer independent samples, py-spy most: while the process
-waits for a CPU it reads the same stopped stack at every tick and counts each read, where the
-in-process sampler takes one sample per wait.  Measured on raytrace at load 6 on two cores,
-py-spy's 2000 samples came in runs of one stack that left it 22-1370 effective samples (Kish's
-count over the runs), and the failures of the old tolerance (over all samples) were py-spy
-alone inflating one function (``Scene.colour`` 18.2 % against 10.0 %, ``Vector.__init__`` 12.6
-against 6.1) while ours stayed at the quiet run's shares.  So the tolerance is 2.5 standard
+tolerance.  A loaded machine gives both fewer independent samples, py-spy most: while the
+process waits for a CPU it reads the same stopped stack at every tick and counts each read,
+where the in-process sampler takes one sample per wait.  Measured on raytrace at load 6 on two
+cores, py-spy's 2000 samples came in runs of one stack that left it 22-1370 effective samples
+(Kish's count over the runs), and the failures of the old tolerance (over all samples) were
+py-spy alone inflating one function (``Scene.colour`` 18.2 % against 10.0 %, ``Vector.__init__``
+12.6 against 6.1) while ours stayed at the quiet run's shares.  So the tolerance is 2.5 standard
 errors of the difference of two shares over the effective counts (3.1-3.9 points quiet, 4-7 at
-load 6), never below 3 points.  An attempt counts when both samplers had at least 200 effective
-samples and agree; up to three are made.  The thread-mode sampler this replaces was 15-20
-points off on raytrace on every run, which no repetition hides.
+load 6), held between 3 and 10 points: with two suites running beside it, py-spy was once left
+81-189 effective samples on richards in three attempts in a row, where the shares still agreed
+within 4.7-6.9 points, and the thread-mode sampler this replaces was 15-20 points off on
+raytrace on every run, which no repetition or widening hides.  Up to three attempts are made.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from tests.test_sampling import needs_py_spy
 
 SECONDS = 4.0
 TOLERANCE = 0.03
-MIN_EFFECTIVE = 200  # below this a sampler saw too little of the run to compare (load 6: 2 of 24)
+MOST = 0.10  # the widest tolerance: the thread-mode sampler this guards against was 15-20 off
 ATTEMPTS = 3
 
 
@@ -39,16 +40,15 @@ def agreement(workload: str) -> Agreement:
 
 
 def tolerance(result: Agreement) -> float:
-    """3 points, or 2.5 standard errors of the difference of two shares of about 25 %, over
-    the effective sample counts."""
+    """2.5 standard errors of the difference of two shares of about 25 %, over the effective
+    sample counts, held between 3 and 10 points."""
     spread = math.sqrt(0.25 * 0.75 * (1 / result.our_effective + 1 / result.their_effective))
-    return max(TOLERANCE, 2.5 * spread)
+    return min(MOST, max(TOLERANCE, 2.5 * spread))
 
 
 def agrees(result: Agreement) -> bool:
-    """Both saw enough of the run, and their shares are within the tolerance."""
-    enough = min(result.our_effective, result.their_effective) >= MIN_EFFECTIVE
-    return enough and result.max_abs_diff <= tolerance(result)
+    """The two samplers' shares are within the tolerance."""
+    return result.max_abs_diff <= tolerance(result)
 
 
 @needs_py_spy

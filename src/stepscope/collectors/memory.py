@@ -277,12 +277,13 @@ class MemoryCollector(Collector):
             self._watcher_id = self._watcher.native_id
             hide_thread(self._watcher_id)
 
-    def _begin_step(self, w: _Window, now: int) -> None:
+    def _begin_step(self, w: _Window, now: int, rss: int | None = None) -> None:
+        """Open a step; ``rss`` is the resident size the step that just ended read, if any."""
         if w.heap is not None:  # the hook counts from zero: nothing before the window
             if not w.ends:
                 w.ends.append(PythonHeapPoint(now, {}))
             w.step_start_ns, w.step_peak = now, 0
-            self._note_rss(w, now)
+            self._note_rss(w, now, rss)
             return
         if not w.ends:  # the window's start: what was held before it
             sites, total = self._snapshot(w, STEP_END)
@@ -291,7 +292,7 @@ class MemoryCollector(Collector):
         if w.started_tracing:  # a program's own tracing keeps its peak
             tracemalloc.reset_peak()
         w.step_start_ns, w.step_peak = now, 0
-        self._note_rss(w, now)
+        self._note_rss(w, now, rss)
 
     @staticmethod
     def _snapshot(w: _Window, kind: int) -> tuple[Sites, int]:
@@ -321,8 +322,10 @@ class MemoryCollector(Collector):
         spent = w.snapshot_ns[kind] + MemoryCollector._next_snapshot_ns(w)
         return spent <= SNAPSHOT_SHARE * (now - w.window_start_ns)
 
-    def _note_rss(self, w: _Window, now: int) -> None:
-        rss = w.rss_reader.read()
+    @staticmethod
+    def _note_rss(w: _Window, now: int, rss: int | None = None) -> None:
+        if rss is None:
+            rss = w.rss_reader.read()
         if rss is not None:
             w.rss.append((now, rss))
 
@@ -331,19 +334,21 @@ class MemoryCollector(Collector):
         w = self._window
         if w is not None:
             with self._lock:
-                self._end_step(w, clock.now_ns())
+                rss = self._end_step(w, clock.now_ns())
                 w.step = step
-                self._begin_step(w, clock.now_ns())
+                self._begin_step(w, clock.now_ns(), rss)
 
-    def _end_step(self, w: _Window, now: int, last: bool = False) -> None:
+    def _end_step(self, w: _Window, now: int, last: bool = False) -> int | None:
+        """Close the step: its row; returns the resident size read for it (None if none)."""
+        rss = w.rss_reader.read()  # first: the step's own size, before our work at its end
         if w.heap is not None:
-            self._end_sampled_step(w, w.heap, now)
-            return
+            self._end_sampled_step(w, w.heap, now, rss)
+            return rss
         if not tracemalloc.is_tracing():  # the program stopped it: nothing to read
             if w.tracing_lost_step is None:
                 w.tracing_lost_step = w.step
             w.rows.append({"step": w.step, "start_ns": w.step_start_ns, "end_ns": now})
-            return
+            return rss
         current, peak = tracemalloc.get_traced_memory()
         step_peak = max(w.step_peak, (peak if w.started_tracing else current) - w.own)
         changes: list[list[int]] | None = None
@@ -365,7 +370,7 @@ class MemoryCollector(Collector):
             "end_ns": now,
             "python_current": total,
             "python_peak": step_peak,
-            "rss": w.rss_reader.read(),
+            "rss": rss,
         }
         if changes is not None:
             row["site_changes"] = changes
@@ -376,8 +381,9 @@ class MemoryCollector(Collector):
         w.rows.append(row)
         if step_peak > w.peak_bytes:
             w.peak_bytes, w.peak_step = step_peak, w.step
+        return rss
 
-    def _end_sampled_step(self, w: _Window, heap: SampledHeap, now: int) -> None:
+    def _end_sampled_step(self, w: _Window, heap: SampledHeap, now: int, rss: int | None) -> None:
         """A step of the hook: exact counters, the sampled sites at its end and at its peak."""
         heap.pause(True)
         try:
@@ -395,7 +401,7 @@ class MemoryCollector(Collector):
                 "python_peak": counts["peak"],
                 "python_allocated": counts["allocated"],
                 "python_freed": counts["freed"],
-                "rss": w.rss_reader.read(),
+                "rss": rss,
                 "site_changes": changes,
                 "site_changes_since_ns": w.ends[-2].t_ns,
             }
