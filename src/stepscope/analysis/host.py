@@ -309,11 +309,11 @@ def host_breakdowns(
             in_backward = elsewhere.overlapping(step.start_ns, step.end_ns)
             totals["backward"] += _overlap(gaps, in_backward)
             gaps = _subtract(gaps, in_backward)
-        glue = _overlap(gaps, passes)
+        in_passes = _overlap(gaps, passes)
         # the samples of the step's own time name its Python wherever it ran: the forward
         # pass's share of them is named Python, not unnamed forward glue
-        named = own_python * glue // own_ns if own_ns else 0
-        totals["forward"] += glue - min(named, glue)
+        named = own_python * in_passes // own_ns if own_ns else 0
+        totals["forward"] += in_passes - min(named, in_passes)
         used = sum(totals.values())
         if used > step.dur_ns:  # spans crossing the step's edges: scale to fit
             scale = step.dur_ns / used
