@@ -124,6 +124,16 @@ def _facts(
             "crashed or was stopped): shown, but left out of every statistic"
         )
     notes += ops.sampler_notes(trace)
+    optimizers = _optimizers_in_turn(trace)
+    if len(optimizers) > 1:
+        notes.append(
+            f"steps end at every optimizer step and {len(optimizers)} optimizers "
+            f"({', '.join(optimizers)}) step in turn: one iteration of the program is "
+            f"{len(optimizers)} steps here, so step times and their statistics mix the "
+            "optimizers' steps (outliers are judged against the same optimizer's steps); "
+            "--step-on module:qualname (the function of one training iteration), or "
+            "prof.step() once per iteration, gives one step per iteration"
+        )
     if step_range is not None and has_steps:
         notes.append(f"steps {step_range[0]}-{step_range[1]}: {len(chosen)} of {len(all_steps)}")
         if not chosen:
@@ -210,6 +220,7 @@ def _facts(
         ]
         sums["pageable_h2d_count"] = float(len(pageable))
         sums["pageable_h2d_ns"] = float(sum(durs[events.index[p]] for p in pageable))
+    sums["step_optimizers"] = float(len(optimizers))
     overhead_cats = {c for c, text in enumerate(strings) if text in ("overhead", "Overhead")}
     durations = spans["dur_ns"]
     overhead = sum(durations[i] for i in range(len(spans)) if cats[i] in overhead_cats)
@@ -233,6 +244,13 @@ def _facts(
         window=_window_name(trace),
         flames=stacks,
     )
+
+
+def _optimizers_in_turn(trace: Trace) -> list[str]:
+    """The optimizers whose steps ended steps (``stepscope_step_source``), when there are any."""
+    source = trace.metadata.get("stepscope_step_source")
+    found = source.get("optimizers") if isinstance(source, dict) else None
+    return [str(name) for name in found] if isinstance(found, list) else []
 
 
 def _window_name(trace: Trace) -> str:
@@ -360,6 +378,7 @@ def _summarize(source: str, facts: Sequence[_Facts], top: int) -> TraceSummary:
     measures: dict[str, float] = {
         "dataloader_spans": sums.get("dataloader_spans", 0.0),
         "dataloader_worker_spans": sums.get("dataloader_worker_spans", 0.0),
+        "step_optimizers": max(f.sums.get("step_optimizers", 0.0) for f in facts),
     }
     if "device_idle_ns" in sums and step_total:
         measures["device_idle_pct"] = 100.0 * sums["device_idle_ns"] / step_total

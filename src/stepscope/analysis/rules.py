@@ -18,7 +18,9 @@ rule                        fires when
                             running beside it, and that is > 50 % of the communication time
 ``pageable_h2d``            host-to-device copies from pageable memory: ≥ 10 of them, or ≥ 1 %
                             of the step time
-``step_outliers``           ≥ 3 steps and the slowest is > 1.5 × the median
+``step_outliers``           ≥ 3 steps and the slowest is > 1.5 × the median (with several
+                            optimizers stepping in turn: the median of the same optimizer's
+                            steps, step number mod their count)
 ``dropped_events``          a recorder dropped events or the reader skipped some
 ``memory_leak``             memory held at step ends rose steadily over the window (the
                             memory section's leak hint: Python heap or a device's tensors)
@@ -27,10 +29,11 @@ rule                        fires when
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable
 
 from stepscope.analysis.ranks import RanksReport
-from stepscope.analysis.result import Recommendation, TraceSummary
+from stepscope.analysis.result import Recommendation, StepTime, TraceSummary
 
 __all__ = ["RULES", "recommend", "straggler_recommendations"]
 
@@ -197,22 +200,54 @@ def pageable_h2d(summary: TraceSummary) -> Recommendation | None:
     )
 
 
-def step_outliers(summary: TraceSummary) -> Recommendation | None:
-    """A step much slower than the median."""
+def _outlier_and_median(summary: TraceSummary) -> tuple[StepTime, int] | None:
+    """The slowest step and the median it is compared with: of every step, or — when ``n``
+    optimizers step in turn, each ending a step — of the steps at the same place in the turn
+    (step number mod ``n``), so a slower optimizer's steps are no outliers."""
     stats = summary.step_stats
-    if stats.count < 3 or not stats.median_ns or stats.max_ns <= OUTLIER_RATIO * stats.median_ns:
+    turn = int(summary.measures.get("step_optimizers", 0))
+    if turn < 2 or any(s.step is None for s in summary.steps):
+        return (stats.slowest[0], stats.median_ns) if stats.slowest else None
+    by_place: dict[int, list[StepTime]] = {}
+    for s in summary.steps:
+        by_place.setdefault(int(s.step or 0) % turn, []).append(s)
+    best: tuple[float, StepTime, int] | None = None
+    for group in by_place.values():
+        if len(group) < 3:
+            continue
+        median = int(statistics.median(s.dur_ns for s in group))
+        slowest = max(group, key=lambda s: s.dur_ns)
+        ratio = slowest.dur_ns / median if median else 0.0
+        if best is None or ratio > best[0]:
+            best = (ratio, slowest, median)
+    return (best[1], best[2]) if best is not None else None
+
+
+def step_outliers(summary: TraceSummary) -> Recommendation | None:
+    """A step much slower than the median (of the steps of the same optimizer, when several
+    step in turn)."""
+    stats = summary.step_stats
+    found = _outlier_and_median(summary) if stats.count >= 3 else None
+    if found is None:
         return None
-    slowest = stats.slowest[0]
+    slowest, median = found
+    if not median or slowest.dur_ns <= OUTLIER_RATIO * median:
+        return None
+    of = (
+        "median step"
+        if summary.measures.get("step_optimizers", 0) < 2
+        else ("median step of the same optimizer")
+    )
     return Recommendation(
         "step_outliers",
-        f"Step {slowest.step} took {stats.max_ns / stats.median_ns:.1f}x the median step",
+        f"Step {slowest.step} took {slowest.dur_ns / median:.1f}x the {of}",
         "Look at what differs in that step (checkpointing, evaluation, recompilation, garbage "
         "collection, a slow rank); exclude warm-up steps with --steps.",
         {
             "slowest_step": slowest.step,
-            "slowest_ms": _ms(stats.max_ns),
-            "median_ms": _ms(stats.median_ns),
-            "ratio": round(stats.max_ns / stats.median_ns, 2),
+            "slowest_ms": _ms(slowest.dur_ns),
+            "median_ms": _ms(median),
+            "ratio": round(slowest.dur_ns / median, 2),
         },
         "info",
     )

@@ -543,6 +543,11 @@ class profile:
             "end_ns": ctx.end_ns,
         }
         meta["stepscope_activities"] = sorted(a.name for a in self.activities)
+        if self._step_trigger is not None:
+            source: dict[str, Any] = {"on": self._step_trigger.spec}
+            if self._step_trigger.spec == "optimizer":
+                source["optimizers"] = self._step_trigger.optimizers()
+            meta["stepscope_step_source"] = source
         meta["stepscope_overhead"] = self.step_times.summary()
         meta.update(ctx.metadata)
         meta.update(self.preset_metadata)

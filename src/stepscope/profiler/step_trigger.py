@@ -10,16 +10,21 @@ the duration of the profile; each return ends a step.  Everything is undone when
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import sys
+import weakref
 from collections.abc import Callable
 from typing import Any
 
 from stepscope.collectors import import_watch, optimizer_hook
 from stepscope.extras import torch_installed
 
-__all__ = ["StepTrigger"]
+__all__ = ["MAX_OPTIMIZERS", "StepTrigger"]
+
+MAX_OPTIMIZERS = 64
+"""Distinct optimizers a trigger tells apart (a program that builds one per batch stops there)."""
 
 
 def _resolve(spec: str) -> tuple[Any, str, Any]:
@@ -110,6 +115,7 @@ class StepTrigger:
         self.wrapped = False
         """Whether a function of the running program was wrapped (see ``bound``)."""
         self._patched: tuple[Any, str, Any] | None = None
+        self._optimizers: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
         if on == "optimizer":
             self._spec = "optimizer"
             if not torch_installed():
@@ -176,7 +182,20 @@ class StepTrigger:
         self._listening = True
 
     def _after_optimizer_step(self, optimizer: Any) -> None:
+        # an optimizer that cannot be weakly referenced is not counted
+        with contextlib.suppress(TypeError):
+            if optimizer not in self._optimizers and len(self._optimizers) < MAX_OPTIMIZERS:
+                self._optimizers[optimizer] = type(optimizer).__name__
         self._step()
+
+    @property
+    def spec(self) -> str:
+        """What ends a step: ``optimizer`` or ``module:qualname``."""
+        return self._spec
+
+    def optimizers(self) -> list[str]:
+        """The class names of the live optimizers whose steps have ended steps, oldest first."""
+        return list(self._optimizers.values())
 
     def remove(self) -> None:
         """Stop triggering steps and restore what was patched."""
