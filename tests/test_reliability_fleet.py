@@ -49,7 +49,9 @@ def write_rank(
     folder = root / f"run={run}" / f"rank={label}"
     folder.mkdir(parents=True, exist_ok=True)
     pids = pa.array([pid] * len(table), pa.int32())
-    pq.write_table(table.set_column(table.schema.get_field_index("pid"), "pid", pids), folder / name)
+    pq.write_table(
+        table.set_column(table.schema.get_field_index("pid"), "pid", pids), folder / name
+    )
     return folder / name
 
 
@@ -133,9 +135,7 @@ def test_two_profiles_of_one_process_are_not_copies(steps_table: Any, tmp_path: 
     assert (report.rows, report.ranks, report.notes) == (2 * STEPS, 1, [])
 
 
-def test_ranks_that_are_no_numbers_are_skipped_and_named(
-    steps_table: Any, tmp_path: Path
-) -> None:
+def test_ranks_that_are_no_numbers_are_skipped_and_named(steps_table: Any, tmp_path: Path) -> None:
     """``abc``, ``..``, ``1e3``, ``٣``, ``²`` gave ``internal error: BinderException``."""
     labels = ["abc", "..", "1e3", "\u0663", "\u00b2", "-1", "", "0x1"]
     for pid, label in enumerate([0, 1, *labels]):
@@ -178,9 +178,9 @@ def test_damaged_parts_are_skipped_and_named(steps_table: Any, tmp_path: Path) -
         (job / "run=r" / f"rank={rank}").mkdir()
         (job / "run=r" / f"rank={rank}" / "bad.parquet").write_bytes(data)
     paged = write_rank(job, 6, steps_table, 106)
-    data = bytearray(paged.read_bytes())
-    data[4:60] = b"\xff" * 56  # the first column's first page; the footer is whole
-    paged.write_bytes(bytes(data))
+    page = bytearray(paged.read_bytes())
+    page[4:60] = b"\xff" * 56  # the first column's first page; the footer is whole
+    paged.write_bytes(bytes(page))
     assert pq.read_metadata(paged).num_rows == STEPS
     done = stepscope_child("fleet", job, "--json", tmp_path / "f.json")
     assert done.returncode == 0, done.stderr.decode()

@@ -436,7 +436,9 @@ def _read_once(tables: FleetTables, duckdb: Any) -> None:
     try:
         spans = con.execute(_SPANS.format(files=_files_sql(tables.parts))).fetchall()
     except duckdb.Error as exc:
-        raise ValueError(f"{tables.path}: cannot read its Parquet files: {_first_line(exc)}") from None
+        raise ValueError(
+            f"{tables.path}: cannot read its Parquet files: {_first_line(exc)}"
+        ) from None
     by_name = {p.path: p for p in tables.parts}
     by_pid: dict[Any, list[tuple[int, int, str]]] = {}
     repeated: set[str] = set()
@@ -606,7 +608,9 @@ def _phase(index: int, lag_ns: float) -> str:
 def fleet_report(path: str | os.PathLike[str], tables: FleetTables | None = None) -> FleetReport:
     """The fleet report of the step tables under ``path``."""
     found = connect(path) if tables is None else tables
-    report = _retrying(found, lambda: _report(path, found), f"{path}: cannot read its Parquet files")
+    report = _retrying(
+        found, lambda: _report(path, found), f"{path}: cannot read its Parquet files"
+    )
     report.notes = list(found.notes)
     return report
 
