@@ -69,6 +69,7 @@ SLOW_FILES = {
     "test_ranks.py",
     "test_reliability_commands.py",
     "test_reliability_commands_property.py",
+    "test_reliability_fleet.py",
     "test_reliability_property.py",
     "test_report_html.py",
     "test_report_jobs.py",

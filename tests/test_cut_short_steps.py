@@ -4,6 +4,10 @@ rank stopped) are shown as such and never enter statistics, diffs or rankings.""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +17,7 @@ from stepscope.analysis.analyze import analyze
 from stepscope.cli import main
 from stepscope.commands.diff import EXIT_NO_STEPS
 from stepscope.trace.chrome_reader import read_chrome_trace
+from tests.test_ranks import ROOT
 from tests.test_report_cli import record_loop, spin
 
 SPIN_S = 0.002
@@ -117,3 +122,53 @@ def test_a_rank_cut_short_after_one_step_is_no_straggler(tmp_path: Path) -> None
     assert sorted(s.step or 0 for s in report.combined.cut_short) == [2, 5]  # rank 1, rank 0
     assert all(s.dur_ns < 0.02e9 for s in report.combined.step_stats.slowest)
     assert any("missing on rank(s) [1]" in n for n in report.ranks.notes)
+
+
+_KILLED_JOB = """
+import os, signal, sys, time
+import stepscope
+
+rank = int(os.environ["RANK"])
+schedule = stepscope.schedule(wait=1, warmup=1, active=2, repeat=2)
+with stepscope.profile(
+    schedule=schedule, on_trace_ready=stepscope.trace_handler(sys.argv[1])
+) as prof:
+    for i in range(8):
+        with stepscope.record_function("work"):
+            time.sleep(0.002)
+        if i == 6:  # the first step of the second window
+            if rank == 1:
+                os.kill(os.getpid(), signal.SIGKILL)
+            raise SystemExit("the collective failed: rank 1 is gone")
+        prof.step()
+"""
+
+
+def test_a_step_a_killed_rank_never_had_is_named_missing(tmp_path: Path) -> None:
+    """Rank 1 is SIGKILLed in step 6; rank 0's step 6 ends when its collective fails, so its
+    window holds that step only, cut short.  The report said step 6 was missing on rank 1
+    until cut-short steps were left out of the cross-rank steps; it says so again."""
+    out = tmp_path / "traces"
+    for rank, status in ((0, 1), (1, -signal.SIGKILL)):
+        done = subprocess.run(
+            [sys.executable, "-c", _KILLED_JOB, str(out)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "RANK": str(rank), "PYTHONPATH": str(ROOT / "src")},
+        )
+        assert done.returncode == status, done.stderr
+    traces = [(p.name, read_chrome_trace(p)) for p in sorted(out.glob("*.json"))]
+    assert len(traces) == 3  # rank 0: both windows; rank 1: the first only
+    report = analyze(traces)
+    assert report.ranks is not None
+    assert [s.step for s in report.ranks.steps] == [2, 3]
+    assert "step 6 is missing on rank(s) [1] (cut short on rank(s) [0])" in report.ranks.notes
+    shown = subprocess.run(
+        [sys.executable, "-m", "stepscope", "report", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "src"), "COLUMNS": "200"},
+    )
+    assert "step 6 is missing on rank(s) [1]" in shown.stdout, shown.stderr

@@ -283,7 +283,8 @@ def test_bad_directory_is_one_line_error(tmp_path: Path) -> None:
 
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    prof = stepscope.profile(step_tables=blocker / "tables")
+    # strict: raised (test_reliability_fleet.py: otherwise reported once, and the program runs)
+    prof = stepscope.profile(step_tables=blocker / "tables", strict=True)
     with pytest.raises(OSError, match="step tables"):
         prof.start()
     with stepscope.profile() as other:  # the failed start left nothing running
@@ -383,8 +384,11 @@ def test_fleet_reads_a_run_or_rank_directory_and_refuses_other_parquet(tmp_path:
     pq.write_table(pa.table({"step": [1], "ns": [2]}), other / "breakdowns.parquet")
     with pytest.raises(ValueError, match=r"not step tables \(no column start_unix_ns"):
         fleet_report(tmp_path / "o")
-    (other / "bad.parquet").write_bytes(b"not parquet")
-    with pytest.raises(ValueError, match="cannot read its Parquet files"):
+    (other / "bad.parquet").write_bytes(b"not parquet")  # skipped: still no step tables
+    with pytest.raises(ValueError, match=r"not step tables \(no column start_unix_ns"):
+        fleet_report(tmp_path / "o")
+    (other / "breakdowns.parquet").unlink()
+    with pytest.raises(ValueError, match=r"no readable step tables \(skipped 1 damaged files"):
         fleet_report(tmp_path / "o")
 
 

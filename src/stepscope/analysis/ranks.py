@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 from stepscope.analysis.collectives import CollectiveKey, collective_calls, host_partitions
 from stepscope.analysis.result import DeviceBreakdown, TraceSummary
-from stepscope.analysis.steps import find_steps, select_steps
+from stepscope.analysis.steps import cut_short_steps, find_steps, select_steps
 from stepscope.trace.merge import clock_offset, first_span_ns, rank_of
 from stepscope.trace.model import Trace
 
@@ -156,6 +156,9 @@ class RankFacts:
     calls: list[tuple[int, CollectiveKey, int, int]]
     """(step, collective, nth in the step, duration) of each collective call."""
     offset: tuple[int, int] | None
+    cut_short: tuple[int, ...] = ()
+    """Numbers of its steps that were cut short (left out of ``step_ns``): a step cut short
+    on one rank and absent on another is still a step missing there."""
 
 
 def rank_facts(label: str, trace: Trace, step_range: tuple[int, int] | None = None) -> RankFacts:
@@ -170,8 +173,16 @@ def rank_facts(label: str, trace: Trace, step_range: tuple[int, int] | None = No
     calls = [(c.step, c.key, c.nth, c.dur_ns) for c in collective_calls(trace, windows)]
     step_ns = {w.step: w.dur_ns for w in windows if w.step is not None}
     order = trace.base_time_ns + first_span_ns(trace)
+    cut = select_steps(cut_short_steps(trace), step_range)
     return RankFacts(
-        label, rank_of(trace, label), order, step_ns, partitions, calls, clock_offset(trace)
+        label,
+        rank_of(trace, label),
+        order,
+        step_ns,
+        partitions,
+        calls,
+        clock_offset(trace),
+        tuple(sorted({w.step for w in cut if w.step is not None})),
     )
 
 
@@ -197,6 +208,7 @@ def reduce_ranks(
         return None
     notes: list[str] = []
     step_ns: dict[int, dict[int, int]] = {}
+    cut_short: dict[int, set[int]] = {}
     parts: dict[int, list[int]] = {r: [0, 0, 0] for r in ranks}
     phases: dict[tuple[int, int], dict[str, int]] = {}
     calls: dict[tuple[int, CollectiveKey, int], dict[int, int]] = {}
@@ -209,6 +221,8 @@ def reduce_ranks(
             p[0], p[1], p[2] = p[0] + comp, p[1] + comm, p[2] + idle
         for number, dur_ns in item.step_ns.items():
             step_ns.setdefault(number, {})[rank] = dur_ns
+        for number in item.cut_short:
+            cut_short.setdefault(number, set()).add(rank)
         for hb in by_label[item.label].host_steps:
             if hb.step is not None:
                 phases[(hb.step, rank)] = {c.name: c.ns for c in hb.categories}
@@ -241,10 +255,16 @@ def reduce_ranks(
     excess: dict[int, int] = dict.fromkeys(ranks, 0)
     step_excess: dict[int, list[int]] = {r: [] for r in ranks}
     slowest_count: dict[int, int] = dict.fromkeys(ranks, 0)
-    for step in sorted(step_ns):
-        durs = step_ns[step]
+    for step in sorted(step_ns.keys() | cut_short.keys()):
+        durs = step_ns.get(step, {})
+        cut = cut_short.get(step, set()) - set(durs)
+        missing = sorted(set(ranks) - set(durs) - cut)
+        if missing:
+            # a rank killed mid-window: the others' step is often cut short (their collective
+            # failed), and still the killed rank never had it
+            also = f" (cut short on rank(s) {sorted(cut)})" if cut else ""
+            notes.append(f"step {step} is missing on rank(s) {missing}{also}")
         if len(durs) != len(ranks):
-            notes.append(f"step {step} is missing on rank(s) {sorted(set(ranks) - set(durs))}")
             continue
         busy = {r: d - step_wait.get((step, r), 0) for r, d in durs.items()}
         slowest = max(busy, key=lambda r: (busy[r], -r))

@@ -5,6 +5,10 @@ DIR holds the step tables written by ``profile(step_tables=DIR)`` or ``stepscope
 The report names, per step, the rank that lagged the others most and in which phase; the ranks
 slow since a step; and how step times drifted over the run.  ``--sql`` runs your own query over
 the view ``steps`` (every column of docs/step-tables.md, with ``run`` and ``rank``).
+
+Only ``*.parquet`` files under ``run=NAME/rank=N`` directories (N in decimal digits) are read,
+each by its own name; a damaged file, a directory whose rank is no number and a row found in
+two files (a copied part) are left out or counted once, and a note says so.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ def run(args: argparse.Namespace) -> int:
     from stepscope.report.fleet import render_fleet, render_rows, write_fleet_html
     from stepscope.report.terminal import report_console
     from stepscope.steptables.fleet import connect, fleet_report, run_sql
+    from stepscope.text import printable
 
     tables = connect(args.path)
     console = report_console()
@@ -42,6 +47,8 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError("--html draws the fleet report; it cannot be combined with --sql")
         columns, rows = run_sql(tables, args.sql)
         console.print(render_rows(columns, rows))
+        for note in tables.notes:  # the rows are the query's: what was left out goes aside
+            print(f"stepscope fleet: note: {printable(note)}", file=sys.stderr)
         document: object = {"columns": columns, "rows": [list(r) for r in rows]}
     else:
         report = fleet_report(args.path, tables)

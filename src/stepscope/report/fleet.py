@@ -14,6 +14,7 @@ from rich.text import Text
 from stepscope.atomic import atomic_output
 from stepscope.report.html import VENDOR_STYLES, asset, offline_page, script_json
 from stepscope.steptables.fleet import FleetReport
+from stepscope.text import clean_text
 
 __all__ = ["fleet_html", "render_fleet", "render_rows", "write_fleet_html"]
 
@@ -84,6 +85,8 @@ def render_fleet(r: FleetReport) -> RenderableType:
     for title, columns, rows in _sections(r):
         if rows:
             parts.append(_rich_table(title, columns, rows))
+    for note in r.notes:
+        parts.append(Text(f"Note: {note}", style="dim"))
     return Group(*parts)
 
 
@@ -117,6 +120,7 @@ def fleet_html(r: FleetReport) -> str:
             for key, (t, c, rows) in zip(TABLE_IDS, _sections(r), strict=True)
             if rows
         ),
+        *(f'<p class="note">Note: {html.escape(clean_text(n))}</p>' for n in r.notes),
         "</main>",
     ]
     data = {

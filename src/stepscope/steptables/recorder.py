@@ -29,6 +29,7 @@ from stepscope.collectors.base import Collector
 from stepscope.config import config
 from stepscope.distributed import rank_and_world_size
 from stepscope.extras import require
+from stepscope.failures import failure_log
 from stepscope.step_times import StepTimes
 from stepscope.steptables.schema import partition_value
 from stepscope.steptables.writer import Rows, TableWriter
@@ -54,6 +55,7 @@ falls behind (and counts the rows lost) only past 1.6 million steps a second."""
 DATA, OPTIMIZER, GC = 0, 1, 2
 """The ring's phase numbers (``step_times.PHASES``)."""
 _RUNS = re.compile(rb"\x02+|[^\x02]+")  # kind 2: a recorded step
+_failures = failure_log("step_tables")
 
 
 def default_run() -> str:
@@ -122,9 +124,23 @@ class StepTables(Collector):
             return
         rank = rank_and_world_size()[0] or 0
         run = partition_value(self.run or default_run())
-        self.path = make_directory(
-            self.directory / f"run={run}" / f"rank={rank}", "step tables", "step tables directory"
-        )
+        try:
+            self.path = make_directory(
+                self.directory / f"run={run}" / f"rank={rank}",
+                "step tables",
+                "step tables directory",
+            )
+        except OSError as exc:
+            # the program runs on without its tables (re-raised under strict)
+            _failures.report(
+                type(exc).__name__,
+                "step tables directory",
+                exc,
+                strict=self.strict,
+                message="no step tables",
+                then="this profile writes none; the program runs on",
+            )
+            return
         self._ring = None
         self._pending, self._held = Rows(), Rows(recorded=True)
         host, base = socket.gethostname(), clock.wall_base_ns()
