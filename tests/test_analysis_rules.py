@@ -161,3 +161,28 @@ def test_dropped_events_fire_and_quiet() -> None:
 def test_cpu_only_trace_fires_no_device_rule() -> None:
     found = rules(loop(30))
     assert not set(found) & {"gpu_idle", "host_bound", "short_kernels", "pageable_h2d"}
+
+
+def _two_optimizers(optimizers: list[str]) -> Trace:
+    """A GAN's steps: D steps of 2000 µs and G steps of 700 µs in turn, one D step 2600 µs."""
+    durations = [2000 if n % 2 == 0 else 700 for n in range(10)]
+    durations[4] = 2600
+    return build(
+        [StepSpec(d, [("forward", 0, d - 10, "user_annotation")]) for d in durations],
+        metadata={"stepscope_step_source": {"on": "optimizer", "optimizers": optimizers}},
+    )
+
+
+def test_two_optimizers_in_turn_are_said_and_outliers_judged_per_optimizer() -> None:
+    # issue 36, point 6: dcgan's 63 iterations were 126 alternating steps, silently, and the
+    # outlier rule compared a D step with the median of the D and G steps together
+    summary = analyze_trace(_two_optimizers(["Adam", "Adam"]))
+    assert any("2 optimizers (Adam, Adam) step in turn" in note for note in summary.notes)
+    assert any("--step-on module:qualname" in note for note in summary.notes)
+    assert "step_outliers" not in {r.rule for r in summary.recommendations}, (
+        "2600 µs is 1.3x the other D steps"
+    )
+    one = analyze_trace(_two_optimizers(["Adam"]))
+    assert not any("step in turn" in note for note in one.notes)
+    outlier = {r.rule: r.evidence for r in one.recommendations}["step_outliers"]
+    assert outlier["slowest_step"] == 4  # against the mixed median, as before

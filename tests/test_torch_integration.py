@@ -367,3 +367,27 @@ def test_no_span_of_the_program_outlives_the_window_it_ended_in() -> None:
     assert last_opt.end_ns - last_step.end_ns < slow_save * 1e9 / 2, (last_opt, last_step)
     assert (last_opt.args or {}).get("stepscope.open_at_window_end") is True
     assert all(not (s.args or {}).get("stepscope.open_at_window_end") for s in opt_steps[:-1])
+
+
+def test_the_trace_names_the_optimizers_whose_steps_end_steps() -> None:
+    # issue 36, point 6: two optimizers stepping in turn make each iteration two steps
+    from stepscope.analysis.analyze import analyze_trace
+
+    gen, disc = torch.nn.Linear(4, 4), torch.nn.Linear(4, 1)
+    opt_d = torch.optim.Adam(disc.parameters())
+    opt_g = torch.optim.SGD(gen.parameters(), lr=0.1)
+    with profile(
+        schedule=quiet_schedule(wait=1, warmup=1, active=4, repeat=1), step_on="optimizer"
+    ) as prof:
+        for _ in range(3):
+            disc(gen(torch.randn(2, 4)).detach()).sum().backward()
+            opt_d.step()
+            disc(gen(torch.randn(2, 4))).sum().backward()
+            opt_g.step()
+    trace = prof.trace()
+    assert trace.metadata["stepscope_step_source"] == {
+        "on": "optimizer",
+        "optimizers": ["Adam", "SGD"],
+    }
+    notes = analyze_trace(trace).notes
+    assert any("2 optimizers (Adam, SGD) step in turn" in n for n in notes), notes
