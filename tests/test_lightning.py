@@ -41,7 +41,9 @@ def _module_class(pl: Any) -> Any:
     return Tiny
 
 
-def _fit(package: str, profiler_module: str, tmp_path: Path) -> tuple[Any, list[Path]]:
+def _fit(
+    package: str, profiler_module: str, tmp_path: Path, accumulate: int = 1
+) -> tuple[Any, list[Path]]:
     pl = pytest.importorskip(package)
     profiler_class = importlib.import_module(profiler_module).StepscopeProfiler
     profiler = profiler_class(
@@ -51,6 +53,7 @@ def _fit(package: str, profiler_module: str, tmp_path: Path) -> tuple[Any, list[
     data = torch.utils.data.TensorDataset(torch.randn(64, 64))
     trainer = pl.Trainer(
         max_steps=7,
+        accumulate_grad_batches=accumulate,
         profiler=profiler,
         logger=False,
         enable_checkpointing=False,
@@ -104,3 +107,26 @@ def test_a_wrong_option_is_an_error_where_it_is_written() -> None:
         StepscopeProfiler(on_trace_ready=print)
     with pytest.raises(TypeError):
         StepscopeProfiler(no_such_option=1)
+
+
+def test_a_step_is_an_optimizer_step_under_gradient_accumulation(tmp_path: Path) -> None:
+    # issue 36, point 2: Lightning's profiler counted a batch and the HF callback an optimizer
+    # step, so under accumulation their step times differed by the accumulation factor
+    _, files = _fit("lightning", "stepscope.integrations.lightning", tmp_path, accumulate=2)
+    trace = read_chrome_trace(files[0])
+    steps = step_spans(trace)
+    assert [s[0] for s in steps] == [2, 3, 4]
+    forwards = [
+        (span.start_ns, span.end_ns)
+        for span in trace.iter_spans()
+        if span.name.startswith("forward: ") and span.name.endswith("training_step")
+    ]
+    for number, start, end, *_ in steps:
+        inside = [f for f in forwards if start <= f[0] and f[1] <= end]
+        assert len(inside) == 2, (number, inside)  # two micro-batches, one optimizer step
+    report = analyze([(files[0].name, trace)])
+    forward = region_shares(trace, lambda n: n.startswith("forward: "))
+    for b in report.combined.host_steps:
+        assert b.step is not None
+        shares = {c.name: c.pct for c in b.categories}
+        assert abs(shares["forward"] - forward[b.step]) <= 3, (b.step, shares, forward)

@@ -1,6 +1,10 @@
 """``StepscopeProfiler``: stepscope as a Lightning profiler (``Trainer(profiler=...)``).
 
-A step per training batch (``run_training_batch``); Lightning's hooks become regions named as
+A step per optimizer step, as the HF callback and ``step_on="optimizer"`` count them: under
+automatic optimization a training batch (``run_training_batch``) ends a step when Lightning
+stepped the optimizer in it, so with ``accumulate_grad_batches=k`` a step holds k batches; under
+manual optimization (``automatic_optimization = False``, whose optimizer steps Lightning does
+not announce) every batch ends a step.  Lightning's hooks become regions named as
 Lightning names them, except the few the host breakdown must tell apart inside the optimizer
 closure: ``training_step``/``validation_step`` run as ``forward: <hook>``,
 ``optimizer_step``/``optimizer_zero_grad`` as ``optimizer: <hook>`` (the backward hook names
@@ -27,6 +31,7 @@ SPANNING_ACTIONS = frozenset({"run_training_epoch", "run_training", "run_evaluat
 """Actions that stay open across many steps: no region (it would hold the step spans)."""
 _FORWARD = ("training_step", "validation_step")
 _OPTIMIZER = ("optimizer_step", "optimizer_zero_grad")
+_OPTIMIZER_STEP = "optimizer_step"
 
 
 def region_name(action: str) -> str:
@@ -57,6 +62,8 @@ class LightningRegions:
         """The run's session (None until ``setup``): its ``profile`` and ``trace_files``."""
         self._summary = ""
         self._given_dir = dirpath
+        self._optimizer_stepped = False
+        """Whether Lightning stepped an optimizer in the training batch in progress."""
         TrainingSession.check_options(schedule, profile_options, "StepscopeProfiler")
 
     def setup(self, stage: str, local_rank: int | None = None, log_dir: str | None = None) -> None:
@@ -89,8 +96,21 @@ class LightningRegions:
         if session is None:
             return
         session.leave(action_name)
-        if action_name == STEP_ACTION:
-            session.step()
+        if action_name.rsplit(".", 1)[-1] == _OPTIMIZER_STEP:
+            self._optimizer_stepped = True
+        elif action_name == STEP_ACTION:
+            if self._optimizer_stepped or not self._automatic_optimization():
+                session.step()
+            self._optimizer_stepped = False
+
+    def _automatic_optimization(self) -> bool:
+        """Whether the trainer's module lets Lightning step its optimizers (False when the
+        profiler does not know the module: then every batch is a step)."""
+        module = getattr(self, "_lightning_module", None)  # set by Lightning's trainer
+        try:
+            return module is not None and bool(module.automatic_optimization)
+        except ReferenceError:  # the trainer's weak proxy outlived its module
+            return False
 
     def summary(self) -> str:
         """The recorded window's report (Markdown) and the trace files; stops the profile."""
