@@ -391,3 +391,50 @@ def test_the_trace_names_the_optimizers_whose_steps_end_steps() -> None:
     }
     notes = analyze_trace(trace).notes
     assert any("2 optimizers (Adam, SGD) step in turn" in n for n in notes), notes
+
+
+def _episodes(prof_activities: list[Any] | None) -> Any:
+    """An actor-critic shape: each step is an episode of policy forwards between pure-Python
+    environment steps, then one backward and one optimizer step."""
+    from stepscope.analysis.analyze import analyze_trace
+
+    policy = torch.nn.Sequential(torch.nn.Linear(4, 32), torch.nn.ReLU(), torch.nn.Linear(32, 2))
+    opt = torch.optim.Adam(policy.parameters())
+
+    def env_step(action: int) -> list[float]:
+        state = [0.0] * 4
+        for i in range(4000):  # the environment's own Python, no torch
+            state[i % 4] += (action + i) * 1e-6
+        return state
+
+    with profile(
+        activities=prof_activities,
+        schedule=quiet_schedule(wait=1, warmup=1, active=3, repeat=1),
+        step_on="optimizer",
+    ) as prof:
+        for _ in range(5):
+            state, log_probs = [0.0] * 4, []
+            for _ in range(8):
+                probs = policy(torch.tensor(state)).softmax(-1)
+                action = int(probs.argmax())
+                log_probs.append(probs[action].log())
+                state = env_step(action)
+            (-torch.stack(log_probs).sum()).backward()
+            opt.step()
+            opt.zero_grad()
+    return analyze_trace(prof.trace())
+
+
+def test_python_nothing_named_is_a_recommendation_to_sample() -> None:
+    # issue 36, point 7: an RL program's steps were 39.7 % idle_other, with no hint that stack
+    # samples would name that Python
+    unsampled = _episodes(None)
+    rules = {r.rule: r for r in unsampled.recommendations}
+    assert "unnamed_python" in rules, [r.rule for r in unsampled.recommendations]
+    evidence = rules["unnamed_python"].evidence
+    assert evidence["idle_other_pct"] + evidence["forward_python_pct"] > 25
+    sampled = _episodes([stepscope.ProfilerActivity.CPU, stepscope.ProfilerActivity.SAMPLING])
+    assert "unnamed_python" not in {r.rule for r in sampled.recommendations}
+    shares = {c.name: c.pct for c in sampled.host_total.categories}
+    assert shares["python"] > 25, shares  # the environment's Python, named by the samples
+    assert any("env_step" in f.name for f in sampled.functions), sampled.functions[:5]

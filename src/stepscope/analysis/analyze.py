@@ -221,6 +221,7 @@ def _facts(
         sums["pageable_h2d_count"] = float(len(pageable))
         sums["pageable_h2d_ns"] = float(sum(durs[events.index[p]] for p in pageable))
     sums["step_optimizers"] = float(len(optimizers))
+    sums["python_named"] = 1.0 if python_spans or len(trace.samples) else 0.0
     overhead_cats = {c for c, text in enumerate(strings) if text in ("overhead", "Overhead")}
     durations = spans["dur_ns"]
     overhead = sum(durations[i] for i in range(len(spans)) if cats[i] in overhead_cats)
@@ -379,6 +380,7 @@ def _summarize(source: str, facts: Sequence[_Facts], top: int) -> TraceSummary:
         "dataloader_spans": sums.get("dataloader_spans", 0.0),
         "dataloader_worker_spans": sums.get("dataloader_worker_spans", 0.0),
         "step_optimizers": max(f.sums.get("step_optimizers", 0.0) for f in facts),
+        "python_named": min(f.sums.get("python_named", 0.0) for f in facts),
     }
     if "device_idle_ns" in sums and step_total:
         measures["device_idle_pct"] = 100.0 * sums["device_idle_ns"] / step_total

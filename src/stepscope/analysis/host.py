@@ -259,6 +259,7 @@ def host_breakdowns(
         elsewhere = backward.get(step.pid)
         passes = _forward_passes(members, categories, starts, durs, elsewhere, step)
         pass_starts = [lo for lo, _ in passes]
+        unnamed_forward = 0
         covered: list[tuple[int, int]] = []
         for i in members:
             category = categories[i]
@@ -286,6 +287,7 @@ def host_breakdowns(
                 in_forward = min(_overlap(glue, passes), own - waited)
                 totals["backward"] += waited
                 totals["forward"] += in_forward
+                unnamed_forward += in_forward
                 totals["idle_other"] += own - waited - in_forward
                 share -= own
             # samples name the Python inside uncategorised time only: a data-loading or
@@ -314,14 +316,18 @@ def host_breakdowns(
         # pass's share of them is named Python, not unnamed forward glue
         named = own_python * in_passes // own_ns if own_ns else 0
         totals["forward"] += in_passes - min(named, in_passes)
+        unnamed_forward += in_passes - min(named, in_passes)
         used = sum(totals.values())
         if used > step.dur_ns:  # spans crossing the step's edges: scale to fit
             scale = step.dur_ns / used
             for key in totals:
                 totals[key] = int(totals[key] * scale)
+            unnamed_forward = int(unnamed_forward * scale)
             used = sum(totals.values())
         totals["idle_other"] += step.dur_ns - used
-        result.append(_breakdown(step.step, step.dur_ns, totals, f"{step.pid}/{step.tid}"))
+        result.append(
+            _breakdown(step.step, step.dur_ns, totals, f"{step.pid}/{step.tid}", unnamed_forward)
+        )
     return result
 
 
@@ -443,7 +449,9 @@ def _overlap(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> int:
     return total
 
 
-def _breakdown(step: int | None, total: int, totals: dict[str, int], thread: str) -> HostBreakdown:
+def _breakdown(
+    step: int | None, total: int, totals: dict[str, int], thread: str, forward_python: int = 0
+) -> HostBreakdown:
     return HostBreakdown(
         step,
         total,
@@ -454,6 +462,7 @@ def _breakdown(step: int | None, total: int, totals: dict[str, int], thread: str
             for name in HOST_CATEGORIES
         ],
         thread,
+        forward_python,
     )
 
 
@@ -465,4 +474,5 @@ def total_breakdown(steps: Sequence[HostBreakdown]) -> HostBreakdown:
             totals[c.name] += c.ns
     whole = sum(b.total_ns for b in steps)
     threads = sorted({b.thread for b in steps})
-    return _breakdown(None, whole, totals, ",".join(threads))
+    forward_python = sum(b.forward_python_ns for b in steps)
+    return _breakdown(None, whole, totals, ",".join(threads), forward_python)

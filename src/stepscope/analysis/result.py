@@ -130,6 +130,9 @@ class HostBreakdown:
     categories: list[Category]
     thread: str = ""
     """The thread that ran the step (pid/tid)."""
+    forward_python_ns: int = 0
+    """Of ``forward``: the Python between its operators that nothing named (no span, no
+    sample): the modules' own code, or whatever else the program ran there."""
 
 
 @dataclass(frozen=True)

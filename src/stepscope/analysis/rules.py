@@ -22,6 +22,9 @@ rule                        fires when
                             optimizers stepping in turn: the median of the same optimizer's
                             steps, step number mod their count)
 ``dropped_events``          a recorder dropped events or the reader skipped some
+``unnamed_python``          no stack samples and no Python spans, and Python that nothing
+                            named (``idle_other`` and the Python between a forward pass's
+                            operators) is > 25 % of the step time
 ``memory_leak``             memory held at step ends rose steadily over the window (the
                             memory section's leak hint: Python heap or a device's tensors)
 ==========================  =================================================================
@@ -47,6 +50,7 @@ EXPOSED_COMM_PCT = 5.0
 PAGEABLE_COUNT = 10
 PAGEABLE_PCT = 1.0
 OUTLIER_RATIO = 1.5
+UNNAMED_PYTHON_PCT = 25.0
 
 
 def _ms(ns: float) -> float:
@@ -267,6 +271,32 @@ def dropped_events(summary: TraceSummary) -> Recommendation | None:
     )
 
 
+def unnamed_python(summary: TraceSummary) -> Recommendation | None:
+    """Much of the step is Python nothing named: sampling would name it."""
+    if summary.measures.get("python_named", 1.0):
+        return None
+    total = summary.host_total
+    if not total.total_ns:
+        return None
+    idle = _category_pct(summary, "idle_other")
+    in_forward = 100.0 * total.forward_python_ns / total.total_ns
+    if idle + in_forward <= UNNAMED_PYTHON_PCT:
+        return None
+    return Recommendation(
+        "unnamed_python",
+        f"{idle + in_forward:.1f}% of the step time is Python that nothing named",
+        "Record stack samples to see which functions run there (stepscope run --activities "
+        "CPU,SAMPLING, or profile(activities=[..., ProfilerActivity.SAMPLING])): environment "
+        "steps, reward and return computation, logging, the modules' own Python.",
+        {
+            "idle_other_pct": round(idle, 2),
+            "forward_python_pct": round(in_forward, 2),
+            "threshold_pct": UNNAMED_PYTHON_PCT,
+        },
+        "info",
+    )
+
+
 def memory_leak(summary: TraceSummary) -> Recommendation | None:
     """Memory held at step ends rose steadily: the largest of the memory section's hints."""
     memory = summary.memory
@@ -302,6 +332,7 @@ RULES: tuple[Callable[[TraceSummary], Recommendation | None], ...] = (
     pageable_h2d,
     step_outliers,
     dropped_events,
+    unnamed_python,
     memory_leak,
 )
 
