@@ -6,8 +6,10 @@ evaluate_function`` spans), optimizer (``Optimizer.step#`` / ``Optimizer.zero_gr
 that begin in the step — one begun in the previous step is that step's —, less the part of an
 ``Optimizer.step`` up to the end of the last backward span inside it: a closure's forward and
 backward, though a ``zero_grad`` the closure calls stays optimizer), data loading
-(``enumerate(DataLoader)``), and forward (any ``cpu_op`` starting before the step's first
-backward span, outside the three others).
+(``enumerate(DataLoader)``), and forward: the step's forward passes, each from the first
+``cpu_op`` after the previous stretch of backward time (or the step's start) to the start of the
+next stretch — operators and the Python between them — outside the three others (without
+backward: from the first operator to the end of the last).
 """
 
 from __future__ import annotations
@@ -46,6 +48,37 @@ def _minus(a: list[Interval], b: list[Interval]) -> list[Interval]:
 
 def _length(intervals: list[Interval]) -> float:
     return sum(hi - lo for lo, hi in intervals)
+
+
+def _forward_passes(
+    own: list[dict[str, Any]],
+    backward: list[Interval],
+    s: float,
+    e: float,
+    elsewhere: list[Interval],
+) -> list[Interval]:
+    """The step's forward passes: for each backward stretch, from the first operator starting
+    after the previous stretch (or the step's start), outside data loading and the optimizer,
+    to the stretch's start; without backward, from the first operator to the end of the last."""
+    ops = sorted(
+        (x["ts"], min(x["ts"] + x["dur"], e))
+        for x in own
+        if x.get("cat") == "cpu_op"
+        and s <= x["ts"] < e
+        and not any(lo <= x["ts"] < hi for lo, hi in elsewhere)
+    )
+    if not ops:
+        return []
+    if not backward:
+        return [(ops[0][0], max(end for _, end in ops))]
+    passes = []
+    boundary = s
+    for lo, hi in backward:
+        first = next((start for start, _ in ops if boundary <= start < lo), None)
+        if first is not None:
+            passes.append((first, lo))
+        boundary = max(boundary, hi)
+    return passes
 
 
 def step_split(path: Path) -> dict[int, dict[str, float]]:
@@ -98,9 +131,10 @@ def step_split(path: Path) -> dict[int, dict[str, float]]:
         zero_grads = clipped([x for x in optimizer_spans if "zero_grad#" in x["name"]])
         optimizer = _union(_minus(clipped(optimizer_spans), closures) + zero_grads)
         loading = clipped([x for x in own if "enumerate(DataLoader)" in x["name"]])
-        first_backward = backward[0][0] if backward else e
-        ops = [x for x in own if x.get("cat") == "cpu_op" and s <= x["ts"] < first_backward]
-        forward = _minus(clipped(ops), _union(backward + optimizer + loading))
+        forward = _minus(
+            _forward_passes(own, backward, s, e, optimizer + loading),
+            backward + optimizer + loading,
+        )
         total = e - s
         result[int(name.partition("#")[2])] = {
             "forward": 100 * _length(forward) / total,
