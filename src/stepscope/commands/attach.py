@@ -15,6 +15,7 @@ import argparse
 import math
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -190,6 +191,20 @@ def _sample(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_writable(out: Path) -> None:
+    """Make ``-o`` and write a file there now, before any window is armed (``ValueError``)."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".stepscope-attach-", dir=out)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        why = exc.strerror or str(exc)
+        raise ValueError(
+            f"-o {out}: cannot write traces there ({why}); no window was asked for"
+        ) from None
+
+
 def run(args: argparse.Namespace) -> int:
     """Run ``stepscope attach``."""
     if args.all_ranks and args.pid is None:
@@ -198,12 +213,16 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("name the process: stepscope attach PID (or --job DIR)")
     if args.steps < 1:
         raise ValueError(f"--steps must be 1 or more, got {args.steps}")
-    if args.timeout <= 0:
-        raise ValueError(f"--timeout must be positive, got {args.timeout}")
-    if args.sample is not None and args.sample <= 0:
-        raise ValueError(f"--sample must be a positive number of seconds, got {args.sample}")
+    for option, value, unit in (
+        ("--timeout", args.timeout, "seconds"),
+        ("--sample", args.sample, "seconds"),
+        ("--sampling-rate", args.sampling_rate, "samples a second"),
+    ):
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise ValueError(f"{option} must be a positive, finite number of {unit}, got {value}")
     if args.pid is not None and args.pid == os.getpid():
         raise ValueError("stepscope attach cannot attach to itself")
+    _check_writable(Path(args.out))
     try:
         if args.all_ranks or args.job:
             return _all_ranks(args)
