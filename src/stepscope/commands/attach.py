@@ -113,6 +113,7 @@ def _one(args: argparse.Namespace) -> int:
         if args.sample is not None:
             return _sample(args)
         raise
+    _check_writable(Path(args.out))
     session = Session(path, _request(args))
     done = session.wait(args.timeout, min(NOTICE_S, args.timeout / 2), _notify(pid))
     return 0 if _report(pid, done) else 1
@@ -152,6 +153,7 @@ def _first_step(listeners: list[tuple[Path, dict[str, Any]]]) -> int:
 
 def _all_ranks(args: argparse.Namespace) -> int:
     listeners = _rank_listeners(args)
+    _check_writable(Path(args.out))
     world = listeners[0][1].get("world_size") or len(listeners)
     if len(listeners) < world:
         print(
@@ -192,7 +194,7 @@ def _sample(args: argparse.Namespace) -> int:
 
 
 def _check_writable(out: Path) -> None:
-    """Make ``-o`` and write a file there now, before any window is armed (``ValueError``)."""
+    """Make ``-o`` and write a file there now, before any window is asked for."""
     try:
         out.mkdir(parents=True, exist_ok=True)
         fd, probe = tempfile.mkstemp(prefix=".stepscope-attach-", dir=out)
@@ -200,7 +202,7 @@ def _check_writable(out: Path) -> None:
         os.unlink(probe)
     except OSError as exc:
         why = exc.strerror or str(exc)
-        raise ValueError(
+        raise ControlError(
             f"-o {out}: cannot write traces there ({why}); no window was asked for"
         ) from None
 
@@ -222,7 +224,6 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"{option} must be a positive, finite number of {unit}, got {value}")
     if args.pid is not None and args.pid == os.getpid():
         raise ValueError("stepscope attach cannot attach to itself")
-    _check_writable(Path(args.out))
     try:
         if args.all_ranks or args.job:
             return _all_ranks(args)
