@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -33,7 +34,7 @@ from tests.attach_helpers import (
 )
 
 NOBODY = 65534
-_TEXT = {"capture_output": True, "text": True, "timeout": 120}
+_TEXT: dict[str, Any] = {"capture_output": True, "text": True, "timeout": 120}
 
 
 def _as_nobody(action: Callable[[], None]) -> None:
