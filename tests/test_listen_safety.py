@@ -347,6 +347,76 @@ def test_environment_listener_lets_the_programs_own_profile_run(tmp_path: Path) 
     assert len(traced_steps(results["after"]["done"]["files"][0])) == 2
 
 
+_OWN_TORCH_PROFILE = """
+import json, os, sys, threading
+import torch
+import stepscope  # STEPSCOPE_LISTEN=1: steps from the optimizer
+from stepscope.profiler.control_client import Session, find_listener
+from stepscope.profiler.control_protocol import ControlError
+
+torch.manual_seed(0)
+model = torch.nn.Linear(8, 4)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+data = torch.ones(16, 8)
+
+def iteration():
+    model(data).sum().backward()
+    opt.step()
+    opt.zero_grad()
+
+out, session = sys.argv[1], stepscope.listen()
+path = find_listener(os.getpid())
+boxes = {"cut": {}, "after": {}}
+
+def ask(name, steps):
+    try:
+        done = Session(path, {"steps": steps, "out": out + "/" + name}).wait(120, 120, print)
+        boxes[name]["files"] = done["files"]
+    except ControlError as exc:
+        boxes[name]["error"] = str(exc)
+
+client = threading.Thread(target=ask, args=("cut", 500), daemon=True)
+client.start()
+n = 0
+while not (session._window is not None and session._window.state == "started") and n < 10**5:
+    iteration()
+    n += 1
+schedule = stepscope.schedule(wait=0, warmup=1, active=2, repeat=1)
+handler = stepscope.trace_handler(out + "/own")
+with stepscope.profile(schedule=schedule, on_trace_ready=handler) as p:
+    for _ in range(5):
+        iteration()
+        p.step()
+client.join(120)
+client = threading.Thread(target=ask, args=("after", 2), daemon=True)
+client.start()
+while client.is_alive() and n < 10**6:
+    iteration()
+    n += 1
+print(json.dumps({**boxes, "own": p.trace_files}))
+"""
+
+
+def test_environment_listener_gives_way_to_the_programs_own_torch_profile(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    from stepscope.trace.chrome_reader import read_chrome_trace
+
+    script = tmp_path / "own_torch.py"
+    script.write_text(_OWN_TORCH_PROFILE)
+    env = _env(STEPSCOPE_LISTEN="1", STEPSCOPE_LISTEN_DIR=str(tmp_path / "ctl"))
+    done = subprocess.run([sys.executable, str(script), str(tmp_path / "t")], env=env, **_TEXT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr and "stepscope" not in done.stderr, done.stderr
+    results = json.loads(done.stdout.strip().splitlines()[-1])
+    assert "started its own stepscope profile" in results["cut"]["error"], results
+    own = read_chrome_trace(results["own"][0])  # torch's operators, in the program's window
+    names = [own.strings[n] for n in own.spans["name"]]
+    assert names.count("aten::linear") == 2, sorted(set(names))[:30]
+    after = read_chrome_trace(results["after"]["files"][0])
+    names = [after.strings[n] for n in after.spans["name"]]
+    assert names.count("aten::linear") == 2, sorted(set(names))[:30]
+
+
 # -- hostile and idle connections ---------------------------------------------------------------
 
 
