@@ -1,7 +1,8 @@
 """A long-running loop for the attach tests: ``plain`` (Python only) or ``torch`` (optimizer steps).
 
 argv: MODE STOP_FILE TIMES_FILE.  MODE ``listen`` is ``plain`` with ``import stepscope`` once
-``train_step`` is defined (for ``STEPSCOPE_LISTEN=1``, ``STEPSCOPE_STEP_ON=__main__:train_step``).
+``train_step`` is defined (for ``STEPSCOPE_LISTEN=1``, ``STEPSCOPE_STEP_ON=__main__:train_step``);
+``listen_call`` is ``plain`` that calls ``stepscope.listen(step_on="__main__:train_step")``.
 Each step is one call of ``train_step`` (plain) or one
 optimizer step (torch), ~5 ms; the loop runs until STOP_FILE exists, then writes every step's
 (start, end) ``time.time_ns()`` to TIMES_FILE and prints a line the test recomputes.
@@ -40,6 +41,10 @@ def main() -> None:
     total = 0
     if mode == "listen":
         import stepscope  # noqa: F401  (STEPSCOPE_LISTEN=1: listens from here on)
+    elif mode == "listen_call":
+        from stepscope import listen
+
+        listen(step_on="__main__:train_step")
     if mode == "torch":
         import torch
 

@@ -15,6 +15,7 @@ import argparse
 import math
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -112,6 +113,7 @@ def _one(args: argparse.Namespace) -> int:
         if args.sample is not None:
             return _sample(args)
         raise
+    _check_writable(Path(args.out))
     session = Session(path, _request(args))
     done = session.wait(args.timeout, min(NOTICE_S, args.timeout / 2), _notify(pid))
     return 0 if _report(pid, done) else 1
@@ -151,6 +153,7 @@ def _first_step(listeners: list[tuple[Path, dict[str, Any]]]) -> int:
 
 def _all_ranks(args: argparse.Namespace) -> int:
     listeners = _rank_listeners(args)
+    _check_writable(Path(args.out))
     world = listeners[0][1].get("world_size") or len(listeners)
     if len(listeners) < world:
         print(
@@ -190,6 +193,20 @@ def _sample(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_writable(out: Path) -> None:
+    """Make ``-o`` and write a file there now, before any window is asked for."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".stepscope-attach-", dir=out)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        why = exc.strerror or str(exc)
+        raise ControlError(
+            f"-o {out}: cannot write traces there ({why}); no window was asked for"
+        ) from None
+
+
 def run(args: argparse.Namespace) -> int:
     """Run ``stepscope attach``."""
     if args.all_ranks and args.pid is None:
@@ -198,10 +215,13 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("name the process: stepscope attach PID (or --job DIR)")
     if args.steps < 1:
         raise ValueError(f"--steps must be 1 or more, got {args.steps}")
-    if args.timeout <= 0:
-        raise ValueError(f"--timeout must be positive, got {args.timeout}")
-    if args.sample is not None and args.sample <= 0:
-        raise ValueError(f"--sample must be a positive number of seconds, got {args.sample}")
+    for option, value, unit in (
+        ("--timeout", args.timeout, "seconds"),
+        ("--sample", args.sample, "seconds"),
+        ("--sampling-rate", args.sampling_rate, "samples a second"),
+    ):
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise ValueError(f"{option} must be a positive, finite number of {unit}, got {value}")
     if args.pid is not None and args.pid == os.getpid():
         raise ValueError("stepscope attach cannot attach to itself")
     try:

@@ -262,7 +262,7 @@ def run(args: argparse.Namespace) -> int:
         if in_program:
             trigger = StepTrigger(str(step_on), prof.step, program_module=program.module_name)
         with prof:
-            if args.on_demand:
+            if not isinstance(prof, profile) and prof.attachable:  # else it said why, once
                 _announce(program)
             try:
                 if trigger is not None and trigger.in_program is not None:

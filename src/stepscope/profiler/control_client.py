@@ -14,10 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from stepscope.profiler.control_protocol import (
-    DIR_ENV,
     ControlError,
     LineChannel,
     control_dir,
+    fallback_dirs,
+    is_private,
     socket_path,
 )
 
@@ -39,35 +40,56 @@ def owner_of(pid: int) -> int:
         raise ControlError(f"there is no process {pid}") from None
 
 
-def _listen_dir_of(pid: int) -> Path:
-    """The listener directory process ``pid`` uses: its own ``STEPSCOPE_LISTEN_DIR``, else ours."""
+def _environ_of(pid: int) -> dict[str, str]:
+    """The environment process ``pid`` started with (``/proc/<pid>/environ``; {} unreadable)."""
     try:
-        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
     except OSError:
-        environ = []
-    prefix = DIR_ENV.encode() + b"="
-    for entry in environ:
-        if entry.startswith(prefix) and entry[len(prefix) :].strip():
-            return Path(os.fsdecode(entry[len(prefix) :].strip()))
-    return control_dir()
+        return {}
+    found = {}
+    for entry in raw.split(b"\0"):
+        name, equals, value = entry.partition(b"=")
+        if equals:
+            found[os.fsdecode(name)] = os.fsdecode(value)
+    return found
+
+
+def _listen_dirs_of(pid: int) -> list[Path]:
+    """Where process ``pid`` may listen: the directory its environment names (its own
+    ``STEPSCOPE_LISTEN_DIR``, ``XDG_RUNTIME_DIR``, ``TMPDIR``; ours where unreadable), then
+    the private fallback directories of ``pid`` (see ``control_protocol``)."""
+    environ = _environ_of(pid) or None
+    dirs = [control_dir(environ)]
+    if environ is not None and control_dir() not in dirs:
+        dirs.append(control_dir())
+    dirs += fallback_dirs(pid, environ)
+    return dirs
 
 
 def find_listener(pid: int) -> Path:
-    """The socket of process ``pid``, checked to be this user's; ``ControlError`` says why not."""
+    """The socket of process ``pid``, checked to be this user's; ``ControlError`` says why not.
+
+    Only a directory that is this user's alone (mode 0700, no symbolic link) is looked in: a
+    socket in one that another user made or may write to could be anyone's.
+    """
     uid = owner_of(pid)
     if uid != os.getuid():
         raise ControlError(
             f"process {pid} belongs to another user (uid {uid}); stepscope attach reaches only "
             f"your own processes (uid {os.getuid()})"
         )
-    path = socket_path(_listen_dir_of(pid), pid)
-    if not path.exists():
-        raise NotAttachable(
-            f"process {pid} is not attachable: it runs no stepscope listener (start it with "
-            "'stepscope run --on-demand', stepscope.listen() or STEPSCOPE_LISTEN=1), or pass "
-            "--sample SECONDS to sample it with py-spy instead"
-        )
-    return path
+    for directory in _listen_dirs_of(pid):
+        try:
+            path = socket_path(directory, pid)
+        except ControlError:  # too long to listen on: the process listens elsewhere
+            continue
+        if is_private(directory) and path.exists():
+            return path
+    raise NotAttachable(
+        f"process {pid} is not attachable: it runs no stepscope listener (start it with "
+        "'stepscope run --on-demand', stepscope.listen() or STEPSCOPE_LISTEN=1), or pass "
+        "--sample SECONDS to sample it with py-spy instead"
+    )
 
 
 def _connect(path: Path) -> LineChannel:

@@ -1,10 +1,15 @@
 """The listener of an attachable process: a thread asleep in ``accept`` on this user's socket.
 
-Each connection gets its own short-lived thread: the peer's uid is checked first (same user
-only), then one request is served — ``hello`` (who and where this process is) or ``record``
-(a window, reported as it goes: accepted, started, done or failed).  While a window is pending
-the thread sleeps in ``select`` on the client's socket and the request's wake-up pair, so a
-client that leaves (or sends ``cancel``) before the window starts withdraws it.
+Starting never raises into the program: a directory that cannot be used safely gives way to a
+private one of this process, and when none can be made the process runs on, unattachable (said
+once on the ``listener`` failure log).  Each connection gets its own short-lived thread (at most
+``MAX_CONNECTIONS`` at once; one more is refused and closed, and a client that sends no request
+within ``REQUEST_TIMEOUT_S`` is closed, both counted in ``hello``): the peer's uid is checked
+first (same user only), then one request is served — ``hello`` (who and where this process
+is) or ``record`` (a window, reported as it goes: accepted, started, done or failed).  While a
+window is pending the thread sleeps in ``select`` on the client's socket and the request's
+wake-up pair, so a client that leaves (or sends ``cancel``) before the window starts withdraws
+it.
 """
 
 from __future__ import annotations
@@ -23,10 +28,13 @@ from stepscope.failures import failure_log
 from stepscope.profiler.control_protocol import (
     ControlError,
     LineChannel,
+    PrivateDir,
     control_dir,
     job_key,
+    make_fallback_dir,
+    open_private_dir,
     peer_uid,
-    private_dir,
+    remove_stale_fallback_dirs,
     remove_stale_sockets,
     socket_path,
 )
@@ -40,6 +48,10 @@ __all__ = ["Listener"]
 
 _failures = failure_log("listener")
 TERMINAL = ("done", "failed", "cancelled")
+MAX_CONNECTIONS = 16
+"""Connections served at once (each holds a thread); one more is refused and closed."""
+REQUEST_TIMEOUT_S = 10.0
+"""How long a connection may wait before sending its request (then it is closed)."""
 
 
 class Listener:
@@ -49,27 +61,72 @@ class Listener:
         self.session = session
         self.directory: Path = control_dir()
         self.path: Path | None = None
+        """The socket, None while not listening (never started, or it could not)."""
         self._pid = os.getpid()
         self._server: socket.socket | None = None
+        self._dir: PrivateDir | None = None
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self._counts_lock = threading.Lock()
+        self.counts = {"over_limit": 0, "idle_closed": 0}
+        """Connections refused for being one too many, and closed for sending nothing."""
 
     def start(self) -> Listener:
-        """Bind the socket and start the accepting thread; ``ControlError`` says why not."""
-        private_dir(self.directory)
-        remove_stale_sockets(self.directory)
-        path = socket_path(self.directory, self._pid)
-        if path.exists() or path.is_symlink():
-            path.unlink()  # a socket of an earlier process with this pid
+        """Bind the socket and start the accepting thread; never raises (see module doc)."""
+        try:
+            self._listen(open_private_dir(self.directory))
+        except ControlError as exc:
+            private = self._fallback(exc)
+            if private is None:
+                return self
+            try:
+                self._listen(private)
+            except ControlError as again:
+                self._unattachable(again)
+                return self
+        try:
+            threading.Thread(target=self._serve, name="stepscope-listener", daemon=True).start()
+        except RuntimeError as exc:  # no thread can be started now
+            self.close()
+            self._unattachable(exc)
+        return self
+
+    def _unattachable(self, exc: BaseException) -> None:
+        _failures.report("listen_error", str(self.directory), exc,
+                         message="no listener could be started",
+                         then="this process cannot be attached to")  # fmt: skip
+
+    def _fallback(self, why: ControlError) -> PrivateDir | None:
+        """A private directory of this process's own, told once; None when none can be made."""
+        try:
+            remove_stale_fallback_dirs()
+            private = make_fallback_dir(self._pid)
+        except ControlError as exc:
+            self._unattachable(ControlError(f"{why}; {exc}"))
+            return None
+        _failures.report("listen_dir_unsafe", str(self.directory), why,
+                         message="the listener directory cannot be used safely",
+                         then=f"listening in {private.path} instead")  # fmt: skip
+        return private
+
+    def _listen(self, private: PrivateDir) -> None:
+        """Listen in ``private`` (closed on failure: ``ControlError``)."""
+        path = private.path / f"{self._pid}.sock"
         server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            server.bind(str(path))
-            os.chmod(path, 0o600)
+            path = socket_path(private.path, self._pid)
+            remove_stale_sockets(private.path)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path.name, dir_fd=private.fd)  # an earlier process with this pid
+            server.bind(private.bind_path(path.name))
+            os.chmod(path.name, 0o600, dir_fd=private.fd)
             server.listen(8)
-        except OSError as exc:
+        except OSError as exc:  # (ControlError too: the path is too long)
             server.close()
+            private.close()
+            if isinstance(exc, ControlError):
+                raise
             raise ControlError(f"cannot listen on {path}: {exc}") from None
-        self._server, self.path = server, path
-        threading.Thread(target=self._serve, name="stepscope-listener", daemon=True).start()
-        return self
+        self._server, self._dir, self.path, self.directory = server, private, path, private.path
 
     def close(self) -> None:
         """Stop accepting and remove the socket (only in the process that made it)."""
@@ -79,9 +136,11 @@ class Listener:
         with contextlib.suppress(OSError):
             server.shutdown(socket.SHUT_RDWR)  # wakes the thread blocked in accept
         server.close()
-        if self.path is not None:
+        private, self._dir = self._dir, None
+        if self.path is not None and private is not None:
             with contextlib.suppress(OSError):
-                self.path.unlink()
+                os.unlink(self.path.name, dir_fd=private.fd)
+            private.close()
 
     def _serve(self) -> None:
         hide_thread(threading.get_native_id())  # never sampled into the program's windows
@@ -91,9 +150,29 @@ class Listener:
                 conn, _ = server.accept()
             except OSError:
                 return  # closed
-            threading.Thread(
-                target=self._handle, args=(conn,), name="stepscope-attach", daemon=True
-            ).start()
+            if not self._slots.acquire(blocking=False):
+                self._count("over_limit")
+                with conn, contextlib.suppress(OSError):
+                    conn.settimeout(0)
+                    LineChannel(conn).send(
+                        {
+                            "event": "refused",
+                            "reason": f"process {self._pid} is serving {MAX_CONNECTIONS} "
+                            "connections already; try again",
+                        }
+                    )
+                continue
+            try:
+                threading.Thread(
+                    target=self._handle, args=(conn,), name="stepscope-attach", daemon=True
+                ).start()
+            except RuntimeError:  # no thread could be started
+                self._slots.release()
+                conn.close()
+
+    def _count(self, what: str) -> None:
+        with self._counts_lock:
+            self.counts[what] += 1
 
     def _handle(self, conn: socket.socket) -> None:
         me = threading.get_native_id()
@@ -101,9 +180,14 @@ class Listener:
         try:
             with conn:
                 self._serve_one(LineChannel(conn))
+        except (ConnectionError, TimeoutError):
+            pass  # the client left, or sent nothing in time: its own affair
         except (OSError, ControlError) as exc:
             _failures.report("listener_error", "attach connection", exc)
+        except Exception as exc:  # never a traceback into the program's stderr
+            _failures.report("listener_error", "attach connection", exc)
         finally:
+            self._slots.release()
             hide_thread(me, hidden=False)
 
     def _serve_one(self, channel: LineChannel) -> None:
@@ -117,7 +201,20 @@ class Listener:
                 }
             )
             return
-        message = channel.receive()
+        channel.conn.settimeout(REQUEST_TIMEOUT_S)
+        try:
+            message = channel.receive()
+        except TimeoutError:
+            self._count("idle_closed")
+            with contextlib.suppress(OSError):
+                channel.send(
+                    {"event": "refused", "reason": f"no request within {REQUEST_TIMEOUT_S:g} s"}
+                )
+            return
+        except ControlError as exc:  # a malformed request: the client is told, not the program
+            channel.send({"event": "refused", "reason": str(exc)})
+            return
+        channel.conn.settimeout(None)
         if message is None:
             return
         op = message.get("op")
@@ -126,7 +223,11 @@ class Listener:
         elif op == "record":
             self._record(channel, message)
         else:
-            channel.send({"event": "refused", "reason": f"unknown request {op!r}"})
+            channel.send({"event": "refused", "reason": f"unknown request {op!r}"[:200]})
+
+    def _counts_now(self) -> dict[str, int]:
+        with self._counts_lock:
+            return dict(self.counts)
 
     def hello(self) -> dict[str, Any]:
         """Who this process is: pid, step, rank, job, listener directory."""
@@ -140,6 +241,7 @@ class Listener:
             "job": job_key(),
             "dir": str(self.directory),
             "version": __version__,
+            "connections": self._counts_now(),
         }
 
     def _record(self, channel: LineChannel, message: dict[str, Any]) -> None:
@@ -186,7 +288,10 @@ class Listener:
                 )
                 return
             if channel.conn in readable or channel.has_data():
-                asked = channel.receive()
+                try:
+                    asked = channel.receive()
+                except ControlError:  # a malformed message: as if the client left
+                    asked = None
                 if asked is None or asked.get("op") == "cancel":
                     if self.session.cancel(request) and asked is not None:
                         channel.send({"event": "cancelled", "reason": "withdrawn by the client"})

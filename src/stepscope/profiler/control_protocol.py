@@ -2,38 +2,55 @@
 
 Each attachable process listens on ``<dir>/<pid>.sock``, a Unix socket in a per-user directory
 of mode 0700: ``$STEPSCOPE_LISTEN_DIR`` when set (a job's own directory), else
-``$XDG_RUNTIME_DIR/stepscope``, else ``/tmp/stepscope-<uid>``.  A directory that another user
-owns, or that others may enter, is refused.  Messages are one JSON object per line, in both
-directions; the listener checks the peer's uid (``SO_PEERCRED``) on every connection.
+``$XDG_RUNTIME_DIR/stepscope``, else ``stepscope-<uid>`` in the system temporary directory
+(``$TMPDIR``, else ``/tmp``).  That directory is used only when it is a real directory (not a
+symbolic link) of this user: open to others, it is made 0700 when it holds nothing but this
+user's sockets (a job directory made by ``mkdir``).  Otherwise — another user made it first,
+or it holds other files — the process listens in a fresh private directory of its own,
+``stepscope-<uid>-<pid>-XXXXXXXX`` in the temporary directory, where ``attach`` looks next.
+Messages are one JSON object per line, in both directions; the listener checks the peer's uid
+(``SO_PEERCRED``) on every connection.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
 import stat
 import struct
+import tempfile
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 __all__ = [
     "DIR_ENV",
+    "MAX_DEPTH",
     "MAX_LINE",
     "ControlError",
     "LineChannel",
+    "PrivateDir",
     "control_dir",
+    "fallback_dirs",
+    "is_private",
     "job_key",
+    "make_fallback_dir",
+    "open_private_dir",
     "peer_uid",
     "pid_alive",
-    "private_dir",
+    "remove_stale_fallback_dirs",
     "remove_stale_sockets",
     "socket_path",
+    "temp_root",
 ]
 
 DIR_ENV = "STEPSCOPE_LISTEN_DIR"
 MAX_LINE = 64 * 1024
 """Longest message accepted (a request is a few hundred bytes)."""
+MAX_DEPTH = 32
+"""Deepest nesting of objects and lists a message may have (a request has 2)."""
 SOCKET_SUFFIX = ".sock"
 _UNIX_PATH_MAX = 107
 
@@ -42,37 +59,142 @@ class ControlError(OSError):
     """Something on the control channel failed; the message is one line for the user."""
 
 
-def control_dir() -> Path:
-    """The directory of this user's listener sockets (not created here)."""
-    chosen = os.environ.get(DIR_ENV, "").strip()
+def temp_root(environ: Mapping[str, str] | None = None) -> Path:
+    """The system temporary directory of ``environ`` (default: this process's): the first of
+    ``TMPDIR``, ``TEMP``, ``TMP`` that is a directory, else ``/tmp``."""
+    env = os.environ if environ is None else environ
+    for name in ("TMPDIR", "TEMP", "TMP"):
+        value = env.get(name, "").strip()
+        if value and os.path.isdir(value):
+            return Path(value)
+    return Path("/tmp")
+
+
+def control_dir(environ: Mapping[str, str] | None = None) -> Path:
+    """The directory of this user's listener sockets under ``environ`` (not created here)."""
+    env = os.environ if environ is None else environ
+    chosen = env.get(DIR_ENV, "").strip()
     if chosen:
         return Path(chosen)
-    runtime = os.environ.get("XDG_RUNTIME_DIR", "").strip()
+    runtime = env.get("XDG_RUNTIME_DIR", "").strip()
     if runtime and os.path.isdir(runtime):
         return Path(runtime) / "stepscope"
-    return Path("/tmp") / f"stepscope-{os.getuid()}"
+    return temp_root(env) / f"stepscope-{os.getuid()}"
 
 
-def private_dir(directory: Path) -> Path:
-    """Create ``directory`` with mode 0700, or check an existing one is this user's alone."""
+def is_private(directory: Path) -> bool:
+    """Whether ``directory`` is a real directory (no symbolic link) of this user, mode 0700."""
+    try:
+        info = directory.lstat()
+    except OSError:
+        return False
+    return stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid() and not info.st_mode & 0o077
+
+
+def _only_own_sockets(fd: int) -> bool:
+    """Whether the directory open as ``fd`` holds nothing but sockets of this user."""
+    with os.scandir(fd) as entries:
+        for entry in entries:
+            info = entry.stat(follow_symlinks=False)
+            if not stat.S_ISSOCK(info.st_mode) or info.st_uid != os.getuid():
+                return False
+    return True
+
+
+class PrivateDir:
+    """A listener directory held open (``fd``): what is checked is where the socket is bound."""
+
+    def __init__(self, path: Path, fd: int, made: bool = False) -> None:
+        self.path = path
+        self.fd = fd
+        self.made = made
+        """Made for this process alone (a fallback directory): removed when it stops listening."""
+
+    def bind_path(self, name: str) -> str:
+        """Where to bind ``name`` so that it lands in the checked directory, whatever its path
+        now leads to (``/proc/self/fd``), or its path where there is no ``/proc``."""
+        through_fd = f"/proc/self/fd/{self.fd}"
+        return f"{through_fd}/{name}" if os.path.isdir(through_fd) else str(self.path / name)
+
+    def close(self) -> None:
+        """Close the directory (and remove it when it was made for this process and is empty)."""
+        if self.made:
+            with contextlib.suppress(OSError):
+                self.path.rmdir()
+        with contextlib.suppress(OSError):
+            os.close(self.fd)
+
+
+def open_private_dir(directory: Path) -> PrivateDir:
+    """``directory`` created with mode 0700, or an existing one checked to be this user's alone.
+
+    An existing directory must be a real directory (no symbolic link) owned by this user; one
+    open to others is made 0700 when it holds nothing but this user's sockets (a job directory
+    made by ``mkdir``), else refused.  ``ControlError`` says why it cannot be used.
+    """
     try:
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-        info = directory.lstat()
     except OSError as exc:
         raise ControlError(f"cannot create the listener directory {directory}: {exc}") from None
-    if not stat.S_ISDIR(info.st_mode):
-        raise ControlError(f"{directory} is not a directory; set {DIR_ENV} to another place")
-    if info.st_uid != os.getuid():
-        raise ControlError(
-            f"{directory} belongs to uid {info.st_uid}, not to this user (uid {os.getuid()}); "
-            f"set {DIR_ENV} to a directory of your own"
-        )
-    if info.st_mode & 0o077:
-        raise ControlError(
-            f"{directory} is open to other users (mode {stat.S_IMODE(info.st_mode):o}); "
-            f"chmod 700 it or set {DIR_ENV} to a private directory"
-        )
-    return directory
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        if directory.is_symlink():
+            raise ControlError(f"{directory} is a symbolic link, not a directory") from None
+        raise ControlError(f"cannot open the listener directory {directory}: {exc}") from None
+    try:
+        info = os.fstat(fd)
+        if info.st_uid != os.getuid():
+            raise ControlError(
+                f"{directory} belongs to uid {info.st_uid}, not to this user (uid {os.getuid()})"
+            )
+        if info.st_mode & 0o077:
+            if not _only_own_sockets(fd):
+                raise ControlError(
+                    f"{directory} is open to other users (mode {stat.S_IMODE(info.st_mode):o}) "
+                    "and holds other files; chmod 700 it or set "
+                    f"{DIR_ENV} to a directory of its own"
+                )
+            os.fchmod(fd, 0o700)  # this user's, empty of anything else: made private
+    except BaseException:
+        os.close(fd)
+        raise
+    return PrivateDir(directory, fd)
+
+
+def _fallback_prefix(pid: int | None = None) -> str:
+    return f"stepscope-{os.getuid()}-" + ("" if pid is None else f"{pid}-")
+
+
+def make_fallback_dir(pid: int, environ: Mapping[str, str] | None = None) -> PrivateDir:
+    """A new private directory for process ``pid`` alone (``mkdtemp``: a name no one can take
+    first), where ``attach`` looks when the usual directory holds no socket of ``pid``."""
+    try:
+        made = Path(tempfile.mkdtemp(prefix=_fallback_prefix(pid), dir=temp_root(environ)))
+    except OSError as exc:
+        raise ControlError(f"cannot create a private listener directory: {exc}") from None
+    private = open_private_dir(made)
+    private.made = True
+    return private
+
+
+def fallback_dirs(pid: int | None, environ: Mapping[str, str] | None = None) -> Iterator[Path]:
+    """This user's private fallback directories (of process ``pid``; None: of any process)."""
+    root = temp_root(environ)
+    with contextlib.suppress(OSError):
+        for path in sorted(root.glob(_fallback_prefix(pid) + "*")):
+            if is_private(path):
+                yield path
+
+
+def remove_stale_fallback_dirs() -> None:
+    """Remove this user's fallback directories of processes that no longer exist."""
+    for path in fallback_dirs(None):
+        owner = path.name.removeprefix(_fallback_prefix()).partition("-")[0]
+        if owner.isdigit() and not pid_alive(int(owner)):
+            with contextlib.suppress(OSError):
+                remove_stale_sockets(path)
+                path.rmdir()
 
 
 def socket_path(directory: Path, pid: int) -> Path:
@@ -127,6 +249,30 @@ def job_key() -> str:
     return "/".join(parts) if any(parts) else ""
 
 
+def _too_deep(line: bytes) -> bool:
+    """Whether ``line`` opens more than ``MAX_DEPTH`` brackets at once (outside strings)."""
+    if line.count(b"[") + line.count(b"{") <= MAX_DEPTH:
+        return False
+    depth, in_string, escaped = 0, False, False
+    for byte in line:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:  # backslash
+                escaped = True
+            elif byte == 0x22:  # quote
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte in (0x5B, 0x7B):  # [ {
+            depth += 1
+            if depth > MAX_DEPTH:
+                return True
+        elif byte in (0x5D, 0x7D):
+            depth -= 1
+    return False
+
+
 class LineChannel:
     """One JSON object per line over a connected socket."""
 
@@ -148,9 +294,13 @@ class LineChannel:
                 return None
             self._buffer += chunk
         line, _, self._buffer = self._buffer.partition(b"\n")
+        if _too_deep(line):
+            raise ControlError(
+                f"a control message was nested more than {MAX_DEPTH} levels deep: {line[:80]!r}"
+            )
         try:
             message = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):
             raise ControlError(f"a control message was not JSON: {line[:80]!r}") from None
         if not isinstance(message, dict):
             raise ControlError(f"a control message was not a JSON object: {line[:80]!r}")

@@ -25,6 +25,7 @@ from typing import Any
 
 from stepscope.activity import coerce_activities
 from stepscope.failures import failure_log
+from stepscope.forks import after_fork_in_child
 from stepscope.profiler.activity import default_activities
 from stepscope.profiler.handlers import trace_handler
 from stepscope.profiler.profile import profile
@@ -151,6 +152,8 @@ class OnDemand:
         self._closed = False
         self.trace_files: list[str] = []
         """Every trace written by this process's windows."""
+        self._cut = ""
+        """Why the window in progress ends unwritten (the program started its own profile)."""
         self.profile = profile(
             activities=["CPU"],
             torch_ops=False,
@@ -159,6 +162,8 @@ class OnDemand:
             step_on=step_on,
             strict=strict,
         )
+        self.profile.gives_way = True  # the program's own profile always may start
+        self.profile.on_pause = self._give_way
         self.listener: Any = None
 
     # -- the program's thread ------------------------------------------------------------------
@@ -223,11 +228,33 @@ class OnDemand:
             "first_step": request.first_step,
         }
 
+    def _give_way(self) -> None:
+        """The program starts its own profile (``profile.gives_way``): a request waiting fails,
+        a window in progress ends unwritten, and requests are refused until that one stops."""
+        step = self.profile.step_num
+        why = (
+            f"the program started its own stepscope profile at step {step}; attach again when "
+            "that profile has stopped"
+        )
+        with self._lock:
+            pending, self._pending = self._pending, None
+            window = self._window
+            if window is not None and window.state == "pending":
+                self._window, pending = None, pending or window
+            elif window is not None:
+                self._cut = f"{why} (this window was cut there, unwritten)"
+        if pending is not None:
+            pending.move_to("failed", why)
+
     def _window_ready(self, prof: profile) -> None:
         request, self._saving = self._saving, None
         if request is None:  # the program ended inside a window (profile.stop)
             request, self._window = self._window, None
         if request is None:
+            return
+        if self._cut:
+            cut, self._cut = self._cut, ""
+            request.move_to("failed", cut)
             return
         if request.state == "pending":  # it ended in warmup: no step was recorded
             request.move_to("failed", "the process exited before the window started")
@@ -263,6 +290,11 @@ class OnDemand:
         with self._lock:
             if self._closed:
                 return "the process is exiting"
+            if self.profile._paused:
+                return (
+                    "the program is running its own stepscope profile; attach again when it "
+                    "has stopped"
+                )
             busy = self._window or self._pending or self._saving
             if busy is not None:
                 return f"already recording ({busy.describe()}); attach again when it is written"
@@ -298,12 +330,13 @@ class OnDemand:
         from stepscope.profiler.control_listener import Listener
 
         self.profile.start()
-        try:
-            self.listener = Listener(self).start()
-        except Exception:
-            self.profile.stop()
-            raise
+        self.listener = Listener(self).start()  # never raises: unattachable at worst, said once
         return self
+
+    @property
+    def attachable(self) -> bool:
+        """Whether the listener listens (its socket: ``listener.path``)."""
+        return self.listener is not None and self.listener.path is not None
 
     def stop(self) -> None:
         """Stop listening; a window in progress is written as it is, a waiting request fails."""
@@ -328,6 +361,15 @@ class OnDemand:
 
 
 _session: OnDemand | None = None
+_session_lock = threading.Lock()
+
+
+def _new_lock_in_child() -> None:
+    global _session_lock
+    _session_lock = threading.Lock()
+
+
+after_fork_in_child(_new_lock_in_child)
 
 
 def listen(step_on: str | Callable[..., Any] | None = "optimizer") -> OnDemand:
@@ -335,13 +377,18 @@ def listen(step_on: str | Callable[..., Any] | None = "optimizer") -> OnDemand:
 
     ``step_on`` is the step source, as ``profile(step_on=)``: ``"optimizer"`` (torch's
     optimizer steps), ``"module:qualname"`` or a function; None when the program calls
-    ``listen().step()`` itself.  Calling it again returns the same session.
+    ``listen().step()`` itself.  Calling it again, from any thread, returns the same session.
+    It never fails the program: a directory that cannot be used safely gives way to a private
+    one, and when no socket can be made the process runs on unattachable, said once on stderr
+    (``session.attachable`` is False).
     """
     global _session
-    if _session is None:
-        _session = OnDemand(step_on).start()
-        atexit.register(_session.stop)
-    return _session
+    with _session_lock:
+        if _session is None:
+            session = OnDemand(step_on).start()
+            atexit.register(session.stop)
+            _session = session
+        return _session
 
 
 def listen_from_environment() -> OnDemand | None:

@@ -71,6 +71,12 @@ class profile:
 
     _left_in_child = False
     """True in a child forked while this profile ran: there it records nothing."""
+    gives_way = False
+    """Set on the listener's profile (``stepscope.listen``): the program's own profile may
+    start while it runs, and then it pauses (see ``_pause``) until that one stops."""
+    _paused = False
+    on_pause: Callable[[], None] | None = None
+    """Called (on the program's thread) when this profile gives way, before its window ends."""
 
     def __init__(
         self,
@@ -329,23 +335,34 @@ class profile:
 
     def start(self) -> None:
         """Begin at step 0 (runs the transition from NONE to the schedule's first action)."""
-        global _active
+        global _active, _paused_behind
         if _active is not None and _active is not self:
-            raise RuntimeError(
-                "another stepscope profile is already running in this process; stop it first "
-                "(stepscope runs one profile at a time)"
-            )
-        self.step_tables.begin()  # before step_on's: its optimizer hook must run first
-        _active = self
+            if self.gives_way:  # the listener, started inside the program's own profile
+                self._paused, _paused_behind = True, self
+            elif _active.gives_way:
+                _active._pause()
+            else:
+                raise RuntimeError(
+                    "another stepscope profile is already running in this process; stop it "
+                    "first (stepscope runs one profile at a time)"
+                )
+        if not self._paused:
+            _active = self
         try:
-            joined = self._ranks.join(self.step_num)
+            self.step_tables.begin()  # before step_on's: its optimizer hook must run first
+        except BaseException:
+            _release(self)  # (the listener's profile, paused for this one, resumes)
+            raise
+        try:
+            joined = self.step_num if self._paused else self._ranks.join(self.step_num)
             if joined != self.step_num:  # a rank that started late takes the leader's numbering
                 self.step_num, self.current_action = joined, action_at(self.schedule, joined)
             if self._step_trigger is not None:
                 self._step_trigger.install()
-            steps.set_step(self.step_num)
+            if not self._paused:
+                steps.set_step(self.step_num)
+                advance_kineto_step("start")
             self.step_tables.follow(self.step_times, lambda: self.step_num)
-            advance_kineto_step("start")
             self._transit(ProfilerAction.NONE, self.current_action)
             self._open_step_span()
         except BaseException:
@@ -358,6 +375,10 @@ class profile:
     def step(self) -> None:
         """Mark the end of the current step and the start of the next one."""
         if self._left_in_child:
+            return
+        if self._paused:  # given way to the program's own profile: count, touch nothing shared
+            self.step_num += 1
+            self._ranks.publish(self.step_num)
             return
         self._close_step_span(stepping=True)
         self._mark_steps_from_start = True
@@ -390,9 +411,35 @@ class profile:
             for collector in self.collectors:
                 self._guarded(collector, "close", collector.close)
             self._ranks.close()
+            if not self._paused:  # a paused profile leaves the running one's step alone
+                steps.set_step(None)
+                advance_kineto_step("stop")
+            _release(self)
+
+    def _pause(self) -> None:
+        """Give way to the program's own profile: a window in progress ends here (its owner,
+        ``on_pause``, says what becomes of it); steps are only counted until ``_resume``."""
+        global _active, _paused_behind
+        self._paused, _paused_behind = True, self
+        if _active is self:
+            _active = None
+        try:
+            if self.on_pause is not None:
+                self.on_pause()
+            self._close_step_span()
+            self._transit(self.current_action, None)
+        finally:
+            self.current_action = ProfilerAction.NONE
             steps.set_step(None)
             advance_kineto_step("stop")
-            _release(self)
+
+    def _resume(self) -> None:
+        """The program's own profile stopped: count steps as before, from the next boundary."""
+        self._paused = False
+        self.current_action = action_at(self.schedule, self.step_num)
+        steps.set_step(self.step_num)
+        advance_kineto_step("start")
+        self.step_times.begin(self.current_action._value_)
 
     def _transit(self, previous: ProfilerAction, current: ProfilerAction | None) -> None:
         key = (previous._value_, current._value_ if current is not None else None)
@@ -701,20 +748,37 @@ def _leave_in_child(prof: profile) -> None:
 
 def _after_fork_in_child() -> None:
     """A forked child starts clean: no window, no tracing, free to start its own profile."""
-    global _active
+    global _active, _paused_behind
     prof, _active = _active, None
-    if prof is not None:
-        _leave_in_child(prof)
+    behind, _paused_behind = _paused_behind, None
+    for left in (prof, behind):
+        if left is not None:
+            _leave_in_child(left)
 
 
 forks.after_fork_in_child(_after_fork_in_child)
 import_watch.when_imported("torch", install_torch_profiler_hooks)
 
 
+_paused_behind: profile | None = None
+"""The listener's profile while it gives way to the program's own (``profile.gives_way``)."""
+
+
 def _release(prof: profile) -> None:
-    global _active
+    global _active, _paused_behind
+    if _paused_behind is prof:
+        _paused_behind = None
+        return
     if _active is prof:
         _active = None
+        waiting, _paused_behind = _paused_behind, None
+        if waiting is not None:
+            _active = waiting
+            try:
+                waiting._resume()
+            except Exception as exc:  # the listener's profile: the program's stop goes on
+                _failures.report("collector_error", "the listener's profile resuming", exc,
+                                 strict=waiting.strict)  # fmt: skip
 
 
 def active_profile() -> profile | None:
