@@ -64,6 +64,21 @@ Kineto's own session span."""
 """Trace metadata: ``{External id: flops}`` of torch's ops (Kineto's JSON leaves FLOPs out)."""
 
 
+def _end_spans_at(builder: TraceBuilder, first: int, end_ns: int) -> int:
+    """End the host spans appended from row ``first`` on that outlive ``end_ns`` at ``end_ns``,
+    flagged ``OPEN_FLAG``; returns how many."""
+    starts, durs = builder.span_column("start_ns"), builder.span_column("dur_ns")
+    cats = builder.span_column("cat")
+    device_side = {builder.intern(name) for name in DEVICE_SIDE}
+    cut = 0
+    for row in range(first, len(starts)):
+        if starts[row] < end_ns < starts[row] + durs[row] and cats[row] not in device_side:
+            durs[row] = end_ns - starts[row]
+            builder.set_span_args(row, {**(builder.span_args(row) or {}), OPEN_FLAG: True})
+            cut += 1
+    return cut
+
+
 def _flops_by_id(results: Any) -> dict[str, int]:
     out: dict[str, int] = {}
     for event in results.events():
@@ -258,7 +273,7 @@ class TorchCollector(Collector):
             # a window ended from inside a span of the program's (the optimizer's post-hook
             # runs inside torch's ``Optimizer.step#...``): torch ends that span after our
             # stop and collection; it ends where the program's own work did
-            builder.end_spans_at(first, ctx.stopping_ns, {OPEN_FLAG: True}, DEVICE_SIDE)
+            _end_spans_at(builder, first, ctx.stopping_ns)
         for key in TORCH_OWN_KEYS:
             builder.metadata.pop(key, None)
         builder.metadata["stepscope_torch_events"] = trace.event_count()
