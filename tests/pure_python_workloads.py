@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 # -- scheduler: a tiny operating system of tasks passing packets (richards-like) ------------------
 
@@ -398,7 +398,53 @@ def raytracer(size: int = 32) -> float:
     return Scene().render(size, size)
 
 
-WORKLOADS: dict[str, Callable[[], object]] = {"richards": scheduler, "raytrace": raytracer}
+# -- queens: every placement of n queens, from a generator of permutations (nqueens-like) --------
+# Generators all the way down: the permutations generator builds each tuple from a generator
+# expression, and the solver tests each one with two more, so most of the time is spent in
+# frames that are resumed and suspended, not called and returned from.
+
+
+def permutations(items: range) -> Iterator[tuple[int, ...]]:
+    """Every ordering of ``items``, in lexicographic order of positions (as itertools')."""
+    pool = tuple(items)
+    n = len(pool)
+    order = list(range(n))
+    countdown = list(range(n, 0, -1))
+    yield tuple(pool[i] for i in order)
+    while n:
+        for i in reversed(range(n)):
+            countdown[i] -= 1
+            if countdown[i] == 0:
+                order[i:] = order[i + 1 :] + order[i : i + 1]
+                countdown[i] = n - i
+            else:
+                j = countdown[i]
+                order[i], order[-j] = order[-j], order[i]
+                yield tuple(pool[i] for i in order)
+                break
+        else:
+            return
+
+
+def queen_placements(count: int) -> Iterator[tuple[int, ...]]:
+    """The column of the queen on each row, for every placement where none attack another."""
+    rows = range(count)
+    for columns in permutations(rows):
+        diagonals = len(set(columns[r] + r for r in rows))  # generators, as nqueens has them
+        if count == diagonals == len(set(columns[r] - r for r in rows)):
+            yield columns
+
+
+def queens(count: int = 8) -> int:
+    """How many ways ``count`` queens fit on a ``count`` x ``count`` board."""
+    return len(list(queen_placements(count)))
+
+
+WORKLOADS: dict[str, Callable[[], object]] = {
+    "richards": scheduler,
+    "raytrace": raytracer,
+    "nqueens": queens,
+}
 
 
 def run_for(name: str, seconds: float) -> int:

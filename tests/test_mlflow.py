@@ -71,3 +71,62 @@ def test_without_a_run_the_error_says_what_to_do(tmp_path: Path) -> None:
     assert mlflow.active_run() is None
     with pytest.raises(ValueError, match="no active MLflow run"):
         log_report(trace_file)
+
+
+def _readme_example() -> str:
+    """The README's MLflow example, as written there."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("**MLflow**") :]
+    start = section.index("```python\n") + len("```python\n")
+    return section[start : section.index("```", start)]
+
+
+def test_the_readme_example_runs_with_the_installed_mlflow(tmp_path: Path) -> None:
+    """Issue 36, item 7: the example failed on MLflow 3.17 (its default store needs the full
+    mlflow; a file store needs MLFLOW_ALLOW_FILE_STORE=true)."""
+    import os
+    import subprocess
+    import sys
+
+    _run(tmp_path / "traces")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1] / "src")
+    done = subprocess.run(
+        [sys.executable, "-c", _readme_example()],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    check = (
+        "import os, mlflow\n"
+        "os.environ['MLFLOW_ALLOW_FILE_STORE'] = 'true'\n"
+        "mlflow.set_tracking_uri('file:./mlruns')\n"
+        "(run,) = mlflow.search_runs(search_all_experiments=True, output_format='list')\n"
+        "print(sorted(m.step for m in mlflow.MlflowClient().get_metric_history("
+        "run.info.run_id, 'stepscope.step_ms')))\n"
+    )
+    read = subprocess.run(
+        [sys.executable, "-c", check], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert read.returncode == 0, read.stderr[-3000:]
+    assert read.stdout.strip() == "[4, 5, 6]", read.stdout
+
+
+def test_a_store_mlflow_refuses_gets_an_error_that_says_what_to_do(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from stepscope.integrations.mlflow import log_report
+
+    trace_file = _run(tmp_path / "traces")
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    before = mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri((tmp_path / "refused").as_uri())
+    try:
+        with pytest.raises(RuntimeError, match="MLFLOW_ALLOW_FILE_STORE=true") as caught:
+            log_report(trace_file, run_id="0" * 32)
+    finally:
+        mlflow.set_tracking_uri(before)
+    assert "set_tracking_uri" in str(caught.value)

@@ -10,8 +10,9 @@ the step:
 2. ``optimizer``: ``Optimizer.step#...``, ``Optimizer.zero_grad#...``, names starting with
    ``optimizer`` / ``opt_step``.
 3. ``communication``: collective launches — ``nccl:*``, ``gloo:*``, ``c10d::*``,
-   ``record_param_comms``, all_reduce / all_gather / reduce_scatter / all_to_all / broadcast /
-   barrier / send / recv.
+   ``_c10d_functional::*``, ``record_param_comms``, all_reduce / all_gather / reduce_scatter /
+   all_to_all / broadcast / barrier / send / recv (not the tensor-shape operators
+   ``aten::broadcast_tensors`` / ``broadcast_to`` / ``broadcast_shapes``, which move no data).
 4. ``backward``: a name with ``backward`` (``## backward ##``, ``MulBackward0``) or
    ``autograd::engine::evaluate_function: ...``.
 5. ``forward``: a name with ``forward`` or ``nn.Module: ...`` (module spans).
@@ -79,8 +80,9 @@ _RULES: tuple[tuple[str, re.Pattern[str]], ...] = (
     (
         "communication",
         re.compile(
-            r"(?i:^(nccl|gloo|c10d)[:_ ]|record_param_comms|all_?reduce|all_?gather|"
-            r"reduce_?scatter|all_?to_?all|broadcast|barrier|^(i?send|i?recv)\b)"
+            r"(?i:^(nccl|gloo|_?c10d)[:_ ]|record_param_comms|all_?reduce|all_?gather|"
+            r"reduce_?scatter|all_?to_?all|broadcast(?!_(tensors|to|shapes)\b)|barrier|"
+            r"^(i?send|i?recv)\b)"
         ),
     ),
     ("backward", re.compile(r"(?i:backward)|^autograd::engine::evaluate_function")),

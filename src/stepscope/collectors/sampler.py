@@ -35,7 +35,13 @@ from stepscope._ext import IMPLEMENTATIONS, native, resolve
 from stepscope.collectors.base import Collector, WindowContext
 from stepscope.collectors.sampler_twin import PyStackSampler
 from stepscope.trace.model import TraceBuilder
-from stepscope.trace.names import OWN_WORK_FRAME, STEPSCOPE_ROOT, hidden_threads, is_hidden
+from stepscope.trace.names import (
+    OWN_WORK_FRAME,
+    STEPSCOPE_ROOT,
+    hidden_threads,
+    is_helper,
+    is_hidden,
+)
 
 __all__ = [
     "DEFAULT_MAX_DEPTH",
@@ -173,15 +179,22 @@ def add_samples(
     """Append a run's frames, stacks and samples to ``builder``; returns the sample count.
 
     Frames of stepscope itself and of the program's launcher are left out of the stacks unless
-    ``keep_own_frames`` (the function profiler cuts its stacks at its own frame)."""
+    ``keep_own_frames`` (the function profiler cuts its stacks at its own frame).  A sample
+    taken in stepscope's own code ends in one ``OWN_WORK_FRAME`` below the program's frames
+    that called it, also when stepscope's frame had called into the standard library or torch's
+    profiler (``trace.names.is_helper``: its sampler's start waiting in ``Condition.wait``):
+    a profiler's own work is never the program's time."""
     labels = [code_label(code) for code in data.codes]
     hidden = [not keep_own_frames and is_hidden(file) for _, file in labels]  # once per code
     own = [h and f.startswith(STEPSCOPE_ROOT) for h, (_, f) in zip(hidden, labels, strict=True)]
+    helper = [not keep_own_frames and is_helper(file) for _, file in labels]
     frames = [
         -1 if hidden[code] else builder.frame(labels[code][0], labels[code][1], line)
         for code, line in zip(data.frame_code, data.frame_line, strict=True)
     ]
-    own_leaf = [own[code] for code in data.frame_code]
+    own_frame = [own[code] for code in data.frame_code]
+    helper_frame = [helper[code] for code in data.frame_code]
+    module_frame = [labels[code][0] == "<module>" for code in data.frame_code]
     own_work = -1
     parents, frame_of = data.stack_parent, data.stack_frame
     stacks: dict[int, int] = {-1: -1}
@@ -196,18 +209,28 @@ def add_samples(
         sid = stacks.get(stack)
         if sid is None:
             path: list[int] = []
+            helpers_only = True  # path holds only helper frames (and the own-work frame)
             node = stack
             while node >= 0:
-                frame = frames[frame_of[node]]
+                f = frame_of[node]
+                frame = frames[f]
+                parent = parents[node]
                 if frame >= 0:
                     path.append(frame)
-                elif not path and own_leaf[frame_of[node]]:
-                    # stepscope's own work (a step hook, a snapshot): one frame that says so,
-                    # not self time of the user's frame that called it
-                    if own_work < 0:
-                        own_work = builder.frame(OWN_WORK_FRAME, "", 0)
-                    path.append(own_work)
-                node = parents[node]
+                    # a module body run by stepscope (`stepscope run -m json.tool`) is the
+                    # program, whatever its file
+                    top = module_frame[f] and parent >= 0 and own_frame[frame_of[parent]]
+                    helpers_only = helpers_only and helper_frame[f] and not top
+                elif own_frame[f]:
+                    if helpers_only:
+                        # stepscope's own work (a step hook, a snapshot, its threads' start):
+                        # one frame that says so, not self time of the user's frame that called it
+                        if own_work < 0:
+                            own_work = builder.frame(OWN_WORK_FRAME, "", 0)
+                        path = [own_work]
+                else:
+                    helpers_only = False  # a launcher (runpy): what it runs is the program
+                node = parent
             path.reverse()
             sid = stacks[stack] = builder.stack(path)
         builder.sample(pid, tid, ts, sid, 1, bool(idle))

@@ -76,9 +76,38 @@ def log_report(
     now = int(time.time() * 1000)
     metrics = [entities.Metric(k, v, now, 0) for k, v in report_metrics(report, prefix).items()]
     metrics += [entities.Metric(k, v, now, step) for k, v, step in step_metrics(report, prefix)]
-    client = mlflow.MlflowClient()
-    for at in range(0, len(metrics), BATCH):
+    try:
+        client = mlflow.MlflowClient()
+        client.log_batch(run_id, metrics=metrics[:BATCH])
+    except Exception as exc:
+        hint = _store_hint(str(exc), str(mlflow.get_tracking_uri()))
+        if hint is None:
+            raise
+        raise RuntimeError(f"log_report: {hint}") from exc
+    for at in range(BATCH, len(metrics), BATCH):
         client.log_batch(run_id, metrics=metrics[at : at + BATCH])
     client.log_text(run_id, report_markdown(report), f"{prefix}/summary.md")
     client.log_dict(run_id, report.to_dict(), f"{prefix}/report.json")
     return str(run_id)
+
+
+_FILE_STORE = (
+    "a local file store needs MLFLOW_ALLOW_FILE_STORE=true in the environment with MLflow 3 "
+    "(os.environ['MLFLOW_ALLOW_FILE_STORE'] = 'true' and "
+    "mlflow.set_tracking_uri('file:./mlruns')), or log to a tracking server: "
+    "mlflow.set_tracking_uri('http://host:5000')"
+)
+
+
+def _store_hint(message: str, uri: str) -> str | None:
+    """What to do when MLflow could not open its tracking store ``uri``, or None when
+    ``message`` is about something else."""
+    if "MLFLOW_ALLOW_FILE_STORE" in message:
+        return f"MLflow refused its tracking store {uri}: {_FILE_STORE}"
+    database = uri.split(":", 1)[0].split("+", 1)[0] in ("sqlite", "postgresql", "mysql", "mssql")
+    if database and ("unsupported URI" in message or "sqlalchemy" in message.lower()):
+        return (
+            f"MLflow cannot open the database store {uri} (MLflow 3's default): that needs the "
+            f"full mlflow package (pip install mlflow), not mlflow-skinny; else {_FILE_STORE}"
+        )
+    return None

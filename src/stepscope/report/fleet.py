@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 import os
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -95,14 +96,24 @@ def render_rows(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> Table:
     return _rich_table(f"{len(rows)} rows", columns, rows)
 
 
+_NUMBER = re.compile(r"[-+]?[\d.,/]+")
+"""A cell of a numeric column (``20.1``, ``30/30``, ``0-5``): right-aligned."""
+
+
 def _html_table(key: str, title: str, columns: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+    numeric = [all(_NUMBER.fullmatch(row[i]) for row in rows) for i in range(len(columns))]
+    kind = [' class="num"' if n else "" for n in numeric]
+    head = "".join(f"<th{k}>{html.escape(c)}</th>" for c, k in zip(columns, kind, strict=True))
     body = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(v)}</td>" for v in row) + "</tr>" for row in rows
+        "<tr>"
+        + "".join(f"<td{k}>{html.escape(v)}</td>" for v, k in zip(row, kind, strict=True))
+        + "</tr>"
+        for row in rows
     )
     return (
         f'<section class="card" id="{key}"><h2>{html.escape(title)}</h2>'
-        f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></section>"
+        f'<div class="tablewrap"><table class="fleet"><thead><tr>{head}</tr></thead>'
+        f"<tbody>{body}</tbody></table></div></section>"
     )
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 
 from stepscope.analysis.result import DiffResult, Report, TraceSummary
-from stepscope.report.labels import steps_across_ranks
+from stepscope.report.labels import fit_label, steps_across_ranks
 from stepscope.report.overhead import overhead_lines
 
 __all__ = ["diff_markdown", "escape", "report_markdown"]
@@ -132,7 +132,7 @@ def diff_markdown(diff: DiffResult, top: int = 10) -> str:
             [
                 [
                     r.kind,
-                    escape(r.name[:80]),
+                    escape(fit_label(r.name, 80)),
                     r.status,
                     _ms(r.a_ns),
                     _ms(r.b_ns),

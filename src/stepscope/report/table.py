@@ -7,6 +7,8 @@ import math
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from stepscope.report.labels import fit_function_label
+
 __all__ = ["AveragedRow", "AveragesTable", "key_averages_table"]
 
 
@@ -163,7 +165,9 @@ def key_averages_table(
     for r in rows:
         name = r.key
         if len(name) >= max_name_column_width - 3:
-            name = name[: max_name_column_width - 3] + "..."
+            # cut as torch's table does; a function's label keeps its name and file whole
+            whole = fit_function_label(name, max_name_column_width)
+            name = whole if whole is not None else name[: max_name_column_width - 3] + "..."
         cells = [name]
         if has_overload:
             cells.append(r.overload_name[: max_name_column_width - 3])

@@ -25,7 +25,7 @@ from stepscope.analysis.result import (
     StepDiff,
     TraceSummary,
 )
-from stepscope.report.labels import source_label, steps_across_ranks
+from stepscope.report.labels import fit_label, source_label, steps_across_ranks
 from stepscope.report.memory import human_bytes, memory_renderables
 from stepscope.report.overhead import overhead_lines
 from stepscope.text import printable
@@ -223,7 +223,11 @@ def _tops(s: TraceSummary) -> list[RenderableType]:
         ops = _table("Top operators", ["name", "calls", "self ms", "total ms", "self % of steps"])
         for r in s.operators:
             ops.add_row(
-                r.name[:70], str(r.calls), ms(r.self_ns), ms(r.total_ns), f"{r.self_pct:.1f}"
+                fit_label(r.name, 70),
+                str(r.calls),
+                ms(r.self_ns),
+                ms(r.total_ns),
+                f"{r.self_pct:.1f}",
             )
         parts.append(ops)
     if s.kernels:
@@ -246,7 +250,7 @@ def _tops(s: TraceSummary) -> list[RenderableType]:
         funcs = _table("Top Python functions", ["name", "calls", "self ms", "total ms"])
         for f in s.functions:
             calls = f"~{f.calls}" if f.sampled else str(f.calls)
-            funcs.add_row(f.name[:70], calls, ms(f.self_ns), ms(f.total_ns))
+            funcs.add_row(fit_label(f.name, 70), calls, ms(f.self_ns), ms(f.total_ns))
         if any(f.sampled for f in s.functions):
             funcs.caption = "~N: stack samples that saw the function, not a count of its calls"
         parts.append(funcs)
@@ -403,7 +407,7 @@ def render_diff(diff: DiffResult, console: Console, top: int = 10) -> None:
     for r in [r for r in diff.rows if r.status != "same"][:top]:
         t.add_row(
             r.kind,
-            r.name[:60],
+            fit_label(r.name, 60),
             r.status,
             ms(r.a_ns),
             ms(r.b_ns),

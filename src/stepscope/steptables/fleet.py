@@ -48,7 +48,9 @@ MIN_LAG_NS = 1_000_000
 """A rank lags at a step when it lags by more than this and ``LAG_FRACTION`` of the median step."""
 LAG_FRACTION = 0.05
 SINCE_SHARE = 0.8
-"""A rank is slow since step S when it lags in this share of its steps from S on."""
+"""A rank is slow since step S when it lags in this share of its steps from S on (of such steps,
+the one after which its lagging steps are best told from the others: a one-step blip before
+a level shift is not where it started)."""
 MIN_SLOW_STEPS = 3
 DRIFT_PARTS = 10
 T = TypeVar("T")
@@ -569,14 +571,20 @@ WITH picked AS (
     ) c ON l.run = c.run AND l.rank = c.rank
 ), suffix AS (
     SELECT run, rank, step, slow,
-           sum(slow::INT) OVER w AS slow_after, count(*) OVER w AS steps_after
+           sum(slow::INT) OVER w AS slow_after, count(*) OVER w AS steps_after,
+           sum(slow::INT) OVER (PARTITION BY run, rank) AS slow_total
     FROM picked
     WINDOW w AS (PARTITION BY run, rank ORDER BY step DESC
                  ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
 ), since AS (
-    SELECT run, rank, min(step) AS since_step FROM suffix
+    -- of the steps it may be slow since, the one that best splits its steps into fast before
+    -- and slow after (fewest slow steps before plus fast steps after; the later on a tie): a
+    -- blip a few steps before a shift does not move the shift there
+    SELECT run, rank, step AS since_step FROM suffix
     WHERE slow AND slow_after >= {SINCE_SHARE} * steps_after AND slow_after >= {MIN_SLOW_STEPS}
-    GROUP BY run, rank
+    QUALIFY row_number() OVER (
+        PARTITION BY run, rank ORDER BY slow_total - 2 * slow_after + steps_after, step DESC
+    ) = 1
 )
 SELECT l.run, l.rank, any_value(since.since_step), count(*), sum(l.slow::INT),
        avg(l.lag_ns)::BIGINT, {_top_phase([f"sum({n}_lag)" for n in _NAMES])}

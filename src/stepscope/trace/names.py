@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import runpy
 import sys
+import sysconfig
 
 __all__ = [
     "OWN_WORK_FRAME",
@@ -14,6 +15,7 @@ __all__ = [
     "hidden_threads",
     "hide_launcher",
     "hide_thread",
+    "is_helper",
     "is_hidden",
     "sample_frame_label",
     "short_path",
@@ -58,6 +60,29 @@ def is_hidden(file: str) -> bool:
     if file.startswith(STEPSCOPE_ROOT) or file in _hidden_files:
         return True
     return os.path.isabs(file) and os.path.normpath(file) in _hidden_files
+
+
+_STDLIB = tuple(
+    sorted({os.path.normpath(sysconfig.get_paths()[k]) + os.sep for k in ("stdlib", "platstdlib")})
+)
+_INSTALLED = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep)
+_PROFILER_MODULES = (
+    os.sep + os.path.join("torch", "profiler") + os.sep,
+    os.sep + os.path.join("torch", "autograd", "profiler"),
+)
+
+
+def is_helper(file: str) -> bool:
+    """Whether frames of ``file`` run only what their caller asks: the standard library
+    (``threading``, ``json``, ``traceback``; not installed packages) and torch's profiler.
+
+    Below stepscope's own frame such frames are stepscope's work (the sampler's start waiting
+    for its thread in ``Condition.wait``), never the program's."""
+    if file.startswith("<frozen "):
+        return True
+    if any(m in file for m in _PROFILER_MODULES):
+        return True
+    return file.startswith(_STDLIB) and not any(m in file for m in _INSTALLED)
 
 
 def frame_label(name: str) -> str:

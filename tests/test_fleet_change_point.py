@@ -1,0 +1,94 @@
+"""``stepscope fleet``'s "slow since step S": a one-step blip before a rank's real level shift
+is not where it started (issue 36, item 7: the change point came 3 steps early on a one-step
+blip), and the shift itself is found at its step."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from stepscope.steptables.fleet import fleet_report
+from stepscope.steptables.schema import INT_COLUMNS, SCHEMA_VERSION, arrow_schema
+
+pa = pytest.importorskip("pyarrow")
+pq = pytest.importorskip("pyarrow.parquet")
+pytest.importorskip("duckdb")
+
+MS = 1_000_000
+STEPS = 60
+RANKS = 4
+SHIFT = 30
+SLOW_RANK = 2
+
+
+def write_tables(root: Path, extra_wait_ms: dict[int, float]) -> Path:
+    """Step tables of a 4-rank job of 100 ms steps where rank ``SLOW_RANK`` waits the extra
+    milliseconds given for each step on its data (the others, 5 ms plus a little noise)."""
+    schema = arrow_schema()
+    for rank in range(RANKS):
+        rows: dict[str, list[object]] = {name: [] for name, _ in INT_COLUMNS}
+        for step in range(STEPS):
+            wait = (5 + (step * 7 + rank * 3) % 5 * 0.1) * MS
+            if rank == SLOW_RANK:
+                wait += extra_wait_ms.get(step, 0.0) * MS
+            values = {
+                "step": step,
+                "start_unix_ns": 1_700_000_000_000_000_000 + step * 100 * MS,
+                "duration_ns": 100 * MS,
+                "data_wait_ns": int(wait),
+                "optimizer_ns": 10 * MS,
+                "gc_ns": 0,
+                "cpu_ns": 60 * MS,
+                "rss_bytes": 1 << 30,
+            }
+            for name, _ in INT_COLUMNS:
+                rows[name].append(values[name])
+        table = pa.table(
+            {
+                **rows,
+                "recorded": [False] * STEPS,
+                "host": ["h"] * STEPS,
+                "pid": [100 + rank] * STEPS,
+                "schema_version": [SCHEMA_VERSION] * STEPS,
+                "host_computation_ns": [None] * STEPS,
+                "host_communication_ns": [None] * STEPS,
+                "host_idle_ns": [None] * STEPS,
+                "host_categories": [None] * STEPS,
+            },
+            schema=schema,
+        )
+        directory = root / "run=job" / f"rank={rank}"
+        directory.mkdir(parents=True)
+        pq.write_table(table, directory / "part-0.parquet")
+    return root
+
+
+def slow_ranks(root: Path) -> list[tuple[int, int, str]]:
+    return [(s.rank, s.since_step, s.phase) for s in fleet_report(root).slow_ranks]
+
+
+def shifted(extra: dict[int, float] | None = None) -> dict[int, float]:
+    """20 ms more from step SHIFT on, and ``extra`` on other steps."""
+    return {**{step: 20.0 for step in range(SHIFT, STEPS)}, **(extra or {})}
+
+
+def test_a_level_shift_is_found_at_its_step(tmp_path: Path) -> None:
+    assert slow_ranks(write_tables(tmp_path, shifted())) == [(SLOW_RANK, SHIFT, "data_wait")]
+
+
+@pytest.mark.parametrize("before", [1, 2, 3, 5])
+def test_a_one_step_blip_before_the_shift_is_not_where_it_started(
+    tmp_path: Path, before: int
+) -> None:
+    tables = write_tables(tmp_path, shifted({SHIFT - before: 25.0}))
+    assert slow_ranks(tables) == [(SLOW_RANK, SHIFT if before > 1 else SHIFT - 1, "data_wait")]
+
+
+def test_a_shift_with_a_quiet_step_inside_is_still_found_at_its_step(tmp_path: Path) -> None:
+    tables = write_tables(tmp_path, shifted({SHIFT + 4: 0.0, SHIFT + 11: 0.0}))
+    assert slow_ranks(tables) == [(SLOW_RANK, SHIFT, "data_wait")]
+
+
+def test_a_lone_blip_is_no_slow_rank(tmp_path: Path) -> None:
+    assert slow_ranks(write_tables(tmp_path, {SHIFT: 25.0})) == []
