@@ -403,7 +403,7 @@ def _episodes(prof_activities: list[Any] | None) -> Any:
 
     def env_step(action: int) -> list[float]:
         state = [0.0] * 4
-        for i in range(4000):  # the environment's own Python, no torch
+        for i in range(20000):  # the environment's own Python, no torch
             state[i % 4] += (action + i) * 1e-6
         return state
 
@@ -411,6 +411,7 @@ def _episodes(prof_activities: list[Any] | None) -> Any:
         activities=prof_activities,
         schedule=quiet_schedule(wait=1, warmup=1, active=3, repeat=1),
         step_on="optimizer",
+        sampling_rate_hz=1000.0,  # a few hundred samples over the window's episodes
     ) as prof:
         for _ in range(5):
             state, log_probs = [0.0] * 4, []
