@@ -27,6 +27,7 @@ from stepscope.activity import ProfilerActivity, coerce_activities
 from stepscope.collectors import import_watch
 from stepscope.collectors.annotations import AnnotationCollector, emit_span, record_function
 from stepscope.collectors.base import Collector, WindowContext
+from stepscope.collectors.compiled import register_profile_with_dynamo
 from stepscope.collectors.torch import (
     DEVICE_NAMES,
     advance_kineto_step,
@@ -71,6 +72,10 @@ class profile:
 
     _left_in_child = False
     """True in a child forked while this profile ran: there it records nothing."""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> profile:
+        # A __new__ of its own, for torch.compile to substitute (collectors/compiled.py).
+        return object.__new__(cls)
 
     def __init__(
         self,
@@ -703,6 +708,7 @@ def _after_fork_in_child() -> None:
 
 forks.after_fork_in_child(_after_fork_in_child)
 import_watch.when_imported("torch", install_torch_profiler_hooks)
+register_profile_with_dynamo(profile)
 
 
 def _release(prof: profile) -> None:
