@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import re
 import subprocess
 import sys
@@ -129,9 +130,12 @@ def test_a_profile_built_in_a_compiled_function_compiles_as_torchs() -> None:
     assert compiled_counts(stepscope.profile) == reference
     options = {"record_shapes": True, "schedule": stepscope.schedule(wait=0, warmup=0, active=1)}
     assert compiled_counts(stepscope.profile, **options) == reference
-    # eagerly it is a profile as before
+    # eagerly it is a profile as before, and its signature is still its __init__'s
     prof = stepscope.profile(torch_ops=False)
     assert type(prof) is stepscope.profile and prof.step_num == 0
+    parameters = inspect.signature(stepscope.profile).parameters
+    assert list(parameters)[:3] == ["activities", "schedule", "on_trace_ready"]
+    assert set(inspect.signature(torch.profiler.profile).parameters) - set(parameters) == set()
 
 
 def test_profile_registers_with_dynamo_only_once_the_program_imports_it() -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import json
 import logging
 import os
@@ -19,7 +20,7 @@ import uuid
 import warnings
 from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from stepscope import clock, forks, steps, steptables
 from stepscope._version import __version__
@@ -72,6 +73,9 @@ class profile:
 
     _left_in_child = False
     """True in a child forked while this profile ran: there it records nothing."""
+
+    __signature__: ClassVar[inspect.Signature]
+    """The class's signature (``help()``, editors): ``__init__``'s, not ``__new__``'s."""
 
     def __new__(cls, *args: Any, **kwargs: Any) -> profile:
         # A __new__ of its own, for torch.compile to substitute (collectors/compiled.py).
@@ -706,6 +710,11 @@ def _after_fork_in_child() -> None:
         _leave_in_child(prof)
 
 
+_init_signature = inspect.signature(profile.__init__)
+profile.__signature__ = _init_signature.replace(
+    parameters=list(_init_signature.parameters.values())[1:],  # without self
+    return_annotation=inspect.Signature.empty,
+)
 forks.after_fork_in_child(_after_fork_in_child)
 import_watch.when_imported("torch", install_torch_profiler_hooks)
 register_profile_with_dynamo(profile)
