@@ -177,7 +177,9 @@ class profile:
         trigger = StepTrigger(step_on, self.step, strict=strict) if step_on is not None else None
         self._step_trigger = trigger
         self.step_tables = steptables.step_tables_of(step_tables, strict)
-        self.collectors: list[Collector] = [AnnotationCollector(max_spans=max_annotation_spans)]
+        self.collectors: list[Collector] = [
+            AnnotationCollector(max_spans=max_annotation_spans, record_shapes=record_shapes)
+        ]
         self.collectors += self._requested_collectors() + self.step_tables.collectors()
         if strict is not None:
             for built in self.collectors:
