@@ -47,6 +47,7 @@ from stepscope.profiler.step_trigger import StepTrigger
 from stepscope.profiler.summary import KeyAverages, key_averages
 from stepscope.report.collapsed import collapsed_from_spans, write_collapsed
 from stepscope.trace.chrome_writer import RESERVED_KEYS, WriteStats, write_chrome_trace
+from stepscope.trace.kineto import number_events
 from stepscope.trace.model import Trace, TraceBuilder
 from stepscope.trace.names import OWN_WORK_FRAME
 
@@ -495,6 +496,8 @@ class profile:
                     collector, "collect", functools.partial(collector.collect, builder, ctx)
                 )
             self._finish_metadata(builder, ctx)
+            if experimental_flag(self.experimental_config, "expose_kineto_event_metadata"):
+                number_events(builder)
             trace = builder.build()
             for collector in self.collectors:
                 self._guarded(
