@@ -4,10 +4,10 @@
  * (instant), s/t/f (flow), M (metadata), C (counter) and B/E (begin/end, paired per track) goes
  * straight into its table's columns: names, categories and string pid/tids interned through a cache
  * keyed by their JSON text, times converted to ns, args kept as compact JSON text (whitespace
- * dropped; for X optionally Kineto's bookkeeping keys too) wrapped in RawArgs, parsed only if read
- * (a counter's args are parsed for its values).  Every other event (unknown phases, and events the
- * per-event reader would skip or reject) is parsed with json.loads and returned with its index, for
- * the validating per-event reader.  When the document is not a well-formed object with a
+ * dropped; for X and i optionally Kineto's bookkeeping keys too) wrapped in RawArgs, parsed only
+ * if read (a counter's args are parsed for its values).  Every other event (unknown phases, and
+ * events the per-event reader would skip or reject) is parsed with json.loads and returned with its
+ * index, for the validating per-event reader.  When the document is not a well-formed object with a
  * traceEvents list (or a list of events), it returns None and the caller parses it the ordinary way
  * (which also words the error).  The ordinary path is the twin: both give the same trace. */
 #include "chrome_scan.h"
@@ -257,10 +257,10 @@ static PyObject *raw_args(Scan *s, Py_ssize_t members) {
 }
 
 /* The event's args in the args store (compacted now unless read_event did, with Kineto's
- * bookkeeping dropped for X events when asked); *ref = its index, -1 for none; `empty` stores a
- * dict for absent or empty args.  0 / -1. */
+ * bookkeeping dropped for X and i events when asked); *ref = its index, -1 for none; `empty`
+ * stores a dict for absent or empty args.  0 / -1. */
 static int store_args(Scan *s, Event *ev, int phase, int32_t *ref) {
-    int empty = phase == 'M', drop = phase == 'X' && s->drop;
+    int empty = phase == 'M', drop = (phase == 'X' || phase == 'i') && s->drop;
     *ref = -1;
     if (ev->args == 1 && (!ev->compacted || (s->drop && !drop))) {
         Cursor c = {ev->args_start, ev->args_end};

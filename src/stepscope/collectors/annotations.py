@@ -310,12 +310,26 @@ def traced(fn: F | None = None, *, name: str | None = None) -> F | Callable[[F],
     return apply(fn)
 
 
-def _span_args(args: Any) -> Mapping[str, Any] | None:
+def _span_args(args: Any, record_shapes: bool = False) -> Mapping[str, Any] | None:
+    """A block's args as span args: a mapping's items (keyword inputs), or the args string.
+
+    torch records ``record_function``'s args string as the block's one input: with
+    ``record_shapes`` its shapes, strides, type and value are there, each empty (the string
+    itself is not); stepscope writes the same beside the string.
+    """
     if args is None:
         return None
     if isinstance(args, Mapping):
         return {str(k): v for k, v in args.items()}
-    return {"args": args if isinstance(args, str) else repr(args)}
+    text = {"args": args if isinstance(args, str) else repr(args)}
+    if record_shapes:
+        text.update(string_input())
+    return text
+
+
+def string_input() -> dict[str, Any]:
+    """The args torch writes for a ``record_function`` given an args string (record_shapes)."""
+    return {"Input Dims": [[]], "Input Strides": [[]], "Input type": [""], "Concrete Inputs": [""]}
 
 
 class AnnotationCollector(Collector):
@@ -323,7 +337,14 @@ class AnnotationCollector(Collector):
 
     name = "annotations"
 
-    def __init__(self, max_spans: int = 2_000_000, backend: _Backend | None = None) -> None:
+    def __init__(
+        self,
+        max_spans: int = 2_000_000,
+        backend: _Backend | None = None,
+        *,
+        record_shapes: bool = False,
+    ) -> None:
+        """``record_shapes``: a block's args string is written as torch's one string input."""
         if (
             isinstance(max_spans, bool)
             or not isinstance(max_spans, int)
@@ -334,6 +355,7 @@ class AnnotationCollector(Collector):
             )
         self.max_spans = max_spans
         self.backend = backend or default_backend
+        self.record_shapes = record_shapes
         self._sink: list[SpanTuple] = []
         self._recording = False
 
@@ -359,8 +381,9 @@ class AnnotationCollector(Collector):
         """Append the window's spans to the trace."""
         pid = ctx.pid
         span = builder.span
+        shapes = self.record_shapes
         for name, args, start, end, tid in self._sink:
-            span(name, "user_annotation", pid, tid, start, end - start, _span_args(args))
+            span(name, "user_annotation", pid, tid, start, end - start, _span_args(args, shapes))
         self._sink = []
 
     def close(self) -> None:

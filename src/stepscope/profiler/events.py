@@ -77,6 +77,8 @@ KINETO_ARG_KEYS = frozenset(
     }
 )
 """Arguments torch writes for every op: what is left are the op's keyword inputs."""
+ARGS_STRING = "args"
+"""Where a stepscope annotation keeps ``record_function``'s args string (not a keyword input)."""
 
 
 class DeviceType(enum.Enum):
@@ -275,11 +277,15 @@ class FunctionEvent(TorchTimeNames):
         self.concrete_inputs: list[Any] = (
             [_concrete(v) for v in concrete] if isinstance(concrete, list) else []
         )
+        # record_function's args string is the block's input (torch's), not a keyword input
+        text_input = cat in USER_CATEGORIES and isinstance(args.get(ARGS_STRING), str)
         self.kwinputs: dict[str, Any] = (
             {
                 k: v
                 for k, v in args.items()
-                if k not in KINETO_ARG_KEYS and not k.startswith("stepscope")
+                if k not in KINETO_ARG_KEYS
+                and not k.startswith("stepscope")
+                and not (text_input and k == ARGS_STRING)
             }
             if cat not in DEVICE_CATEGORIES
             else {}

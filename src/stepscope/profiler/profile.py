@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import json
 import logging
 import os
@@ -19,7 +20,7 @@ import uuid
 import warnings
 from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from stepscope import clock, forks, steps, steptables
 from stepscope._version import __version__
@@ -27,6 +28,7 @@ from stepscope.activity import ProfilerActivity, coerce_activities
 from stepscope.collectors import import_watch
 from stepscope.collectors.annotations import AnnotationCollector, emit_span, record_function
 from stepscope.collectors.base import Collector, WindowContext
+from stepscope.collectors.compiled import register_profile_with_dynamo
 from stepscope.collectors.torch import (
     DEVICE_NAMES,
     advance_kineto_step,
@@ -45,6 +47,7 @@ from stepscope.profiler.step_trigger import StepTrigger
 from stepscope.profiler.summary import KeyAverages, key_averages
 from stepscope.report.collapsed import collapsed_from_spans, write_collapsed
 from stepscope.trace.chrome_writer import RESERVED_KEYS, WriteStats, write_chrome_trace
+from stepscope.trace.kineto import number_events
 from stepscope.trace.model import Trace, TraceBuilder
 from stepscope.trace.names import OWN_WORK_FRAME
 
@@ -77,6 +80,13 @@ class profile:
     _paused = False
     on_pause: Callable[[], None] | None = None
     """Called (on the program's thread) when this profile gives way, before its window ends."""
+
+    __signature__: ClassVar[inspect.Signature]
+    """The class's signature (``help()``, editors): ``__init__``'s, not ``__new__``'s."""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> profile:
+        # A __new__ of its own, for torch.compile to substitute (collectors/compiled.py).
+        return object.__new__(cls)
 
     def __init__(
         self,
@@ -174,7 +184,9 @@ class profile:
         trigger = StepTrigger(step_on, self.step, strict=strict) if step_on is not None else None
         self._step_trigger = trigger
         self.step_tables = steptables.step_tables_of(step_tables, strict)
-        self.collectors: list[Collector] = [AnnotationCollector(max_spans=max_annotation_spans)]
+        self.collectors: list[Collector] = [
+            AnnotationCollector(max_spans=max_annotation_spans, record_shapes=record_shapes)
+        ]
         self.collectors += self._requested_collectors() + self.step_tables.collectors()
         if strict is not None:
             for built in self.collectors:
@@ -532,6 +544,8 @@ class profile:
                     collector, "collect", functools.partial(collector.collect, builder, ctx)
                 )
             self._finish_metadata(builder, ctx)
+            if experimental_flag(self.experimental_config, "expose_kineto_event_metadata"):
+                number_events(builder)
             trace = builder.build()
             for collector in self.collectors:
                 self._guarded(
@@ -756,8 +770,14 @@ def _after_fork_in_child() -> None:
             _leave_in_child(left)
 
 
+_init_signature = inspect.signature(profile.__init__)
+profile.__signature__ = _init_signature.replace(
+    parameters=list(_init_signature.parameters.values())[1:],  # without self
+    return_annotation=inspect.Signature.empty,
+)
 forks.after_fork_in_child(_after_fork_in_child)
 import_watch.when_imported("torch", install_torch_profiler_hooks)
+register_profile_with_dynamo(profile)
 
 
 _paused_behind: profile | None = None

@@ -154,7 +154,7 @@ def read_chrome_trace(
 ) -> Trace:
     """Load a ``.json`` or ``.json.gz`` Chrome trace (stepscope's or torch.profiler's).
 
-    ``drop_kineto_bookkeeping`` leaves Kineto's bookkeeping keys out of ``X`` events' args
+    ``drop_kineto_bookkeeping`` leaves Kineto's bookkeeping keys out of ``X`` and ``i`` events' args
     (see ``stepscope.trace.kineto``), as a merge of torch's trace into stepscope's does.
     A ``.gz`` file may inflate to ``max_inflated_bytes`` (default: ``MAX_INFLATE_RATIO`` times
     its size or ``MIN_INFLATE_LIMIT``, whichever is more).  Every failure to read is a
@@ -240,7 +240,7 @@ def _scan_events(p: Path, data: bytes, drop: bool) -> _EventsRead:
         return doc, TraceBuilder(base_time_ns=0), [], [], {}, None
     if drop:
         for ev in events:
-            if type(ev) is dict and ev.get("ph") == "X" and type(ev.get("args")) is dict:
+            if type(ev) is dict and ev.get("ph") in ("X", "i") and type(ev.get("args")) is dict:
                 drop_bookkeeping(ev["args"])
     b = TraceBuilder(base_time_ns=0)
     reader: Callable[..., tuple[list[int], tuple[bytes, ...]]] = (

@@ -470,6 +470,19 @@ class TraceBuilder:
         ref = self._cols["spans"]["args"][row]
         return self._args[ref] if ref >= 0 else None
 
+    def instant_column(self, column: str) -> array[Any]:
+        """One column of the instants appended so far (read it; append through ``instant``)."""
+        return self._cols["instants"][column]
+
+    def set_instant_args(self, row: int, args: Mapping[str, Any]) -> None:
+        """Replace the args of an appended instant."""
+        self._cols["instants"]["args"][row] = self._add_args(args)
+
+    def instant_args(self, row: int) -> Mapping[str, Any] | None:
+        """The args of an appended instant."""
+        ref = self._cols["instants"]["args"][row]
+        return self._args[ref] if ref >= 0 else None
+
     def add_args(self, args: Mapping[str, Any]) -> int:
         """Store an args mapping and return its ref (for ``extend_spans``)."""
         return self._add_args(args)
