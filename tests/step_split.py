@@ -20,7 +20,7 @@ nothing here; an operator inside a labelled span takes that label):
 Forward (issue 36's definition): for each backward stretch of the step (a maximal union of
 backward spans), the forward stretch runs from the first torch operator (``cpu_op``) that
 starts after the previous boundary (the previous backward stretch's end, or the step's start)
-to the stretch's start; in a step with no backward, from the first operator's start to the last
+— or the first forward annotation, if that starts earlier — to the stretch's start; in a step with no backward, from the first operator's start to the last
 one's end.  Every moment of a forward stretch not labelled otherwise (operators and the Python
 between them) is forward, and so is a forward annotation's time wherever it is.  Operators
 outside the forward stretches and outside any label are ``other_operators``.
@@ -147,7 +147,9 @@ def _split_one(own: list[dict[str, Any]], s: float, e: float) -> dict[str, float
             if _label(x) == "backward" and x["ts"] + x["dur"] > s
         ]
     )
-    op_starts = sorted(x["ts"] for x in own if x.get("cat") == "cpu_op")
+    op_starts = sorted(
+        x["ts"] for x in own if x.get("cat") == "cpu_op" or _label(x) == "forward"
+    )
     stretches: list[Interval] = []
     boundary = s
     for lo, hi in backward:
