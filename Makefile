@@ -33,7 +33,7 @@ DEMO_OUT ?= out/demo
 demo: $(VENV)/.stamp-base native
 	rm -rf $(DEMO_OUT)/traces
 	$(VENV)/bin/stepscope run -o $(DEMO_OUT)/traces --step-on train_loop:train_step \
-	  --sampling-rate 500 --wait 3 --warmup 1 --active 20 --top 10 examples/train_loop.py
+	  --sampling-rate 500 --wait 8 --warmup 1 --active 20 --top 10 examples/train_loop.py
 	$(VENV)/bin/stepscope report $(DEMO_OUT)/traces --html $(DEMO_OUT)/report.html
 	@echo "HTML report (works offline): file://$(abspath $(DEMO_OUT))/report.html"
 

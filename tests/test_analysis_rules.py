@@ -35,6 +35,38 @@ def test_data_loading_quiet_under_5_percent() -> None:
     assert "data_loading" not in rules(loop(30))
 
 
+def _loader(iterator: str) -> Trace:
+    name = f"enumerate(DataLoader)#{iterator}.__next__"
+    return build(
+        [
+            StepSpec(
+                1000,
+                [(name, 0, 400, "user_annotation"), ("forward", 400, 590, "user_annotation")],
+            )
+            for _ in range(4)
+        ]
+    )
+
+
+def test_a_loader_with_workers_is_not_told_to_use_workers() -> None:
+    # issue 36, point 5: a DataLoader with num_workers=2 was told "num_workers>0"
+    [with_workers] = [
+        r
+        for r in analyze_trace(_loader("_MultiProcessingDataLoaderIter")).recommendations
+        if r.rule == "data_loading"
+    ]
+    assert with_workers.evidence["worker_processes"] is True
+    assert "num_workers>0" not in with_workers.advice
+    assert "already loads in worker processes" in with_workers.advice
+    [single] = [
+        r
+        for r in analyze_trace(_loader("_SingleProcessDataLoaderIter")).recommendations
+        if r.rule == "data_loading"
+    ]
+    assert single.evidence["worker_processes"] is False
+    assert "num_workers>0" in single.advice
+
+
 def busy_gpu(gap_us: int, launch_late: bool, count: int = 4) -> Trace:
     """Steps of 1000 µs at 1000 µs; kernels every (dur + gap) µs inside them."""
     kernels = []

@@ -98,6 +98,24 @@ def test_python_objects_per_step_current_and_peak_within_5_percent(mode: bool | 
     assert held_bytes == pytest.approx(blocks * leaked, rel=0.05, abs=4096)
 
 
+def test_a_leak_is_a_recommendation_in_every_view() -> None:
+    # issue 36, point 5: the leak was in the memory section only, not among the recommendations
+    # (so not in the Markdown summary written for pull requests and agents)
+    from stepscope.analysis.analyze import analyze
+    from stepscope.report.markdown import report_markdown
+
+    held: list[Any] = []
+    report = analyze([("leaky", python_loop(held, leak=True).trace())])
+    [found] = [r for r in report.combined.recommendations if r.rule == "memory_leak"]
+    assert found.evidence["kind"] == "python"
+    assert found.evidence["per_step_bytes"] == pytest.approx(sys.getsizeof(held[0]), rel=0.05)
+    assert "python_loop" in str(found.evidence["site"])
+    assert found.title in report_markdown(report).replace("\\", "")
+    assert "memory_leak" in report.to_json()
+    steady = analyze([("steady", python_loop([], leak=False).trace())])
+    assert not [r for r in steady.combined.recommendations if r.rule == "memory_leak"]
+
+
 def leaks_between(rows: list[dict[str, Any]], since_ns: int, until_ns: int) -> int:
     """The loop's leaks between two step-end snapshots: the steps that ended in between (each
     leaks before its end; the last row, the step the profile stopped in, ran nothing)."""

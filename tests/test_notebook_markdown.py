@@ -22,7 +22,7 @@ from stepscope.report.markdown import escape
 from stepscope.trace.chrome_reader import read_chrome_trace
 
 RECORDED = 4
-WAIT = 3  # unrecorded steps enough for the overhead to be stated
+WAIT = 5  # unrecorded steps (the first is cold) enough for the overhead to be stated
 HOSTILE = "evil | name <script>alert(1)</script> [link](http://x)"
 
 

@@ -100,7 +100,7 @@ def _ab(body: Callable[[], None], tmp_path: Path, **options: object) -> tuple[Ov
         a_medians.append(statistics.median(a_round))
         stated, recorded = _run_b(body, tmp_path / str(n), **options)
         assert stated.recorded_steps == ACTIVE * REPEAT
-        assert stated.unrecorded_steps == WAIT * REPEAT
+        assert stated.unrecorded_steps + stated.cold_steps == WAIT * REPEAT
         assert stated.warmup_steps == WARMUP * REPEAT
         assert stated.slowdown_pct is not None
         slowdowns.append(stated.slowdown_pct)
@@ -142,7 +142,8 @@ def test_every_report_format_states_the_overhead(tmp_path: Path) -> None:
     as_json = json.loads(report.to_json())
     assert as_json["combined"]["overhead"]["recorded_steps"] == ACTIVE * REPEAT
     text = " ".join(overhead_lines(report.combined.overhead))
-    assert f"{ACTIVE * REPEAT} recorded, {WAIT * REPEAT} unrecorded" in text
+    warm = as_json["combined"]["overhead"]["unrecorded_steps"]
+    assert f"{ACTIVE * REPEAT} recorded, {warm} warm unrecorded" in text
     assert "Overhead: recorded steps took" in text
     console = Console(file=io.StringIO(), width=200)
     render_report(report, console)
@@ -209,7 +210,40 @@ def test_too_few_unrecorded_steps_state_no_slowdown(tmp_path: Path) -> None:
             prof.step()
     [summary] = analyze([("t", prof.trace())]).files
     stated = summary.overhead
-    assert stated is not None and stated.unrecorded_steps == 2 and stated.recorded_steps == 4
+    assert stated is not None and stated.unrecorded_steps + stated.cold_steps == 2
+    assert stated.recorded_steps == 4
     assert stated.slowdown_pct is None
     [first, *_] = overhead_lines(stated)
     assert "too few steps to compare" in first and "%" not in first
+
+
+def _warming_loop(first_steps_ms: list[float], steady_ms: float, wait: int) -> Overhead:
+    """A loop whose first steps take ``first_steps_ms`` (a program warming up), then
+    ``steady_ms``; ``wait`` unrecorded steps, one warmup, four recorded."""
+    sched = stepscope.schedule(wait=wait, warmup=1, active=4, repeat=1)
+    with stepscope.profile(schedule=sched, torch_ops=False) as prof:
+        for n in range(wait + 1 + 4):
+            time.sleep((first_steps_ms[n] if n < len(first_steps_ms) else steady_ms) / 1e3)
+            prof.step()
+    [summary] = analyze([("t", prof.trace())]).files
+    assert summary.overhead is not None
+    return summary.overhead
+
+
+def test_the_cold_first_steps_are_no_baseline() -> None:
+    # issue 36, point 3: the demo stated "-84.4 %" against its cold first steps
+    stated = _warming_loop([150.0, 60.0], steady_ms=15.0, wait=6)
+    assert stated.cold_steps == 2, "the first step, and the next one still 4x slower"
+    assert stated.unrecorded_steps == 4
+    assert stated.slowdown_pct is not None
+    outside = 0.0  # the loop sleeps the same 15 ms recorded or not
+    assert abs(stated.slowdown_pct - outside) <= 25.0, stated
+    assert "2 cold first steps left out" in overhead_lines(stated)[0]
+
+
+def test_unrecorded_steps_still_getting_faster_state_no_comparison() -> None:
+    stated = _warming_loop([40.0, 36.0, 32.0, 28.0, 20.0, 16.0, 12.0], steady_ms=12.0, wait=7)
+    assert not stated.settled
+    assert stated.slowdown_pct is None
+    [first, *_] = overhead_lines(stated)
+    assert "no trustworthy comparison" in first and "%" not in first

@@ -193,6 +193,17 @@ def test_report_names_the_slow_rank_and_phase(job: Any, tmp_path: Path) -> None:
     assert collective["collective"] == "allreduce" and collective["nelems"] == 32 * 32 + 32
     for row in r["ranks"]:
         assert row["computation_ns"] + row["communication_ns"] + row["idle_ns"] == row["total_ns"]
+    # issue 36, point 5: the straggler is the first recommendation in every view, and the
+    # Markdown summary counts steps per rank (it said "6 steps" for 3 steps x 2 ranks)
+    from stepscope.report.markdown import report_markdown
+
+    report = analyze(read_dir(out))
+    first = report.combined.recommendations[0]
+    assert first.rule == "straggler" and first.evidence["rank"] == slow
+    assert first.evidence["phase"] == "data_loading"
+    summary = report_markdown(report)
+    assert f"**3 steps × {len(r['ranks'])} ranks**" in summary
+    assert f"Rank {slow} is the straggler" in summary
 
 
 def test_busy_straggler_evidence_equals_the_injected_delay(tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ def _steps_closed_from_the_optimizer_hook(steps: int = 3, forward: int = 300) ->
         at = 1000 * n
         b.span(f"ProfilerStep#{n}", "user_annotation", 1, 1, at, 1000)
         b.span("aten::linear", "cpu_op", 1, 1, at + 100, forward)  # forward: 300
-        b.span(BACKWARD, "cpu_op", 1, 1, at + 450, 250)  # backward: 250
+        b.span(BACKWARD, "cpu_op", 1, 1, at + 150 + forward, 250)  # backward: 250
         b.span(OPT, "user_annotation", 1, 1, at + 800, 250)  # optimizer: 200 in this step
         b.span("aten::add_", "cpu_op", 1, 1, at + 820, 100)
     return b.build()
@@ -36,8 +36,9 @@ def test_a_step_opened_inside_the_previous_optimizer_step_keeps_its_own_categori
     shares = _shares(_steps_closed_from_the_optimizer_hook())
     for step in (1, 2):  # step 0 is not inside an optimizer step; the later ones are
         got = shares[step]
-        assert (got["forward"], got["backward"], got["optimizer"]) == (300, 250, 200), got
-        assert got["idle_other"] == 1000 - 750, "the step's own time, with the tail it crossed"
+        # forward: the operator and the Python after it up to backward (100..450)
+        assert (got["forward"], got["backward"], got["optimizer"]) == (350, 250, 200), got
+        assert got["idle_other"] == 1000 - 800, "the step's own time, with the tail it crossed"
 
 
 def test_steps_do_not_stack_under_the_optimizer_step_they_cross() -> None:
@@ -60,11 +61,13 @@ def test_a_closure_inside_optimizer_step_is_forward_and_backward() -> None:
     b.span(BACKWARD, "cpu_op", 1, 1, 300, 200)  # the closure's backward, ends at 500
     b.span("aten::add_", "cpu_op", 1, 1, 600, 50)  # the update
     got = _shares(b.build())[1]
-    assert got["forward"] == 100
+    # the forward pass runs from the operator to backward (150..300) less zero_grad
+    assert got["forward"] == 100 + 10 + 20
     assert got["backward"] == 200
     assert got["optimizer"] == 20 + 500, "zero_grad, and everything after the closure"
-    # the step's own 100 ns, and the closure's own Python (100..500 less its children)
-    assert got["idle_other"] == 100 + 80
+    # the step's own 100 ns, and the closure's own Python outside the forward pass
+    # (100..150, and 500..500: nothing after backward before the closure ends)
+    assert got["idle_other"] == 100 + 50
     assert sum(got.values()) == 1000
 
 
@@ -84,7 +87,7 @@ def test_a_closure_whose_backward_runs_on_the_autograd_thread_is_still_backward(
     b.span(BACKWARD, "cpu_op", 1, 2, 300, 200)  # the engine's device thread (a GPU run)
     b.span("aten::add_", "cpu_op", 1, 1, 600, 50)
     got = _shares(b.build())[1]
-    assert got["forward"] == 100
+    assert got["forward"] == 100 + 50, "the operator and the Python after it up to backward"
     assert got["backward"] == 200, "the step's thread waited for it inside the closure"
     assert got["optimizer"] == 500
-    assert got["idle_other"] == 100 + 100
+    assert got["idle_other"] == 100 + 50

@@ -333,3 +333,37 @@ def test_distributed_info_comes_from_an_initialised_process_group(
     (name,) = os.listdir(tmp_path)
     assert name.endswith(".pt.trace.json") and "_rank0." in name
     assert '"rank": 0' in (tmp_path / name).read_text()
+
+
+def test_no_span_of_the_program_outlives_the_window_it_ended_in() -> None:
+    # issue 36, point 4: the window ends in the optimizer's post-hook, inside torch's
+    # ``Optimizer.step#...`` span; torch ended that span after our stop, collection and a
+    # slow trace handler, so the report's top row was our own time
+    import time
+
+    model, opt = mlp()
+    slow_save = 1.0
+    windows: list[Any] = []
+
+    def keep(prof: profile) -> None:
+        windows.append(prof.events())
+        time.sleep(slow_save)
+
+    with profile(
+        schedule=quiet_schedule(wait=1, warmup=1, active=3, repeat=1),
+        on_trace_ready=keep,
+        step_on="optimizer",
+    ):
+        train(model, opt, 6)
+    [spans] = windows
+    steps = sorted(
+        (s for s in spans if s.trace_name.startswith("ProfilerStep#")), key=lambda s: s.start_ns
+    )
+    opt_steps = sorted(
+        (s for s in spans if s.name.startswith("Optimizer.step#")), key=lambda s: s.start_ns
+    )
+    last_step, last_opt = steps[-1], opt_steps[-1]
+    assert last_step.start_ns <= last_opt.start_ns, "the window's last optimizer step is its own"
+    assert last_opt.end_ns - last_step.end_ns < slow_save * 1e9 / 2, (last_opt, last_step)
+    assert (last_opt.args or {}).get("stepscope.open_at_window_end") is True
+    assert all(not (s.args or {}).get("stepscope.open_at_window_end") for s in opt_steps[:-1])

@@ -43,6 +43,13 @@ KINDS = ("unrecorded", "warmup", "recorded")
 PHASES = ("data_wait", "optimizer", "gc")
 """The phases a ring with ``phases=True`` times per step, by their ``enter``/``leave`` number."""
 
+COLD_RATIO = 1.5
+"""A step before the first window slower than this times the median of the unrecorded steps
+after it is still the program's warm-up, not a baseline for the recorded steps."""
+SETTLED_RATIO = 1.2
+"""The warm unrecorded steps before the first window have settled unless each step of their
+first half took more than this times their second half's median."""
+
 CPU_READ_NS = 1_000_000
 """The least wall time between two readings of the thread's CPU clock (phases only)."""
 
@@ -263,10 +270,47 @@ class StepTimes:
             found[KINDS[kinds[slot]]] += starts[following] - ends[slot]
         return found
 
+    def warm_unrecorded(self) -> tuple[list[int], int, bool]:
+        """The unrecorded steps a recorded one may be compared with: (their durations, how many
+        cold first steps were left out, whether those before the first window had settled).
+
+        The run's first step is cold (first calls, the allocator's first blocks, lazy imports);
+        so is each following step before the first window while it takes more than
+        ``COLD_RATIO`` times the median of the unrecorded steps after it.  What is left before
+        the first window has *settled* unless every step of its first half took more than
+        ``SETTLED_RATIO`` times its second half's median (the loop is still getting faster)."""
+        starts, ends, kinds, kept = self._columns()
+        before: list[int] = []  # unrecorded steps before the first warmup or recorded step
+        after: list[int] = []
+        windowed = False
+        for n in kept:
+            slot = n % self.capacity
+            windowed = windowed or kinds[slot] != 0
+            if kinds[slot] == 0:
+                (after if windowed else before).append(ends[slot] - starts[slot])
+        cold = 0
+        if kept.start == 0 and before:
+            cold = 1  # the run's first step
+            while cold < len(before) - 1 and before[cold] > COLD_RATIO * statistics.median(
+                before[cold + 1 :]
+            ):
+                cold += 1
+        warm = before[cold:]
+        settled = True
+        if len(warm) >= 3:
+            half = len(warm) // 2
+            settled = min(warm[:half]) <= SETTLED_RATIO * statistics.median(warm[half:])
+        if not settled and after:  # the steps between windows are warm: compare with those
+            return after, cold + len(warm), True
+        return warm + after, cold, settled
+
     def summary(self) -> dict[str, Any]:
-        """Per kind: count, median and mean ns; the recorded steps' slowdown over unrecorded
-        ones (``slowdown_pct``, None without both); edge time; drops.  Plain JSON values."""
+        """Per kind: count, median and mean ns (unrecorded: the warm ones, ``warm_unrecorded``);
+        the recorded steps' slowdown over the warm unrecorded ones (``slowdown_pct``, None
+        without both or before they settled); edge time; drops.  Plain JSON values."""
         durations = self.durations()
+        warm, cold, settled = self.warm_unrecorded()
+        durations["unrecorded"] = warm
         kinds: dict[str, dict[str, Any]] = {}
         for kind, values in durations.items():
             kinds[kind] = {
@@ -274,11 +318,13 @@ class StepTimes:
                 "median_ns": int(statistics.median(values)) if values else None,
                 "mean_ns": int(statistics.fmean(values)) if values else None,
             }
+        kinds["unrecorded"]["cold"] = cold
+        kinds["unrecorded"]["settled"] = settled
         recorded = kinds["recorded"]["median_ns"]
         unrecorded = kinds["unrecorded"]["median_ns"]
         slowdown = (
             100.0 * (recorded - unrecorded) / unrecorded
-            if recorded is not None and unrecorded
+            if recorded is not None and unrecorded and settled
             else None
         )
         return {

@@ -35,7 +35,7 @@ from stepscope.analysis.result import (
     StepTime,
     TraceSummary,
 )
-from stepscope.analysis.rules import SHORT_KERNEL_NS, recommend
+from stepscope.analysis.rules import SHORT_KERNEL_NS, recommend, straggler_recommendations
 from stepscope.analysis.sampled_time import sampled_time
 from stepscope.steps import window_label
 from stepscope.trace.model import Trace
@@ -180,10 +180,15 @@ def _facts(
     devices = dev.device_breakdowns(events, positions, scope)
     device_steps: dict[str, list[Category]] = {}
     loader_names = {i for i, text in enumerate(strings) if "DataLoader" in text}
+    # torch names the iterator: ``_MultiProcessingDataLoaderIter`` loads in worker processes
+    worker_names = {i for i in loader_names if "MultiProcessing" in strings[i]}
     sums: dict[str, float] = {
         "step_ns": float(step_total),
         "steps": float(len(chosen)),
         "dataloader_spans": float(sum(1 for i in members if spans["name"][i] in loader_names)),
+        "dataloader_worker_spans": float(
+            sum(1 for i in members if spans["name"][i] in worker_names)
+        ),
     }
     if positions:
         idle = 0
@@ -352,7 +357,10 @@ def _summarize(source: str, facts: Sequence[_Facts], top: int) -> TraceSummary:
         (f"{f.source}:{k}" if several else k): v for f in facts for k, v in f.device_steps.items()
     }
     step_total = int(sums.get("step_ns", 0))
-    measures: dict[str, float] = {"dataloader_spans": sums.get("dataloader_spans", 0.0)}
+    measures: dict[str, float] = {
+        "dataloader_spans": sums.get("dataloader_spans", 0.0),
+        "dataloader_worker_spans": sums.get("dataloader_worker_spans", 0.0),
+    }
     if "device_idle_ns" in sums and step_total:
         measures["device_idle_pct"] = 100.0 * sums["device_idle_ns"] / step_total
         measures["host_wait_ns"] = sums["host_wait_ns"]
@@ -395,7 +403,6 @@ def _summarize(source: str, facts: Sequence[_Facts], top: int) -> TraceSummary:
         windows={f.source: f.window for f in facts if f.window},
         flames=merge_flames([f.flames for f in facts]),
     )
-    summary.recommendations = recommend(summary)
     return summary
 
 
@@ -406,6 +413,7 @@ def analyze_trace(
     summary = _summarize(source, [_facts(trace, source, step_range)], top)
     summary.memory = memory_summary(trace, top, step_range)
     summary.overhead = trace_overhead(trace)
+    summary.recommendations = recommend(summary)
     return summary
 
 
@@ -469,6 +477,7 @@ def analyze_file(
     summary = _summarize(facts.source, [facts], top)
     summary.memory = memory_summary(trace, top, step_range)
     summary.overhead = trace_overhead(trace)
+    summary.recommendations = recommend(summary)
     ranks = rank_facts(label, trace, step_range) if with_ranks else None
     return FileAnalysis(facts, summary, ranks, step_range, top)
 
@@ -484,6 +493,9 @@ def combine(parts: Sequence[FileAnalysis]) -> Report:
     if len(facts) > 1:
         combined.memory = combine_memory([s.memory for s in per_file])
         combined.overhead = pick_overhead(per_file)
+        combined.recommendations = recommend(combined)
     rank_parts = [p.ranks for p in parts if p.ranks is not None]
     ranks = reduce_ranks(rank_parts, per_file) if len(parts) > 1 else None
+    if ranks is not None:
+        combined.recommendations = straggler_recommendations(ranks) + combined.recommendations
     return Report(per_file, combined, step_range, top, ranks)

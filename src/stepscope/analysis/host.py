@@ -18,16 +18,28 @@ the step:
 
 No rule matching anywhere up the chain: inside a user annotation (``record_function``, any
 category ``user_annotation``) -> ``other_annotated``; a ``python_function`` span ->
-``python``; a torch operator -> ``forward`` when it starts before the step's first backward
-span (or the step has none), else ``other_operators``.  The step span's own time (no span
-open below it) is ``idle_other`` — uninstrumented Python or waiting — except the part during
-which a collective runs on another thread of the same process (the thread waits for it: gloo's
-and NCCL's worker threads run the collective the step waits on), which is ``communication``,
-and then the part during which a backward span runs on another thread of the same process (the
-autograd engine's device threads), which is ``backward``; with stack samples and no
+``python``; a torch operator -> ``forward`` inside a *forward pass*, else ``other_operators``.
+
+A step's forward passes are found from its backward passes, however many it holds (gradient
+accumulation, two losses, a GAN's two optimizers): each stretch of backward time of the
+process (the union of its backward spans, on any thread) is fed by the forward pass that runs
+from the first operator (or ``forward`` span) starting after the previous backward stretch
+ended (or the step began) up to that backward's start.  A step without backward has one forward
+pass, from its first such operator to the end of its last.  Inside a forward pass, every moment
+that no categorised span claims is ``forward``: the operators and the Python between them (the
+modules' own code) — so ``stepscope run``'s forward is the span a trainer's ``forward:``
+annotation marks.  Operators after the step's last backward, outside the optimizer (gradient
+clipping, metrics), are ``other_operators``.
+
+The step span's own time (no span open below it) is ``idle_other`` — uninstrumented Python or
+waiting — except the part during which a collective runs on another thread of the same process
+(the thread waits for it: gloo's and NCCL's worker threads run the collective the step waits
+on), which is ``communication``, then the part during which a backward span runs on another
+thread of the same process (the autograd engine's device threads), which is ``backward``, then
+the part inside a forward pass, which is ``forward``; with stack samples and no
 ``python_function`` spans, sampled Python time moves out of uncategorised time (the step's own,
-``idle_other``) into ``python`` — time inside a categorised span (data loading, optimizer, an
-annotation) stays in that span's category.
+``idle_other``, and the unnamed Python of a forward pass) into ``python`` — time inside a
+categorised span (data loading, optimizer, an annotation) stays in that span's category.
 A step is where categories start: a ``ProfilerStep#N`` inherits nothing from a span it sits
 in (with steps ended from the optimizer's post-hook, step N opens inside step N-1's
 ``Optimizer.step``), so its spans are categorised by what ran inside it.  An ``Optimizer.step``
@@ -244,15 +256,16 @@ def host_breakdowns(
             ]
             if i != step.span
         ]
-        first_backward = min(
-            (starts[i] for i in members if categories[i] == "backward"), default=None
-        )
+        elsewhere = backward.get(step.pid)
+        passes = _forward_passes(members, categories, starts, durs, elsewhere, step)
+        pass_starts = [lo for lo, _ in passes]
         covered: list[tuple[int, int]] = []
         for i in members:
             category = categories[i]
             if category == _OP_PENDING:
-                before = first_backward is None or starts[i] < first_backward
-                category = "forward" if before else "other_operators"
+                k = bisect_right(pass_starts, starts[i]) - 1
+                inside = k >= 0 and starts[i] < passes[k][1]
+                category = "forward" if inside else "other_operators"
             elif not category:
                 category = "idle_other"
             end = min(starts[i] + durs[i], step.end_ns)
@@ -263,7 +276,6 @@ def host_breakdowns(
                 # backward on the autograd engine's threads, or runs uninstrumented Python
                 closure_end = min(closures[i], end)
                 glue = children.own_stretches(i, starts[i], closure_end, starts, durs)
-                elsewhere = backward.get(step.pid)
                 waited = (
                     _overlap(glue, elsewhere.overlapping(starts[i], closure_end))
                     if elsewhere
@@ -271,8 +283,10 @@ def host_breakdowns(
                 )
                 own = max(0, min(share, sum(b - a for a, b in glue)))
                 waited = min(waited, own)
+                in_forward = min(_overlap(glue, passes), own - waited)
                 totals["backward"] += waited
-                totals["idle_other"] += own - waited
+                totals["forward"] += in_forward
+                totals["idle_other"] += own - waited - in_forward
                 share -= own
             # samples name the Python inside uncategorised time only: a data-loading or
             # optimizer region stays what it is, whatever Python ran inside it
@@ -285,16 +299,21 @@ def host_breakdowns(
         own_python = python_taken.get(step.span, 0) if step.span >= 0 else 0
         totals["python"] += own_python
         gaps = _gaps(merge_intervals(covered), step.start_ns, step.end_ns)
+        own_ns = sum(b - a for a, b in gaps)
         waiting = collectives.get(step.pid)
         if waiting:
             in_flight = waiting.overlapping(step.start_ns, step.end_ns)
             totals["communication"] += _overlap(gaps, in_flight)
             gaps = _subtract(gaps, in_flight)
-        elsewhere = backward.get(step.pid)
-        backward_elsewhere = (
-            _overlap(gaps, elsewhere.overlapping(step.start_ns, step.end_ns)) if elsewhere else 0
-        )
-        totals["backward"] += backward_elsewhere
+        if elsewhere:
+            in_backward = elsewhere.overlapping(step.start_ns, step.end_ns)
+            totals["backward"] += _overlap(gaps, in_backward)
+            gaps = _subtract(gaps, in_backward)
+        in_passes = _overlap(gaps, passes)
+        # the samples of the step's own time name its Python wherever it ran: the forward
+        # pass's share of them is named Python, not unnamed forward glue
+        named = own_python * in_passes // own_ns if own_ns else 0
+        totals["forward"] += in_passes - min(named, in_passes)
         used = sum(totals.values())
         if used > step.dur_ns:  # spans crossing the step's edges: scale to fit
             scale = step.dur_ns / used
@@ -304,6 +323,33 @@ def host_breakdowns(
         totals["idle_other"] += step.dur_ns - used
         result.append(_breakdown(step.step, step.dur_ns, totals, f"{step.pid}/{step.tid}"))
     return result
+
+
+def _forward_passes(
+    members: Sequence[int],
+    categories: Sequence[str],
+    starts: Sequence[int],
+    durs: Sequence[int],
+    backward: _Intervals | None,
+    step: StepWindow,
+) -> list[tuple[int, int]]:
+    """The step's forward passes (module docstring), sorted and disjoint; ``members`` by start."""
+    opening = [i for i in members if categories[i] in (_OP_PENDING, "forward")]
+    if not opening:
+        return []
+    stretches = backward.overlapping(step.start_ns, step.end_ns) if backward else []
+    if not stretches:
+        last = max(min(starts[i] + durs[i], step.end_ns) for i in opening)
+        return [(starts[opening[0]], last)] if last > starts[opening[0]] else []
+    passes = []
+    boundary, k = step.start_ns, 0
+    for lo, hi in stretches:
+        while k < len(opening) and starts[opening[k]] < boundary:
+            k += 1
+        if k < len(opening) and starts[opening[k]] < lo:
+            passes.append((starts[opening[k]], lo))
+        boundary = max(boundary, hi)
+    return passes
 
 
 class _Children:

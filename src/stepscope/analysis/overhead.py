@@ -43,9 +43,11 @@ def trace_overhead(trace: Trace) -> Overhead | None:
 
     recorded, unrecorded = stat("recorded", "median_ns"), stat("unrecorded", "median_ns")
     enough = min(stat("recorded", "count") or 0, stat("unrecorded", "count") or 0) >= MIN_COMPARED
+    entry = kinds.get("unrecorded")
+    settled = not (isinstance(entry, Mapping) and entry.get("settled") is False)
     slowdown = (
         100.0 * (recorded - unrecorded) / unrecorded
-        if recorded is not None and unrecorded and enough
+        if recorded is not None and unrecorded and enough and settled
         else None
     )
     return Overhead(
@@ -59,6 +61,8 @@ def trace_overhead(trace: Trace) -> Overhead | None:
         collector_ns=_ns_map(found.get("collector_ns")),
         dropped=_int_or_none(found.get("dropped")) or 0,
         in_steps_ns=_measured_in_steps(trace.metadata),
+        cold_steps=stat("unrecorded", "cold") or 0,
+        settled=settled,
     )
 
 

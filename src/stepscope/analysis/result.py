@@ -266,7 +266,8 @@ class Overhead:
     unrecorded steps' median, minus one (None without both kinds); ``edge_ns`` the time spent
     between steps (window starts and stops, trace writing) by the kind of step that ended;
     ``collector_ns`` each collector's time in its hooks; ``in_steps_ns`` what collectors
-    measured of their own cost inside the steps.
+    measured of their own cost inside the steps.  The unrecorded steps compared are warm ones:
+    the run's first, cold steps are left out (``cold_steps``).
     """
 
     recorded_steps: int
@@ -281,6 +282,11 @@ class Overhead:
     in_steps_ns: dict[str, int] = field(default_factory=dict)
     """Time collectors measured themselves spending inside the recorded steps (the sampler's
     sampling and signal handling); the rest of the slowdown is not split by collector."""
+    cold_steps: int = 0
+    """The run's first steps, still warming up, left out of the unrecorded steps compared."""
+    settled: bool = True
+    """False when the unrecorded steps before the first window were still getting faster: no
+    comparison is stated then."""
 
 
 @dataclass(frozen=True)

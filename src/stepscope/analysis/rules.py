@@ -7,7 +7,9 @@ Each rule reads ``summary.measures`` (computed by ``analyze``) and the breakdown
 rule                        fires when
 ==========================  =================================================================
 ``data_loading``            data loading takes > 5 % of the step time (host breakdown); the
-                            DataLoader options only when the trace shows a DataLoader
+                            DataLoader options only when the trace shows a DataLoader, and
+                            ``num_workers>0`` only when its iterator is the single-process one
+                            (a loader with worker processes is told its workers cannot keep up)
 ``gpu_idle``                the device is idle > 30 % of the steps' wall time
 ``host_bound``              the device is idle > 10 % of the steps and more than half of that
                             idle time is spent waiting for the host to launch the next kernel
@@ -18,6 +20,8 @@ rule                        fires when
                             of the step time
 ``step_outliers``           ≥ 3 steps and the slowest is > 1.5 × the median
 ``dropped_events``          a recorder dropped events or the reader skipped some
+``memory_leak``             memory held at step ends rose steadily over the window (the
+                            memory section's leak hint: Python heap or a device's tensors)
 ==========================  =================================================================
 """
 
@@ -25,9 +29,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from stepscope.analysis.ranks import RanksReport
 from stepscope.analysis.result import Recommendation, TraceSummary
 
-__all__ = ["RULES", "recommend"]
+__all__ = ["RULES", "recommend", "straggler_recommendations"]
 
 DATA_LOADING_PCT = 5.0
 GPU_IDLE_PCT = 30.0
@@ -58,22 +63,35 @@ def data_loading(summary: TraceSummary) -> Recommendation | None:
     if pct <= DATA_LOADING_PCT:
         return None
     loader = summary.measures.get("dataloader_spans", 0.0) > 0
-    advice = (
-        "Load batches ahead of the step: DataLoader(num_workers>0, pin_memory=True, "
-        "persistent_workers=True, prefetch_factor=2+), and keep per-batch work out of the loop."
-        if loader
-        else "Prepare the next batch while the step runs (a background thread or process, or "
-        "a torch DataLoader with worker processes), and keep per-batch work out of the loop."
-    )
+    workers = summary.measures.get("dataloader_worker_spans", 0.0) > 0
+    if workers:
+        advice = (
+            "The DataLoader already loads in worker processes and the step still waits for "
+            "batches: its workers cannot keep up. Raise num_workers (up to the free cores) "
+            "and prefetch_factor, keep persistent_workers=True, and make __getitem__ and "
+            "collate cheaper (profile one worker's dataset code)."
+        )
+    elif loader:
+        advice = (
+            "The DataLoader loads batches in the training process (num_workers=0): load "
+            "them ahead of the step with DataLoader(num_workers>0, pin_memory=True, "
+            "persistent_workers=True, prefetch_factor=2+), and keep per-batch work out of "
+            "the loop."
+        )
+    else:
+        advice = (
+            "Prepare the next batch while the step runs (a background thread or process, or "
+            "a torch DataLoader with worker processes), and keep per-batch work out of the loop."
+        )
+    evidence: dict[str, object] = {
+        "data_loading_pct": round(pct, 2),
+        "threshold_pct": DATA_LOADING_PCT,
+        "dataloader": loader,
+    }
+    if loader:
+        evidence["worker_processes"] = workers
     return Recommendation(
-        "data_loading",
-        f"Data loading takes {pct:.1f}% of the step time",
-        advice,
-        {
-            "data_loading_pct": round(pct, 2),
-            "threshold_pct": DATA_LOADING_PCT,
-            "dataloader": loader,
-        },
+        "data_loading", f"Data loading takes {pct:.1f}% of the step time", advice, evidence
     )
 
 
@@ -214,6 +232,32 @@ def dropped_events(summary: TraceSummary) -> Recommendation | None:
     )
 
 
+def memory_leak(summary: TraceSummary) -> Recommendation | None:
+    """Memory held at step ends rose steadily: the largest of the memory section's hints."""
+    memory = summary.memory
+    if memory is None or not memory.leaks:
+        return None
+    leak = max(memory.leaks, key=lambda h: h.per_step_bytes)
+    evidence: dict[str, object] = {
+        "kind": leak.kind,
+        "per_step_bytes": leak.per_step_bytes,
+        "steps": leak.steps,
+    }
+    where = ""
+    if leak.sites:
+        site = max(leak.sites, key=lambda x: x.growth_bytes)
+        evidence["site"] = f"{site.function} ({site.file}:{site.line})"
+        where = f", most at {site.function} ({site.file}:{site.line})"
+    return Recommendation(
+        "memory_leak",
+        f"The {leak.what} grows {leak.per_step_bytes / 1024:,.1f} KiB a step{where}",
+        "Find what keeps a reference from one step to the next (a list of losses or outputs "
+        "that still hold their graph: append loss.item() or tensor.detach(); caches keyed by "
+        "step); the memory section lists the sites that grew.",
+        evidence,
+    )
+
+
 RULES: tuple[Callable[[TraceSummary], Recommendation | None], ...] = (
     data_loading,
     gpu_idle,
@@ -223,9 +267,36 @@ RULES: tuple[Callable[[TraceSummary], Recommendation | None], ...] = (
     pageable_h2d,
     step_outliers,
     dropped_events,
+    memory_leak,
 )
 
 
 def recommend(summary: TraceSummary) -> list[Recommendation]:
     """Every rule that fires on ``summary``."""
     return [r for rule in RULES if (r := rule(summary)) is not None]
+
+
+def straggler_recommendations(ranks: RanksReport) -> list[Recommendation]:
+    """One recommendation per rank the others waited for (``analysis.ranks``), slowest first."""
+    found = []
+    for s in sorted(ranks.stragglers, key=lambda x: -x.excess_per_step_ns):
+        found.append(
+            Recommendation(
+                "straggler",
+                f"Rank {s.rank} is the straggler: the other ranks wait for it "
+                f"{s.late_ns / 1e6:,.3f} ms a step at collectives",
+                f"Look at rank {s.rank}'s {s.phase} (its {s.phase_ns / 1e6:,.3f} ms a step "
+                f"against the others' {s.others_median_ns / 1e6:,.3f} ms): uneven data or "
+                "shards, a slower host or device, or work only that rank does (logging, "
+                "checkpointing, evaluation on rank 0). A rank's step that waited for it at a "
+                "collective is slow because of it, not by itself.",
+                {
+                    "rank": s.rank,
+                    "late_ms": _ms(s.late_ns),
+                    "busy_excess_ms_per_step": _ms(s.excess_per_step_ns),
+                    "phase": s.phase,
+                    "since_step": s.step,
+                },
+            )
+        )
+    return found

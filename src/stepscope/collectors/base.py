@@ -23,6 +23,9 @@ class WindowContext:
     """Monotonic ns when RECORD began (0 until then)."""
     end_ns: int = 0
     """Monotonic ns when the window stopped (0 until then)."""
+    stopping_ns: int = 0
+    """Monotonic ns when the window began to stop, before any collector stopped (0 until then):
+    no span of the program's ends later than this in the window's trace."""
     metadata: dict[str, Any] = field(default_factory=dict)
     """Entries collectors add to the window's trace metadata (drop counts, settings)."""
     summary: list[str] = field(default_factory=list)

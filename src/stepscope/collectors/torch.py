@@ -24,12 +24,13 @@ from typing import Any
 from stepscope import clock
 from stepscope.activity import ProfilerActivity
 from stepscope.collectors import import_watch
-from stepscope.collectors.annotations import default_backend
+from stepscope.collectors.annotations import OPEN_FLAG, default_backend
 from stepscope.collectors.base import Collector, WindowContext
 from stepscope.collectors.compiled import torch_args
 from stepscope.extras import torch_available
 from stepscope.trace.chrome_reader import read_chrome_trace
 from stepscope.trace.model import Trace, TraceBuilder
+from stepscope.trace.nesting import DEVICE_CATEGORIES
 
 __all__ = [
     "TorchCollector",
@@ -57,6 +58,9 @@ MODULE_ID_BASE = 1 << 40
 """Added to the ``Python id`` of torch's module frames (stepscope's tracer counts from 1)."""
 
 FLOPS_KEY = "stepscope_flops"
+DEVICE_SIDE = DEVICE_CATEGORIES | {"Trace"}
+"""Spans a window's stop does not end: device work (it runs on after the host's stop) and
+Kineto's own session span."""
 """Trace metadata: ``{External id: flops}`` of torch's ops (Kineto's JSON leaves FLOPs out)."""
 
 
@@ -246,9 +250,15 @@ class TorchCollector(Collector):
         if self.module_frames:
             skip_spans |= self._add_module_frames(builder, trace)
         skip_meta = self._own_names(trace, ctx.pid)
+        first = builder.span_rows
         builder.add_trace(
             trace, time_offset_ns=-self._offset_ns, skip_spans=skip_spans, skip_meta=skip_meta
         )
+        if ctx.stopping_ns:
+            # a window ended from inside a span of the program's (the optimizer's post-hook
+            # runs inside torch's ``Optimizer.step#...``): torch ends that span after our
+            # stop and collection; it ends where the program's own work did
+            builder.end_spans_at(first, ctx.stopping_ns, {OPEN_FLAG: True}, DEVICE_SIDE)
         for key in TORCH_OWN_KEYS:
             builder.metadata.pop(key, None)
         builder.metadata["stepscope_torch_events"] = trace.event_count()

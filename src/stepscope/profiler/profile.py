@@ -470,6 +470,7 @@ class profile:
         ctx = self._ctx
         if ctx is None:
             return
+        ctx.stopping_ns = clock.now_ns()
         for collector in reversed(self.collectors):
             self._guarded(collector, "stop", functools.partial(collector.stop, ctx))
         ctx.end_ns = clock.now_ns()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 
 from stepscope.analysis.result import DiffResult, Report, TraceSummary
+from stepscope.report.labels import steps_across_ranks
 from stepscope.report.overhead import overhead_lines
 
 __all__ = ["diff_markdown", "escape", "report_markdown"]
@@ -32,11 +33,12 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     return lines
 
 
-def _summary(s: TraceSummary, top: int) -> list[str]:
+def _summary(s: TraceSummary, top: int, per_rank: list[int] | None = None) -> list[str]:
     st = s.step_stats
     whole = "" if s.has_steps else " (no ProfilerStep spans: the whole trace as one step)"
+    counted = steps_across_ranks(st.count, per_rank or [])
     out = [
-        f"**{st.count} steps**{whole}: median {_ms(st.median_ns)} ms, p95 {_ms(st.p95_ns)} ms, "
+        f"**{counted}**{whole}: median {_ms(st.median_ns)} ms, p95 {_ms(st.p95_ns)} ms, "
         f"min {_ms(st.min_ns)} ms, max {_ms(st.max_ns)} ms.",
     ]
     if st.slowest:
@@ -99,7 +101,8 @@ def report_markdown(report: Report, top: int = 5) -> str:
             f"{len(report.files)} files: " + ", ".join(escape(f.source) for f in report.files),
             "",
         ]
-    lines += _summary(report.combined, top)
+    per_rank = [r.steps for r in report.ranks.ranks] if report.ranks is not None else None
+    lines += _summary(report.combined, top, per_rank)
     return "\n".join(lines) + "\n"
 
 

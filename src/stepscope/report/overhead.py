@@ -16,15 +16,22 @@ def overhead_lines(o: Overhead | None) -> list[str]:
     """What profiling cost: the recorded steps' slowdown, edge time, collector hook time."""
     if o is None:
         return ["Overhead: not stated (the trace has no step times: not written by stepscope)."]
+    cold = f" (and {o.cold_steps} cold first steps left out)" if o.cold_steps else ""
     counts = (
-        f"{o.recorded_steps} recorded, {o.unrecorded_steps} unrecorded, "
+        f"{o.recorded_steps} recorded, {o.unrecorded_steps} warm unrecorded{cold}, "
         f"{o.warmup_steps} warmup steps of this run"
     )
-    if o.slowdown_pct is None and o.recorded_steps and o.unrecorded_steps:
+    if not o.settled:
+        lines = [
+            "Overhead: no trustworthy comparison in this run: the unrecorded steps before the "
+            f"window were still getting faster ({counts}); a schedule with more wait steps "
+            "gives warm ones to compare with."
+        ]
+    elif o.slowdown_pct is None and o.recorded_steps and o.unrecorded_steps:
         lines = [
             f"Overhead: too few steps to compare recorded with unrecorded ones ({counts}; "
-            f"{MIN_COMPARED} each are needed: a schedule with wait={MIN_COMPARED} or more gives "
-            "them)."
+            f"{MIN_COMPARED} warm ones each are needed: a schedule with wait={MIN_COMPARED + 2} "
+            "or more gives them)."
         ]
     elif o.slowdown_pct is None or o.recorded_median_ns is None:
         missing = "unrecorded" if o.recorded_median_ns is not None else "recorded"

@@ -25,7 +25,7 @@ from stepscope.analysis.result import (
     StepDiff,
     TraceSummary,
 )
-from stepscope.report.labels import source_label
+from stepscope.report.labels import source_label, steps_across_ranks
 from stepscope.report.memory import human_bytes, memory_renderables
 from stepscope.report.overhead import overhead_lines
 from stepscope.text import printable
@@ -140,12 +140,13 @@ def _table(title: str, columns: list[str], left: tuple[str, ...] = ("name",)) ->
     return table
 
 
-def _head(s: TraceSummary) -> Table:
+def _head(s: TraceSummary, per_rank: list[int] | None = None) -> Table:
     st = s.step_stats
     head = Table.grid(padding=(0, 2))
     whole = "" if s.has_steps else " (no ProfilerStep spans: the whole trace as one step)"
     cut = f" (and {len(s.cut_short)} cut short, left out)" if s.cut_short else ""
-    head.add_row("steps", f"{st.count}{whole}{cut}")
+    counted = steps_across_ranks(st.count, per_rank) if per_rank else str(st.count)
+    head.add_row("steps", f"{counted}{whole}{cut}")
     head.add_row(
         "step time (ms)",
         f"min {ms(st.min_ns)}  median {ms(st.median_ns)}  p95 {ms(st.p95_ns)}  max {ms(st.max_ns)}"
@@ -275,9 +276,10 @@ def _recommendations(s: TraceSummary) -> RenderableType:
     return rec
 
 
-def render_summary(s: TraceSummary) -> RenderableType:
-    """Everything about one summary, as one group of rich renderables."""
-    parts: list[RenderableType] = [_head(s)]
+def render_summary(s: TraceSummary, per_rank: list[int] | None = None) -> RenderableType:
+    """Everything about one summary, as one group of rich renderables (``per_rank``: each
+    rank's step count, when the summary joins several ranks)."""
+    parts: list[RenderableType] = [_head(s, per_rank)]
     if len(s.steps) > 1 or s.cut_short:
         parts.append(_steps(s))
     if s.host_total.total_ns:
@@ -337,7 +339,8 @@ def render_report(report: Report, console: Console) -> None:
     """Print a report: each file (when several, unless they are the windows of one run: then
     a table of them), then the summary of all of them."""
     title = report.combined.source
-    body = render_summary(report.combined)
+    per_rank = [r.steps for r in report.ranks.ranks] if report.ranks is not None else None
+    body = render_summary(report.combined, per_rank)
     if windows_of_one_run(report):
         title = f"all {len(report.files)} windows"
         body = Group(_windows(report), body)

@@ -464,6 +464,22 @@ class TraceBuilder:
         """Replace the args of an appended span (a collector adding what another one knows)."""
         self._cols["spans"]["args"][row] = self._add_args(args)
 
+    def end_spans_at(
+        self, first: int, end_ns: int, args: Mapping[str, Any], keep: frozenset[str]
+    ) -> int:
+        """End the spans appended from row ``first`` on that outlive ``end_ns`` at ``end_ns``,
+        adding ``args`` to each (spans of the categories in ``keep`` stay); returns how many."""
+        cols = self._cols["spans"]
+        starts, durs, cats = cols["start_ns"], cols["dur_ns"], cols["cat"]
+        kept = {self.intern(name) for name in keep}
+        cut = 0
+        for row in range(first, len(starts)):
+            if starts[row] < end_ns < starts[row] + durs[row] and cats[row] not in kept:
+                durs[row] = end_ns - starts[row]
+                self.set_span_args(row, {**(self.span_args(row) or {}), **args})
+                cut += 1
+        return cut
+
     def span_args(self, row: int) -> Mapping[str, Any] | None:
         """The args of an appended span."""
         ref = self._cols["spans"]["args"][row]

@@ -600,10 +600,13 @@
 
   function overheadText(o) {
     if (!o) return h("p", { id: "overhead" }, "Overhead: not stated (no step times: not written by stepscope).");
-    const counts = `${o.recorded_steps} recorded, ${o.unrecorded_steps} unrecorded, ${o.warmup_steps} warmup steps of this run`;
-    const said = o.slowdown_pct === null
+    const cold = o.cold_steps ? ` (and ${o.cold_steps} cold first steps left out)` : "";
+    const counts = `${o.recorded_steps} recorded, ${o.unrecorded_steps} warm unrecorded${cold}, ${o.warmup_steps} warmup steps of this run`;
+    const said = o.settled === false
+      ? `Overhead: no trustworthy comparison in this run: the unrecorded steps before the window were still getting faster (${counts}); a schedule with more wait steps gives warm ones to compare with.`
+      : o.slowdown_pct === null
       ? (o.recorded_steps && o.unrecorded_steps
-        ? `Overhead: too few steps to compare recorded with unrecorded ones (${counts}; 3 each are needed: a schedule with wait=3 or more gives them).`
+        ? `Overhead: too few steps to compare recorded with unrecorded ones (${counts}; 3 warm ones each are needed: a schedule with wait=5 or more gives them).`
         : `Overhead: no ${o.recorded_median_ns === null ? "recorded" : "unrecorded"} step to compare with (${counts}).`)
       : `Overhead: recorded steps took ${o.slowdown_pct >= 0 ? "+" : ""}${o.slowdown_pct.toFixed(1)}% against unrecorded steps ` +
         `(median ${ms(o.recorded_median_ns)} vs ${ms(o.unrecorded_median_ns)} ms; ${counts}).`;
