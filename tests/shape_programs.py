@@ -1,3 +1,4 @@
+# mypy: disable-error-code="no-untyped-call,attr-defined,call-arg"
 """Training programs of every shape a step takes (issue 36's shapes matrix), one per ``argv[1]``.
 
 argv: CELL SIDE_FILE [ACCUM] [INTEGRATION_DIR WAIT WARMUP ACTIVE]
@@ -151,7 +152,7 @@ def lbfgs(meter: Meter) -> None:
     for _ in range(ITERATIONS):
         x, y = torch.randn(BATCH, 64), torch.randn(BATCH, 1)
 
-        def closure() -> torch.Tensor:
+        def closure(x: torch.Tensor = x, y: torch.Tensor = y) -> torch.Tensor:
             opt.zero_grad()
             meter.forward()
             loss = torch.nn.functional.mse_loss(model(x), y)
@@ -234,7 +235,7 @@ def hf(meter: Meter, accum: int, argv: list[str]) -> None:
 
 def lightning(meter: Meter, accum: int, argv: list[str]) -> None:
     """A Lightning ``fit`` of a tiny model (``accumulate_grad_batches``)."""
-    import lightning as L  # noqa: N812
+    import lightning as L
 
     class Tiny(L.LightningModule):  # type: ignore[misc]
         def __init__(self) -> None:

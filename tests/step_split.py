@@ -18,12 +18,13 @@ nothing here; an operator inside a labelled span takes that label):
 - any other user annotation: its own label (neither forward nor anything above).
 
 Forward (issue 36's definition): for each backward stretch of the step (a maximal union of
-backward spans), the forward stretch runs from the first torch operator (``cpu_op``) that
-starts after the previous boundary (the previous backward stretch's end, or the step's start)
-— or the first forward annotation, if that starts earlier — to the stretch's start; in a step with no backward, from the first operator's start to the last
-one's end.  Every moment of a forward stretch not labelled otherwise (operators and the Python
-between them) is forward, and so is a forward annotation's time wherever it is.  Operators
-outside the forward stretches and outside any label are ``other_operators``.
+backward spans), the forward stretch runs from the first torch operator (``cpu_op``) or forward
+annotation that starts after the previous boundary (the previous backward stretch's end, or the
+step's start) to the stretch's start; in a step with no backward, from the first operator's
+start to the last one's end.  Every moment of a forward stretch not labelled otherwise
+(operators and the Python between them) is forward, and so is a forward annotation's time
+wherever it is.  Operators outside the forward stretches and outside any label are
+``other_operators``.
 """
 
 from __future__ import annotations
@@ -92,7 +93,9 @@ def _pieces(own: list[dict[str, Any]], s: float, e: float) -> list[tuple[float, 
     for i, x in enumerate(own):
         if _label(x) == "optimizer" and not x["name"].startswith("Optimizer.zero_grad#"):
             inside = [
-                b["ts"] + b["dur"] for b in backward_spans if x["ts"] <= b["ts"] < x["ts"] + x["dur"]
+                b["ts"] + b["dur"]
+                for b in backward_spans
+                if x["ts"] <= b["ts"] < x["ts"] + x["dur"]
             ]
             if inside:
                 closure_end[i] = max(inside)
@@ -147,9 +150,7 @@ def _split_one(own: list[dict[str, Any]], s: float, e: float) -> dict[str, float
             if _label(x) == "backward" and x["ts"] + x["dur"] > s
         ]
     )
-    op_starts = sorted(
-        x["ts"] for x in own if x.get("cat") == "cpu_op" or _label(x) == "forward"
-    )
+    op_starts = sorted(x["ts"] for x in own if x.get("cat") == "cpu_op" or _label(x) == "forward")
     stretches: list[Interval] = []
     boundary = s
     for lo, hi in backward:
@@ -165,9 +166,7 @@ def _split_one(own: list[dict[str, Any]], s: float, e: float) -> dict[str, float
         if label in ("forward", "backward", "optimizer", "data_loading", "communication"):
             totals[label] += hi - lo
         elif label in ("op", "idle"):
-            inside = _length(
-                [(max(lo, a), min(hi, b)) for a, b in stretches if a < hi and b > lo]
-            )
+            inside = _length([(max(lo, a), min(hi, b)) for a, b in stretches if a < hi and b > lo])
             totals["forward"] += inside
             if label == "op":
                 totals["other_operators"] += hi - lo - inside

@@ -64,7 +64,7 @@ class Cell:
     @property
     def closure(self) -> bool:
         """Whether the optimizer step runs the forward and backward (a closure)."""
-        return self.program == "lbfgs" or (self.program == "lightning" and not self.integration)
+        return self.program in ("lbfgs", "lightning")
 
 
 CELLS = {
@@ -141,20 +141,18 @@ def _record(cell: Cell, where: Path) -> Recorded:
     assert len(traces) == cell.ranks, (traces, done.stderr[-2000:])
     report_path = where / "report.json"
     shown = subprocess.run(
-        [sys.executable, "-m", "stepscope", "report", "--json", str(report_path), *map(str, traces)],
+        [sys.executable, "-m", "stepscope", "report", "--json", str(report_path), str(out)],
         capture_output=True, text=True, timeout=300, env=_env(), check=False,
     )  # fmt: skip
     assert shown.returncode == 0, shown.stderr[-2000:]
     report = json.loads(report_path.read_text())
-    by_name = {f["source"] if "source" in f else "": f for f in report["files"]}
+    by_name = {f.get("source", ""): f for f in report["files"]}
     files = []
     for trace in traces:
         found = [f for name, f in by_name.items() if trace.name in str(name)]
         files.append(found[0] if found else report["files"][traces.index(trace)])
     if cell.ranks > 1:
-        sides = [
-            json.loads(Path(f"{side}.rank{_rank_of(t)}").read_text()) for t in traces
-        ]
+        sides = [json.loads(Path(f"{side}.rank{_rank_of(t)}").read_text()) for t in traces]
     else:
         sides = [json.loads(side.read_text())]
     return Recorded(cell, traces, files, sides, report, shown.stdout + shown.stderr)
@@ -188,22 +186,18 @@ def _texts(file: dict[str, Any]) -> str:
     return json.dumps([file.get("notes"), file.get("recommendations")]).lower()
 
 
-# -- known issue-36 defects main is fixing: strict, so a fix shows up as XPASS to remove --------
-FORWARD_DEFINITION = (
-    "issue 36 items 1-2: forward is the operators' own time before the first backward, not the "
-    "forward stretches (operators and the Python between them before each backward)"
-)
-STRETCHED_STEP = "issue 36 item 4: the window's last Optimizer.step span stretches over the stop"
-COLD_OVERHEAD = "issue 36 item 3: the stated overhead compares recorded steps with cold ones"
-GAN_STEPS = "issue 36 item 6: two optimizers make two steps an iteration, silently"
+# -- known issue-36 defects main has not fixed yet: strict, so a fix shows up as XPASS to remove --
+GAN_STEPS = "issue 36 item 6: two optimizers make two steps an iteration, and the report is silent"
 
-XFAIL: dict[tuple[str, str], str] = {}
+XFAIL: dict[tuple[str, str], str] = {("steps", "gan"): GAN_STEPS}
 """(test, cell) -> reason, for the cells that fail on main because of a known defect."""
 
 
 def _xfail(test: str, name: str) -> Any:
     reason = XFAIL.get((test, name))
-    return pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=reason)) if reason else name
+    return (
+        pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=reason)) if reason else name
+    )
 
 
 def _cells(test: str) -> list[Any]:
@@ -233,12 +227,24 @@ def test_steps_are_the_programs_optimizer_iterations(name: str, recorded: Any) -
             assert steps[k]["forwards"] == run.cell.accum or run.cell.program == "lbfgs"
 
 
+def _note(line: str) -> None:
+    """With ``STEPSCOPE_MATRIX_NOTES=FILE``, a line of the numbers seen goes to FILE."""
+    where = os.environ.get("STEPSCOPE_MATRIX_NOTES")
+    if where:
+        with open(where, "a") as fh:
+            fh.write(line + "\n")
+
+
 def _split_failures(run: Recorded, categories: tuple[str, ...]) -> list[str]:
     failures = []
     for trace, file in zip(run.traces, run.files, strict=True):
         expected = step_split(trace)
         for step in file["host_steps"]:
             shares, mine = _shares(step), expected[step["step"]]
+            _note(
+                f"{run.cell} {trace.name[:12]} step {step['step']}: "
+                + " ".join(f"{c} {shares[c]:.1f}/{mine[c]:.1f}" for c in categories)
+            )
             for category in categories:
                 if abs(shares[category] - mine[category]) > TOLERANCE:
                     failures.append(
@@ -252,9 +258,7 @@ def _split_failures(run: Recorded, categories: tuple[str, ...]) -> list[str]:
 
 
 @pytest.mark.parametrize("name", _cells("split"))
-def test_backward_optimizer_and_data_match_the_independent_split(
-    name: str, recorded: Any
-) -> None:
+def test_backward_optimizer_and_data_match_the_independent_split(name: str, recorded: Any) -> None:
     failures = _split_failures(recorded(name), ("backward", "optimizer", "data_loading"))
     assert not failures, "\n".join(failures)
 
@@ -274,6 +278,7 @@ def test_the_integration_agrees_with_stepscope_run(pair: str, recorded: Any) -> 
         return {c: statistics.median(s[c] for s in steps) for c in SHARES}
 
     a, b = medians(by_run), medians(by_integration)
+    _note(f"{pair} run/integration: " + " ".join(f"{c} {a[c]:.1f}/{b[c]:.1f}" for c in SHARES))
     assert all(abs(a[c] - b[c]) <= TOLERANCE for c in SHARES), (a, b)
 
 
@@ -322,7 +327,7 @@ def _own_ab(run: Recorded, side: dict[str, Any]) -> tuple[float, float]:
     """The program's own slowdown of its warm recorded iterations against its warm unrecorded
     ones (medians; the first two iterations are cold, and the iterations next to a window's
     start or end hold its start or its save under an integration), and the noise of the
-    unrecorded ones (their half-range, in percent of their median)."""
+    unrecorded ones (each side's half-range, in percent of its median, added)."""
     steps = side["steps"]
     per_iteration = len(steps) // side["iterations"]
     bodies = [
@@ -333,32 +338,46 @@ def _own_ab(run: Recorded, side: dict[str, Any]) -> tuple[float, float]:
         all(s["recorded"] for s in steps[i : i + per_iteration])
         for i in range(0, len(steps), per_iteration)
     ]
+    if True not in flags:  # steps that are not optimizer iterations: those recorded at all
+        flags = [
+            any(s["any_recorded"] for s in steps[i : i + per_iteration])
+            for i in range(0, len(steps), per_iteration)
+        ]
     first = flags.index(True)
     last = len(flags) - 1 - flags[::-1].index(True)
     recorded = [bodies[k] for k in range(first + 1, last + 1)]
     unrecorded = [
-        b for k, b in enumerate(bodies) if not flags[k] and k >= 2 and k not in (first - 1, last + 1)
+        b
+        for k, b in enumerate(bodies)
+        if not flags[k] and k >= 2 and k not in (first - 1, last + 1)
     ]
-    base = statistics.median(unrecorded)
-    noise = 100 * (max(unrecorded) - min(unrecorded)) / 2 / base
-    return 100 * (statistics.median(recorded) / base - 1), noise
+    base, slow = statistics.median(unrecorded), statistics.median(recorded)
+    # the machine's own noise: each side's half-range (two cores shared with other suites move
+    # a 5 ms step by 2-3x from one step to the next, recorded or not)
+    noise = 50 * (
+        (max(unrecorded) - min(unrecorded)) / base + (max(recorded) - min(recorded)) / slow
+    )
+    return 100 * (slow / base - 1), noise
 
 
 @pytest.mark.parametrize("name", _cells("overhead"))
-def test_the_stated_overhead_agrees_with_the_programs_own_clock(
-    name: str, recorded: Any
-) -> None:
+def test_the_stated_overhead_agrees_with_the_programs_own_clock(name: str, recorded: Any) -> None:
     run: Recorded = recorded(name)
     for file, side in zip(run.files, run.sides, strict=True):
         stated = file["overhead"]
         if stated is None or stated.get("slowdown_pct") is None:
+            _note(f"{run.cell} overhead absent: {stated}")
             said = " ".join(run.text.replace("\u2502", " ").split()).lower()  # unwrapped
             assert (stated or {}).get("settled") is False or any(
                 reason in said for reason in ("too few", "no trustworthy comparison")
             ), (stated, said[-2000:])  # absent, with the reason stated
             continue
         outside, noise = _own_ab(run, side)
-        margin = max(5.0, 0.25 * abs(outside)) + min(noise, 25.0)
+        _note(
+            f"{run.cell} overhead stated {stated['slowdown_pct']:.1f} outside {outside:.1f} "
+            f"noise {noise:.1f}"
+        )
+        margin = max(5.0, 0.25 * abs(outside)) + noise
         assert abs(stated["slowdown_pct"] - outside) <= margin, (
             stated["slowdown_pct"],
             outside,
