@@ -1,24 +1,58 @@
-"""An independent forward / backward / optimizer split of each step, from a trace file's spans.
+"""An independent forward / backward / optimizer / data split of each step, from a trace's spans.
 
-Reads the Chrome JSON with ``json`` alone (not stepscope's reader or nesting) and measures, on
-the thread of each ``ProfilerStep#N``, the time covered by: backward (``autograd::engine::
-evaluate_function`` spans), optimizer (``Optimizer.step#`` / ``Optimizer.zero_grad#`` spans
-that begin in the step — one begun in the previous step is that step's —, less the part of an
-``Optimizer.step`` up to the end of the last backward span inside it: a closure's forward and
-backward, though a ``zero_grad`` the closure calls stays optimizer), data loading
-(``enumerate(DataLoader)``), and forward: the step's forward passes, each from the first
-``cpu_op`` after the previous stretch of backward time (or the step's start) to the start of the
-next stretch — operators and the Python between them — outside the three others (without
-backward: from the first operator to the end of the last).
+Reads the Chrome JSON with ``json`` alone (not stepscope's reader, nesting or rules) and, on the
+thread of each ``ProfilerStep#N``, labels every moment of the step by the innermost span open
+then that says what it is (spans begun before the step are the previous step's and say
+nothing here; an operator inside a labelled span takes that label):
+
+- backward: ``autograd::engine::evaluate_function...`` and any name with ``backward``;
+- optimizer: ``Optimizer.step#`` / ``Optimizer.zero_grad#`` spans and ``optimizer: ...``
+  annotations, less the part of one up to the end of the last backward span begun inside it (a
+  closure's forward and backward; a ``zero_grad`` the closure calls stays optimizer);
+- data_loading: ``enumerate(DataLoader)...``, a name with ``DataLoader`` or ``data load``
+  (Lightning's ``train_dataloader_next``), ``get_batch``/``next_batch``/``fetch_batch``;
+- communication: gloo / nccl / c10d spans, ``record_param_comms``, all-reduce, all-gather,
+  reduce-scatter, barrier;
+- forward annotations: a user annotation with ``forward`` in its name (``forward: <Model>`` of
+  the HF callback, ``forward: training_step`` of the Lightning profiler,
+  ``DistributedDataParallel.forward``);
+- any other user annotation: its own label (neither forward nor anything above).
+
+Forward (issue 36's definition): for each backward stretch of the step (a maximal union of
+backward spans), the forward stretch runs from the first torch operator (``cpu_op``) or forward
+annotation that starts after the previous boundary (the previous backward stretch's end, or the
+step's start) to the stretch's start; in a step with no backward, from the first operator's
+start to the last one's end.  Every moment of a forward stretch not labelled otherwise
+(operators and the Python between them) is forward, and so is a forward annotation's time
+wherever it is.  Operators outside the forward stretches and outside any label are
+``other_operators``.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 Interval = tuple[float, float]
+
+CATEGORIES = (
+    "forward",
+    "backward",
+    "optimizer",
+    "data_loading",
+    "communication",
+    "other_operators",
+)
+_COMMUNICATION = re.compile(
+    r"(?i:^(gloo|nccl|c10d)[:_ ]|record_param_comms|all_?reduce|all_?gather|reduce_?scatter|"
+    r"barrier)"
+)
+_OPTIMIZER = ("Optimizer.step#", "Optimizer.zero_grad#", "optimizer: ")
+_DATA = re.compile(r"DataLoader|(?i:data[ _.-]?load)|(?i:^(get|next|fetch)[ _]?batch)")
+"""Data loading as the docs define it: a DataLoader, ``data load(ing)`` (Lightning's
+``train_dataloader_next``), ``get_batch`` / ``next_batch`` / ``fetch_batch``."""
 
 
 def _union(intervals: list[Interval]) -> list[Interval]:
@@ -31,60 +65,121 @@ def _union(intervals: list[Interval]) -> list[Interval]:
     return merged
 
 
-def _minus(a: list[Interval], b: list[Interval]) -> list[Interval]:
-    out: list[Interval] = []
-    for lo, hi in a:
-        pieces = [(lo, hi)]
-        for blo, bhi in b:
-            pieces = [
-                part
-                for plo, phi in pieces
-                for part in ((plo, min(phi, blo)), (max(plo, bhi), phi))
-                if part[1] > part[0]
-            ]
-        out.extend(pieces)
-    return out
-
-
 def _length(intervals: list[Interval]) -> float:
     return sum(hi - lo for lo, hi in intervals)
 
 
-def _forward_passes(
-    own: list[dict[str, Any]],
-    backward: list[Interval],
-    s: float,
-    e: float,
-    elsewhere: list[Interval],
-) -> list[Interval]:
-    """The step's forward passes: for each backward stretch, from the first operator starting
-    after the previous stretch (or the step's start), outside data loading and the optimizer,
-    to the stretch's start; without backward, from the first operator to the end of the last."""
-    ops = sorted(
-        (x["ts"], min(x["ts"] + x["dur"], e))
-        for x in own
-        if x.get("cat") == "cpu_op"
-        and s <= x["ts"] < e
-        and not any(lo <= x["ts"] < hi for lo, hi in elsewhere)
+def _label(span: dict[str, Any]) -> str | None:
+    """What a span's own name says it is (None: an operator or anything else says nothing)."""
+    name, cat = span["name"], span.get("cat")
+    if _DATA.search(name):
+        return "data_loading"
+    if name.startswith(_OPTIMIZER):
+        return "optimizer"
+    if _COMMUNICATION.search(name):
+        return "communication"
+    if name.startswith("autograd::engine::evaluate_function") or "backward" in name.lower():
+        return "backward"
+    if cat == "user_annotation":
+        return "forward" if "forward" in name.lower() else "annotation"
+    return None
+
+
+def _thread_spans(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [e for e in events if e.get("ph") == "X"]
+
+
+def _pieces(own: list[dict[str, Any]], s: float, e: float) -> list[tuple[float, float, str]]:
+    """The step [s, e) cut into pieces, each with the label of the innermost span open there
+    (``op``: an operator under no label; ``idle``: no span at all)."""
+    closure_end: dict[int, float] = {}
+    backward_spans = [x for x in own if _label(x) == "backward"]
+    for i, x in enumerate(own):
+        if _label(x) == "optimizer" and not x["name"].startswith("Optimizer.zero_grad#"):
+            inside = [
+                b["ts"] + b["dur"]
+                for b in backward_spans
+                if x["ts"] <= b["ts"] < x["ts"] + x["dur"]
+            ]
+            if inside:
+                closure_end[i] = max(inside)
+    order = sorted(range(len(own)), key=lambda i: (own[i]["ts"], -own[i]["dur"]))
+    # stack entries: (end, own label, closure end or None, the label handed down from outside)
+    stack: list[tuple[float, str, float | None, str]] = []
+    pieces: list[tuple[float, float, str]] = []
+    cursor = s
+
+    def label_at(t: float) -> str:
+        if not stack:
+            return "idle"
+        _, label, closes, outer = stack[-1]
+        return outer if closes is not None and t < closes else label
+
+    def emit(upto: float) -> None:
+        nonlocal cursor
+        upto = min(upto, e)
+        if upto <= cursor:
+            return
+        closes = stack[-1][2] if stack else None
+        if closes is not None and cursor < closes < upto:
+            pieces.append((cursor, closes, label_at(cursor)))
+            cursor = closes
+        pieces.append((cursor, upto, label_at(cursor)))
+        cursor = upto
+
+    for i in order:
+        x = own[i]
+        while stack and stack[-1][0] <= x["ts"]:
+            emit(stack[-1][0])
+            stack.pop()
+        emit(x["ts"])
+        outer = label_at(x["ts"])
+        own_label = _label(x)
+        if own_label is None:
+            own_label = "op" if outer == "idle" and x.get("cat") == "cpu_op" else outer
+        stack.append((x["ts"] + x["dur"], own_label, closure_end.get(i), outer))
+    while stack:
+        emit(stack[-1][0])
+        stack.pop()
+    emit(e)
+    return pieces
+
+
+def _split_one(own: list[dict[str, Any]], s: float, e: float) -> dict[str, float]:
+    pieces = _pieces(own, s, e)
+    backward = _union(
+        [
+            (max(x["ts"], s), min(x["ts"] + x["dur"], e))
+            for x in own
+            if _label(x) == "backward" and x["ts"] + x["dur"] > s
+        ]
     )
-    if not ops:
-        return []
-    if not backward:
-        return [(ops[0][0], max(end for _, end in ops))]
-    passes = []
+    op_starts = sorted(x["ts"] for x in own if x.get("cat") == "cpu_op" or _label(x) == "forward")
+    stretches: list[Interval] = []
     boundary = s
     for lo, hi in backward:
-        first = next((start for start, _ in ops if boundary <= start < lo), None)
+        first = next((t for t in op_starts if boundary <= t < lo), None)
         if first is not None:
-            passes.append((first, lo))
-        boundary = max(boundary, hi)
-    return passes
+            stretches.append((first, lo))
+        boundary = hi
+    if not backward and op_starts:
+        last = max(x["ts"] + x["dur"] for x in own if x.get("cat") == "cpu_op")
+        stretches.append((op_starts[0], min(last, e)))
+    totals = dict.fromkeys(CATEGORIES, 0.0)
+    for lo, hi, label in pieces:
+        if label in ("forward", "backward", "optimizer", "data_loading", "communication"):
+            totals[label] += hi - lo
+        elif label in ("op", "idle"):
+            inside = _length([(max(lo, a), min(hi, b)) for a, b in stretches if a < hi and b > lo])
+            totals["forward"] += inside
+            if label == "op":
+                totals["other_operators"] += hi - lo - inside
+    return {k: 100 * v / (e - s) for k, v in totals.items()}
 
 
 def step_split(path: Path) -> dict[int, dict[str, float]]:
-    """Per step number: percent of the step in forward, backward and optimizer."""
-    events: list[dict[str, Any]] = json.loads(path.read_text())["traceEvents"]
-    spans = [e for e in events if e.get("ph") == "X"]
+    """Per step number: percent of the step in each of ``CATEGORIES``."""
+    spans = _thread_spans(json.loads(path.read_text())["traceEvents"])
     result: dict[int, dict[str, float]] = {}
     for step in spans:
         name = step["name"]
@@ -94,53 +189,12 @@ def step_split(path: Path) -> dict[int, dict[str, float]]:
         own = [
             x
             for x in spans
-            if x["pid"] == step["pid"] and x["tid"] == step["tid"] and x is not step
+            if x["pid"] == step["pid"]
+            and x["tid"] == step["tid"]
+            and s <= x["ts"] < e
+            and not x["name"].startswith("ProfilerStep#")
         ]
-
-        def clipped(xs: list[dict[str, Any]], lo: float = s, e: float = e) -> list[Interval]:
-            return _union(
-                [
-                    (max(x["ts"], lo), min(x["ts"] + x["dur"], e))
-                    for x in xs
-                    if x["ts"] < e and x["ts"] + x["dur"] > lo
-                ]
-            )
-
-        backward_spans = [
-            x for x in own if x["name"].startswith("autograd::engine::evaluate_function")
-        ]
-        backward = clipped(backward_spans)
-        closures = []
-        # an Optimizer.step that began before the step is the previous step's (the step ended in
-        # its post-hook): its tail here is the hooks run after the step began, not this step's
-        # optimizer
-        optimizer_spans = [
-            x
-            for x in own
-            if x["name"].startswith(("Optimizer.step#", "Optimizer.zero_grad#")) and x["ts"] >= s
-        ]
-        for x in optimizer_spans:
-            inside = [
-                b["ts"] + b["dur"]
-                for b in backward_spans
-                if x["ts"] <= b["ts"] < x["ts"] + x["dur"]
-            ]
-            if inside and x["name"].startswith("Optimizer.step#"):
-                closures.append((x["ts"], max(inside)))
-        # a zero_grad the closure calls (Lightning's does) is still the optimizer's work
-        zero_grads = clipped([x for x in optimizer_spans if "zero_grad#" in x["name"]])
-        optimizer = _union(_minus(clipped(optimizer_spans), closures) + zero_grads)
-        loading = clipped([x for x in own if "enumerate(DataLoader)" in x["name"]])
-        forward = _minus(
-            _forward_passes(own, backward, s, e, optimizer + loading),
-            backward + optimizer + loading,
-        )
-        total = e - s
-        result[int(name.partition("#")[2])] = {
-            "forward": 100 * _length(forward) / total,
-            "backward": 100 * _length(backward) / total,
-            "optimizer": 100 * _length(optimizer) / total,
-        }
+        result[int(name.partition("#")[2])] = _split_one(own, s, e)
     return result
 
 
@@ -148,8 +202,7 @@ def step_outline(path: Path, number: int, least_pct: float = 1.0) -> str:
     """The spans of step ``number`` on its thread lasting at least ``least_pct`` of it, one a line.
 
     For a failing comparison's message: what the step held, whichever side is wrong."""
-    events: list[dict[str, Any]] = json.loads(path.read_text())["traceEvents"]
-    spans = [e for e in events if e.get("ph") == "X"]
+    spans = _thread_spans(json.loads(path.read_text())["traceEvents"])
     (step,) = [x for x in spans if x["name"] == f"ProfilerStep#{number}"]
     s, e = step["ts"], step["ts"] + step["dur"]
     lines = [
