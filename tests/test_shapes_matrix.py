@@ -187,9 +187,8 @@ def _texts(file: dict[str, Any]) -> str:
 
 
 # -- known issue-36 defects main has not fixed yet: strict, so a fix shows up as XPASS to remove --
-GAN_STEPS = "issue 36 item 6: two optimizers make two steps an iteration, and the report is silent"
 
-XFAIL: dict[tuple[str, str], str] = {("steps", "gan"): GAN_STEPS}
+XFAIL: dict[tuple[str, str], str] = {}
 """(test, cell) -> reason, for the cells that fail on main because of a known defect."""
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
-import json
 import logging
 import os
 import socket
@@ -39,14 +38,22 @@ from stepscope.extras import torch_installed
 from stepscope.failures import failure_log
 from stepscope.gcpause import gc_paused
 from stepscope.profiler.activity import default_activities, split_activity_filters
+from stepscope.profiler.arguments import (
+    checked_experimental_config,
+    experimental_flag,
+    gc_info_requested,
+    metadata_key,
+    parse_json,
+)
 from stepscope.profiler.events import EventList, function_events
 from stepscope.profiler.execution_trace import ExecutionTraceCollector, ExecutionTraceObserver
 from stepscope.profiler.ranks import RankSync
 from stepscope.profiler.schedule import ProfilerAction, Schedule, action_at, default_schedule
 from stepscope.profiler.step_trigger import StepTrigger
 from stepscope.profiler.summary import KeyAverages, key_averages
+from stepscope.profiler.transitions import ActionMap, action_map
 from stepscope.report.collapsed import collapsed_from_spans, write_collapsed
-from stepscope.trace.chrome_writer import RESERVED_KEYS, WriteStats, write_chrome_trace
+from stepscope.trace.chrome_writer import WriteStats, write_chrome_trace
 from stepscope.trace.kineto import number_events
 from stepscope.trace.model import Trace, TraceBuilder
 from stepscope.trace.names import OWN_WORK_FRAME
@@ -139,7 +146,7 @@ class profile:
         self.post_processing_timeout_s = post_processing_timeout_s
         """Seconds ``events()`` may spend building events; past it the list is partial."""
         self._trace_id: str | None = None
-        experimental_config = _checked_experimental_config(experimental_config, with_stack)
+        experimental_config = checked_experimental_config(experimental_config, with_stack)
         if schedule is not None and not callable(schedule):
             raise TypeError(f"schedule must be callable (step -> ProfilerAction), got {schedule!r}")
         if on_trace_ready is not None and not callable(on_trace_ready):
@@ -261,7 +268,7 @@ class profile:
 
             torch_collector = found[0] if found else None
             found.append(MemoryCollector(torch_collector, exact=self.profile_memory == "exact"))
-        if _gc_info_requested(self.experimental_config):
+        if gc_info_requested(self.experimental_config):
             from stepscope.collectors.gc import GcCollector
 
             found.append(GcCollector())
@@ -278,59 +285,15 @@ class profile:
             found.append(SamplerCollector(self.sampling_rate_hz))
         return found
 
-    def _build_action_map(
-        self,
-    ) -> dict[tuple[ProfilerAction, ProfilerAction | None], list[Callable[[], Any]]]:
-        A = ProfilerAction
-
-        def warn(message: str) -> Callable[[], None]:
-            return lambda: warnings.warn(message, stacklevel=4)
-
-        exit_warmup: list[Callable[[], Any]] = [self.start_trace, self.stop_trace]
-        if self.flush_on_exit:
-            exit_warmup = [self._mark_ended_in_warmup, *exit_warmup, self._trace_ready]
-        return {
-            (A.NONE, A.NONE): [],
-            (A.NONE, A.WARMUP): [self.prepare_trace],
-            (A.NONE, A.RECORD): [self.prepare_trace, self.start_trace],
-            (A.NONE, A.RECORD_AND_SAVE): [self.prepare_trace, self.start_trace],
-            (A.WARMUP, A.NONE): [
-                warn("Incorrect schedule: WARMUP followed by NONE"),
-                self.start_trace,
-                self.stop_trace,
-            ],
-            (A.WARMUP, A.WARMUP): [],
-            (A.WARMUP, A.RECORD): [self.start_trace],
-            (A.WARMUP, A.RECORD_AND_SAVE): [self.start_trace],
-            (A.RECORD, A.NONE): [
-                warn("Incorrect schedule: RECORD followed by NONE"),
-                self.stop_trace,
-            ],
-            (A.RECORD, A.WARMUP): [
-                warn("Incorrect schedule: RECORD followed by WARMUP"),
-                self.stop_trace,
-            ],
-            (A.RECORD, A.RECORD): [],
-            (A.RECORD, A.RECORD_AND_SAVE): [],
-            (A.RECORD_AND_SAVE, A.NONE): [self.stop_trace, self._trace_ready],
-            (A.RECORD_AND_SAVE, A.WARMUP): [self.stop_trace, self._trace_ready, self.prepare_trace],
-            (A.RECORD_AND_SAVE, A.RECORD): [
-                self.stop_trace,
-                self._trace_ready,
-                self.prepare_trace,
-                self.start_trace,
-            ],
-            (A.RECORD_AND_SAVE, A.RECORD_AND_SAVE): [
-                self.stop_trace,
-                self._trace_ready,
-                self.prepare_trace,
-                self.start_trace,
-            ],
-            (A.NONE, None): [],
-            (A.WARMUP, None): exit_warmup,
-            (A.RECORD, None): [self._mark_ended_early, self.stop_trace, self._trace_ready],
-            (A.RECORD_AND_SAVE, None): [self.stop_trace, self._trace_ready],
-        }
+    def _build_action_map(self) -> ActionMap:
+        return action_map(
+            prepare=self.prepare_trace,
+            start=self.start_trace,
+            stop=self.stop_trace,
+            ready=self._trace_ready,
+            ended_early=self._mark_ended_early,
+            ended_in_warmup=self._mark_ended_in_warmup if self.flush_on_exit else None,
+        )
 
     # -- the loop-facing API -------------------------------------------------------------------
     def __enter__(self) -> profile:
@@ -637,15 +600,15 @@ class profile:
     # -- metadata ------------------------------------------------------------------------------
     def add_metadata(self, key: str, value: str) -> None:
         """Add a string entry to the trace metadata (this window, or the next one)."""
-        self._window_metadata[_metadata_key(key)] = str(value)
+        self._window_metadata[metadata_key(key)] = str(value)
 
     def add_metadata_json(self, key: str, value: str) -> None:
         """Add an entry whose value is JSON text (rejected with a clear error if invalid)."""
-        self._window_metadata[_metadata_key(key)] = _parse_json(key, value)
+        self._window_metadata[metadata_key(key)] = parse_json(key, value)
 
     def preset_metadata_json(self, key: str, value: str) -> None:
         """Add a JSON entry to the metadata of every window."""
-        self.preset_metadata[_metadata_key(key)] = _parse_json(key, value)
+        self.preset_metadata[metadata_key(key)] = parse_json(key, value)
 
     # -- results -------------------------------------------------------------------------------
     @property
@@ -804,73 +767,3 @@ def _release(prof: profile) -> None:
 def active_profile() -> profile | None:
     """The profile running in this process, if any."""
     return _active
-
-
-def _metadata_key(key: str) -> str:
-    if not isinstance(key, str) or not key:
-        raise ValueError(f"metadata key must be a non-empty str, got {key!r}")
-    if key in RESERVED_KEYS:
-        raise ValueError(
-            f"metadata key {key!r} is reserved by the Chrome trace format (one of "
-            f"{', '.join(sorted(RESERVED_KEYS))}); use another name"
-        )
-    return key
-
-
-def _parse_json(key: str, value: str) -> Any:
-    if not isinstance(value, str):
-        raise TypeError(f"metadata {key!r}: value must be JSON text (a str), got {value!r}")
-    try:
-        return json.loads(value)
-    except json.JSONDecodeError as exc:
-        raise ValueError(
-            f"metadata {key!r}: value is not valid JSON ({exc.msg} at column {exc.colno}): "
-            f"{value!r:.80}; use add_metadata() for plain strings"
-        ) from None
-
-
-def _checked_experimental_config(config: Any, with_stack: bool) -> Any:
-    """torch's ``_ExperimentalConfig`` as stepscope uses it (``trace_only`` + stack: off)."""
-    if config is None:
-        return None
-    if getattr(config, "trace_only", False) and with_stack:
-        warnings.warn(
-            "trace_only=True is incompatible with with_stack=True (stack traces require event "
-            "post-processing). Disabling trace_only.",
-            stacklevel=3,
-        )
-        import copy
-
-        config = copy.copy(config)
-        config.trace_only = False
-    return config
-
-
-# Positions of _ExperimentalConfig's fields in its pickled state (torch exposes few attributes).
-_EXPERIMENTAL_FIELDS = {
-    "capture_overload_names": 8,
-    "record_python_gc_info": 9,
-    "expose_kineto_event_metadata": 10,
-}
-
-
-def experimental_flag(config: Any, name: str) -> bool:
-    """One boolean field of torch's ``_ExperimentalConfig`` (False when absent)."""
-    if config is None:
-        return False
-    if hasattr(config, name):
-        return bool(getattr(config, name))
-    try:
-        state = config.__getstate__()
-    except Exception:
-        return False
-    index = _EXPERIMENTAL_FIELDS.get(name)
-    if index is None or not isinstance(state, tuple) or len(state) <= index:
-        return False
-    return bool(state[index])
-
-
-def _gc_info_requested(config: Any) -> bool:
-    """``record_python_gc_info``: torch records it only with its own Python tracer, which
-    stepscope replaces, so stepscope records the ``Python GC`` spans itself."""
-    return experimental_flag(config, "record_python_gc_info")
