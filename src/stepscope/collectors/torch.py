@@ -67,14 +67,16 @@ Kineto's own session span."""
 def _end_spans_at(builder: TraceBuilder, first: int, end_ns: int) -> int:
     """End the host spans appended from row ``first`` on that outlive ``end_ns`` at ``end_ns``,
     flagged ``OPEN_FLAG``; returns how many."""
-    starts, durs = builder.span_column("start_ns"), builder.span_column("dur_ns")
-    cats = builder.span_column("cat")
+    starts, durs = builder.column("spans", "start_ns"), builder.column("spans", "dur_ns")
+    cats = builder.column("spans", "cat")
     device_side = {builder.intern(name) for name in DEVICE_SIDE}
     cut = 0
     for row in range(first, len(starts)):
         if starts[row] < end_ns < starts[row] + durs[row] and cats[row] not in device_side:
             durs[row] = end_ns - starts[row]
-            builder.set_span_args(row, {**(builder.span_args(row) or {}), OPEN_FLAG: True})
+            builder.set_row_args(
+                "spans", row, {**(builder.row_args("spans", row) or {}), OPEN_FLAG: True}
+            )
             cut += 1
     return cut
 
@@ -335,8 +337,8 @@ class TorchCollector(Collector):
         shift = trace.base_time_ns - builder.base_time_ns - self._offset_ns
         annotation = builder.intern("user_annotation")
         own: dict[tuple[int, int], list[int]] = {}
-        cats, names, tids = (builder.span_column(c) for c in ("cat", "name", "tid"))
-        starts, durs = builder.span_column("start_ns"), builder.span_column("dur_ns")
+        cats, names, tids = (builder.column("spans", c) for c in ("cat", "name", "tid"))
+        starts, durs = builder.column("spans", "start_ns"), builder.column("spans", "dur_ns")
         for row in range(builder.span_rows):
             if cats[row] == annotation:
                 own.setdefault((names[row], tids[row]), []).append(row)
@@ -354,7 +356,7 @@ class TorchCollector(Collector):
             end = start + spans["dur_ns"][i]
             row = min(rows, key=lambda r: abs(starts[r] - start) + abs(starts[r] + durs[r] - end))
             rows.remove(row)
-            builder.set_span_args(row, {**args, **(builder.span_args(row) or {})})
+            builder.set_row_args("spans", row, {**args, **(builder.row_args("spans", row) or {})})
 
     @staticmethod
     def _own_names(trace: Trace, pid: int) -> set[int]:

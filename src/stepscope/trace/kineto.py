@@ -50,8 +50,8 @@ def number_events(builder: TraceBuilder) -> int:
     between steps, no event of torch's, gets none), in the file and in ``events()``' args.
     """
     string_ids = builder.bulk_tables()[0]
-    cats, names = builder.span_column("cat"), builder.span_column("name")
-    starts, durs = builder.span_column("start_ns"), builder.span_column("dur_ns")
+    cats, names = builder.column("spans", "cat"), builder.column("spans", "name")
+    starts, durs = builder.column("spans", "start_ns"), builder.column("spans", "dur_ns")
     op_ids = {string_ids.get(c, -1) for c in OP_CATEGORIES}
     python_id = string_ids.get(PYTHON_CATEGORY, -1)
     own_work = string_ids.get(OWN_WORK_FRAME, -1)
@@ -62,17 +62,21 @@ def number_events(builder: TraceBuilder) -> int:
     rows = range(len(cats))
     index = 0
     for row in by_start([r for r in rows if cats[r] in op_ids and names[r] != own_work]):
-        builder.set_span_args(row, {**(builder.span_args(row) or {}), KINETO_INDEX_ARG: index})
+        builder.set_row_args(
+            "spans", row, {**(builder.row_args("spans", row) or {}), KINETO_INDEX_ARG: index}
+        )
         index += 1
-    instants, times = builder.instant_column("name"), builder.instant_column("ts_ns")
+    instants, times = builder.column("instants", "name"), builder.column("instants", "ts_ns")
     memory = string_ids.get(MEMORY_EVENT, -1)
     found = (r for r in range(len(instants)) if instants[r] == memory)
     for row in sorted(found, key=times.__getitem__):
-        builder.set_instant_args(
-            row, {**(builder.instant_args(row) or {}), KINETO_INDEX_ARG: index}
+        builder.set_row_args(
+            "instants", row, {**(builder.row_args("instants", row) or {}), KINETO_INDEX_ARG: index}
         )
         index += 1
     for row in by_start([r for r in rows if cats[r] == python_id]):
-        builder.set_span_args(row, {**(builder.span_args(row) or {}), KINETO_INDEX_ARG: index})
+        builder.set_row_args(
+            "spans", row, {**(builder.row_args("spans", row) or {}), KINETO_INDEX_ARG: index}
+        )
         index += 1
     return index

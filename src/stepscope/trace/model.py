@@ -456,32 +456,19 @@ class TraceBuilder:
         for dst, column in staged:
             dst.extend(column)
 
-    def span_column(self, column: str) -> array[Any]:
-        """One column of the spans appended so far (read it or change values in place; append
-        through ``span``)."""
-        return self._cols["spans"][column]
+    def column(self, table: str, column: str) -> array[Any]:
+        """One column of a table's rows appended so far (``spans``, ``instants``...): read it or
+        change values in place; append through ``span``, ``instant``..."""
+        return self._cols[table][column]
 
-    def set_span_args(self, row: int, args: Mapping[str, Any]) -> None:
-        """Replace the args of an appended span (a collector adding what another one knows)."""
-        self._cols["spans"]["args"][row] = self._add_args(args)
-
-    def span_args(self, row: int) -> Mapping[str, Any] | None:
-        """The args of an appended span."""
-        ref = self._cols["spans"]["args"][row]
+    def row_args(self, table: str, row: int) -> Mapping[str, Any] | None:
+        """The args of an appended row of ``table``."""
+        ref = self._cols[table]["args"][row]
         return self._args[ref] if ref >= 0 else None
 
-    def instant_column(self, column: str) -> array[Any]:
-        """One column of the instants appended so far (read it; append through ``instant``)."""
-        return self._cols["instants"][column]
-
-    def set_instant_args(self, row: int, args: Mapping[str, Any]) -> None:
-        """Replace the args of an appended instant."""
-        self._cols["instants"]["args"][row] = self._add_args(args)
-
-    def instant_args(self, row: int) -> Mapping[str, Any] | None:
-        """The args of an appended instant."""
-        ref = self._cols["instants"]["args"][row]
-        return self._args[ref] if ref >= 0 else None
+    def set_row_args(self, table: str, row: int, args: Mapping[str, Any]) -> None:
+        """Replace the args of an appended row (a collector adding what another one knows)."""
+        self._cols[table]["args"][row] = self._add_args(args)
 
     def add_args(self, args: Mapping[str, Any]) -> int:
         """Store an args mapping and return its ref (for ``extend_spans``)."""
