@@ -16,13 +16,15 @@ nothing here; an operator inside a labelled span takes that label):
 - forward annotations: a user annotation with ``forward`` in its name (``forward: <Model>`` of
   the HF callback, ``forward: training_step`` of the Lightning profiler,
   ``DistributedDataParallel.forward``);
-- any other user annotation: its own label (neither forward nor anything above).
+- any other user annotation: its own label (neither forward nor anything above), except one
+  inside which a backward span begins (a whole step's or micro-batch's region): it says nothing.
 
-Forward (issue 36's definition): for each backward stretch of the step (a maximal union of
-backward spans), the forward stretch runs from the first torch operator (``cpu_op``) or forward
-annotation that starts after the previous boundary (the previous backward stretch's end, or the
-step's start) to the stretch's start; in a step with no backward, from the first operator's
-start to the last one's end.  Every moment of a forward stretch not labelled otherwise
+Backward passes: the backward spans joined over the gaps in which no operator begins (the
+autograd engine's own time between its nodes is backward).  Forward (issue 36's definition):
+for each backward pass of the step, the forward stretch runs from the first torch operator
+(``cpu_op``) outside every label, or forward annotation, that starts after the previous
+boundary (the previous backward pass's end, or the step's start) to the pass's start; in a
+step with no backward, from the first operator's start to the last one's end.  Every moment of a forward stretch not labelled otherwise
 (operators and the Python between them) is forward, and so is a forward annotation's time
 wherever it is.  Operators outside the forward stretches and outside any label are
 ``other_operators``.
@@ -91,9 +93,16 @@ def _thread_spans(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _pieces(own: list[dict[str, Any]], s: float, e: float) -> list[tuple[float, float, str]]:
     """The step [s, e) cut into pieces, each with the label of the innermost span open there
-    (``op``: an operator under no label; ``idle``: no span at all)."""
+    (``op``: an operator under no label; ``idle``: no span at all).  A user annotation inside
+    which a backward span begins (a whole step's or micro-batch's region) says nothing."""
     closure_end: dict[int, float] = {}
     backward_spans = [x for x in own if _label(x) == "backward"]
+    holders = {
+        i
+        for i, x in enumerate(own)
+        if _label(x) == "annotation"
+        and any(x["ts"] <= b["ts"] < x["ts"] + x["dur"] for b in backward_spans)
+    }
     for i, x in enumerate(own):
         if _label(x) == "optimizer" and not x["name"].startswith("Optimizer.zero_grad#"):
             inside = [
@@ -134,7 +143,7 @@ def _pieces(own: list[dict[str, Any]], s: float, e: float) -> list[tuple[float, 
             stack.pop()
         emit(x["ts"])
         outer = label_at(x["ts"])
-        own_label = _label(x)
+        own_label = None if i in holders else _label(x)
         if own_label is None:
             own_label = "op" if outer == "idle" and x.get("cat") == "cpu_op" else outer
         stack.append((x["ts"] + x["dur"], own_label, closure_end.get(i), outer))
@@ -154,26 +163,45 @@ def _split_one(own: list[dict[str, Any]], s: float, e: float) -> dict[str, float
             if _label(x) == "backward" and x["ts"] + x["dur"] > s
         ]
     )
-    op_starts = sorted(x["ts"] for x in own if x.get("cat") == "cpu_op" or _label(x) == "forward")
+    # where an operator outside every label (or a forward annotation) begins
+    op_starts = sorted(
+        lo
+        for k, (lo, _, label) in enumerate(pieces)
+        if label in ("op", "forward") and (k == 0 or pieces[k - 1][2] != label)
+    )
+    # a backward pass: backward spans joined over the gaps no operator begins in (the
+    # autograd engine's own time between its nodes)
+    passes: list[Interval] = []
+    for lo, hi in backward:
+        if passes and not any(passes[-1][1] <= t < lo for t in op_starts):
+            passes[-1] = (passes[-1][0], hi)
+        else:
+            passes.append((lo, hi))
     stretches: list[Interval] = []
     boundary = s
-    for lo, hi in backward:
+    for lo, hi in passes:
         first = next((t for t in op_starts if boundary <= t < lo), None)
         if first is not None:
             stretches.append((first, lo))
         boundary = hi
-    if not backward and op_starts:
-        last = max(x["ts"] + x["dur"] for x in own if x.get("cat") == "cpu_op")
+    if not passes and op_starts:
+        last = max(hi for lo, hi, label in pieces if label in ("op", "forward"))
         stretches.append((op_starts[0], min(last, e)))
+
+    def within(lo: float, hi: float, intervals: list[Interval]) -> float:
+        return _length([(max(lo, a), min(hi, b)) for a, b in intervals if a < hi and b > lo])
+
     totals = dict.fromkeys(CATEGORIES, 0.0)
     for lo, hi, label in pieces:
         if label in ("forward", "backward", "optimizer", "data_loading", "communication"):
             totals[label] += hi - lo
-        elif label in ("op", "idle"):
-            inside = _length([(max(lo, a), min(hi, b)) for a, b in stretches if a < hi and b > lo])
+        elif label == "idle":
+            totals["backward"] += within(lo, hi, passes)
+            totals["forward"] += within(lo, hi, stretches)
+        elif label == "op":
+            inside = within(lo, hi, stretches)
             totals["forward"] += inside
-            if label == "op":
-                totals["other_operators"] += hi - lo - inside
+            totals["other_operators"] += hi - lo - inside
     return {k: 100 * v / (e - s) for k, v in totals.items()}
 
 

@@ -91,3 +91,34 @@ def test_a_closure_whose_backward_runs_on_the_autograd_thread_is_still_backward(
     assert got["backward"] == 200, "the step's thread waited for it inside the closure"
     assert got["optimizer"] == 500
     assert got["idle_other"] == 100 + 50
+
+
+def test_a_region_holding_the_backward_pass_says_nothing_about_what_runs_in_it() -> None:
+    # a user's record_function("train_step") around forward and backward (Lightning's
+    # ``run_training_batch`` region is one): its operators are forward and backward all the
+    # same, and its own Python in the forward pass is forward
+    b = TraceBuilder(base_time_ns=0)
+    b.span("ProfilerStep#1", "user_annotation", 1, 1, 0, 1000)
+    b.span("train_step", "user_annotation", 1, 1, 50, 800)
+    b.span("aten::linear", "cpu_op", 1, 1, 100, 200)  # forward pass 100..400
+    b.span(BACKWARD, "cpu_op", 1, 1, 400, 300)
+    b.span("compute_metrics", "user_annotation", 1, 1, 720, 100)  # a region of its own
+    got = _shares(b.build())[1]
+    assert got["forward"] == 300, got
+    assert got["backward"] == 300
+    assert got["other_annotated"] == 100
+    assert got["idle_other"] == 1000 - 700, "before the pass, and after the backward"
+
+
+def test_the_autograd_engines_time_between_backward_spans_is_backward() -> None:
+    b = TraceBuilder(base_time_ns=0)
+    b.span("ProfilerStep#1", "user_annotation", 1, 1, 0, 1000)
+    b.span("aten::linear", "cpu_op", 1, 1, 100, 200)
+    b.span(BACKWARD, "cpu_op", 1, 1, 350, 100)
+    b.span(BACKWARD, "cpu_op", 1, 1, 470, 100)  # 20 ns of engine time between the two
+    b.span("aten::linear", "cpu_op", 1, 1, 600, 100)  # a second micro-batch's forward
+    b.span(BACKWARD, "cpu_op", 1, 1, 750, 100)
+    got = _shares(b.build())[1]
+    assert got["backward"] == 100 + 20 + 100 + 100
+    assert got["forward"] == (350 - 100) + (750 - 600)
+    assert got["idle_other"] == 100 + (600 - 570) + (1000 - 850)

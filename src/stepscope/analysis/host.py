@@ -57,7 +57,7 @@ from __future__ import annotations
 
 import re
 from bisect import bisect_left, bisect_right
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import compress
 
 from stepscope.analysis.device import merge_intervals
@@ -124,6 +124,13 @@ def _categorised(
     cat_ids = cats.tolist()
     step_named = {n for n in by_name if strings[n].startswith("ProfilerStep#")}
     closures = optimizer_closures(trace, host, own)
+    annotation = {c for c, text in enumerate(strings) if text == _ANNOTATION}
+    containers = _holding_backward(
+        trace,
+        host,
+        own,
+        lambda i: own[i] is None and cat_ids[i] in annotation and name_ids[i] not in step_named,
+    )
     starts = spans["start_ns"].tolist()
     result: list[str] = [""] * len(spans)
     # what a closure's Optimizer.step hands down: its parent's category before the closure ends
@@ -152,8 +159,10 @@ def _categorised(
             is_step = name_ids[j] in step_named
             if j in closures:
                 handed[j] = inherited
-            if is_step:
-                value = ""  # a step's categories come from what ran inside it, nothing above
+            if is_step or j in containers:
+                # a step's categories come from what ran inside it, nothing above; so do those
+                # of a region that holds a backward pass (a whole step's or micro-batch's)
+                value = ""
             elif named is not None:
                 value = named
             elif inherited in ("", _OP_PENDING, "python"):
@@ -181,21 +190,31 @@ def optimizer_closures(
 
     A backward span counts when it starts inside the optimizer step on any thread of the same
     process (with a GPU, the autograd engine runs backward on a thread of its own)."""
-    spans = trace.spans
-    names, pids = spans["name"], spans["pid"]
-    starts, durs = spans["start_ns"], spans["dur_ns"]
-    strings = trace.strings
+    names, strings = trace.spans["name"], trace.strings
     steps = {n for n in set(names.tolist()) if _OPTIMIZER_STEP.match(strings[n])}
     if not steps:
         return {}
+    return _holding_backward(trace, host, own, lambda i: names[i] in steps)
+
+
+def _holding_backward(
+    trace: Trace, host: Sequence[bool], own: Sequence[str | None], chosen: Callable[[int], bool]
+) -> dict[int, int]:
+    """The chosen host spans inside which a backward span starts (on any thread of the same
+    process), each with the end of the last such backward span."""
+    spans = trace.spans
+    pids = spans["pid"]
+    starts, durs = spans["start_ns"], spans["dur_ns"]
     backward: dict[int, list[tuple[int, int]]] = {}
     for i in compress(range(len(spans)), host):
         if own[i] == "backward":
             backward.setdefault(pids[i], []).append((starts[i], starts[i] + durs[i]))
     by_pid = {pid: (sorted(ivs), sorted(lo for lo, _ in ivs)) for pid, ivs in backward.items()}
     found: dict[int, int] = {}
+    if not by_pid:
+        return {}
     for i in compress(range(len(spans)), host):
-        if names[i] not in steps or pids[i] not in by_pid:
+        if pids[i] not in by_pid or not chosen(i):
             continue
         intervals, begins = by_pid[pids[i]]
         lo, hi = bisect_left(begins, starts[i]), bisect_left(begins, starts[i] + durs[i])
@@ -259,7 +278,7 @@ def host_breakdowns(
             if i != step.span
         ]
         elsewhere = backward.get(step.pid)
-        passes = _forward_passes(members, categories, starts, durs, elsewhere, step)
+        passes, backward_passes = _passes(members, categories, starts, durs, elsewhere, step)
         pass_starts = [lo for lo, _ in passes]
         unnamed_forward = 0
         covered: list[tuple[int, int]] = []
@@ -275,15 +294,21 @@ def host_breakdowns(
             share = self_ns[i]
             if end < starts[i] + durs[i]:  # cut at the step's end: its own time before that
                 share = children.own_time(i, starts[i], end, starts, durs)
+            if category == "idle_other" and (passes or backward_passes) and share > 0:
+                # a region that says nothing (one holding a backward pass): its own time in a
+                # forward or backward pass is that pass's
+                stretches = children.own_stretches(i, starts[i], end, starts, durs)
+                in_backward = min(_overlap(stretches, backward_passes), share)
+                in_forward = min(_overlap(stretches, passes), share - in_backward)
+                totals["backward"] += in_backward
+                totals["forward"] += in_forward
+                unnamed_forward += in_forward
+                share -= in_backward + in_forward
             if i in closures:  # the closure's own time is no optimizer work: it waits for
                 # backward on the autograd engine's threads, or runs uninstrumented Python
                 closure_end = min(closures[i], end)
                 glue = children.own_stretches(i, starts[i], closure_end, starts, durs)
-                waited = (
-                    _overlap(glue, elsewhere.overlapping(starts[i], closure_end))
-                    if elsewhere
-                    else 0
-                )
+                waited = _overlap(glue, backward_passes)
                 own = max(0, min(share, sum(b - a for a, b in glue)))
                 waited = min(waited, own)
                 in_forward = min(_overlap(glue, passes), own - waited)
@@ -309,10 +334,9 @@ def host_breakdowns(
             in_flight = waiting.overlapping(step.start_ns, step.end_ns)
             totals["communication"] += _overlap(gaps, in_flight)
             gaps = _subtract(gaps, in_flight)
-        if elsewhere:
-            in_backward = elsewhere.overlapping(step.start_ns, step.end_ns)
-            totals["backward"] += _overlap(gaps, in_backward)
-            gaps = _subtract(gaps, in_backward)
+        if backward_passes:
+            totals["backward"] += _overlap(gaps, backward_passes)
+            gaps = _subtract(gaps, backward_passes)
         in_passes = _overlap(gaps, passes)
         # the samples of the step's own time name its Python wherever it ran: the forward
         # pass's share of them is named Python, not unnamed forward glue
@@ -333,31 +357,54 @@ def host_breakdowns(
     return result
 
 
-def _forward_passes(
+def _passes(
     members: Sequence[int],
     categories: Sequence[str],
     starts: Sequence[int],
     durs: Sequence[int],
     backward: _Intervals | None,
     step: StepWindow,
-) -> list[tuple[int, int]]:
-    """The step's forward passes (module docstring), sorted and disjoint; ``members`` by start."""
-    opening = [i for i in members if categories[i] in (_OP_PENDING, "forward")]
-    if not opening:
-        return []
+) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """The step's forward and backward passes (module docstring), each sorted and disjoint;
+    ``members`` by start.  A backward pass joins the process's backward spans up to the next
+    forward pass's first operator (the autograd engine's own time between them is backward)."""
+    opening = [starts[i] for i in members if categories[i] in (_OP_PENDING, "forward")]
     stretches = backward.overlapping(step.start_ns, step.end_ns) if backward else []
-    if not stretches:
-        last = max(min(starts[i] + durs[i], step.end_ns) for i in opening)
-        return [(starts[opening[0]], last)] if last > starts[opening[0]] else []
+    joined: list[tuple[int, int]] = []
+    for lo, hi in stretches:
+        if joined and not _any_in(opening, joined[-1][1], lo):
+            joined[-1] = (joined[-1][0], hi)
+        else:
+            joined.append((lo, hi))
+    backward_passes = [
+        (max(lo, step.start_ns), min(hi, step.end_ns))
+        for lo, hi in joined
+        if min(hi, step.end_ns) > max(lo, step.start_ns)
+    ]
+    if not opening:
+        return [], backward_passes
+    if not joined:
+        last = max(
+            min(starts[i] + durs[i], step.end_ns)
+            for i in members
+            if categories[i] in (_OP_PENDING, "forward")
+        )
+        return ([(opening[0], last)] if last > opening[0] else []), backward_passes
     passes = []
     boundary, k = step.start_ns, 0
-    for lo, hi in stretches:
-        while k < len(opening) and starts[opening[k]] < boundary:
+    for lo, hi in joined:
+        while k < len(opening) and opening[k] < boundary:
             k += 1
-        if k < len(opening) and starts[opening[k]] < lo:
-            passes.append((starts[opening[k]], lo))
+        if k < len(opening) and opening[k] < lo:
+            passes.append((opening[k], lo))
         boundary = max(boundary, hi)
-    return passes
+    return passes, backward_passes
+
+
+def _any_in(sorted_times: Sequence[int], lo: int, hi: int) -> bool:
+    """Whether a time of ``sorted_times`` lies in ``[lo, hi)``."""
+    k = bisect_left(sorted_times, lo)
+    return k < len(sorted_times) and sorted_times[k] < hi
 
 
 class _Children:
