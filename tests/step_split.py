@@ -24,8 +24,8 @@ autograd engine's own time between its nodes is backward).  Forward (issue 36's 
 for each backward pass of the step, the forward stretch runs from the first torch operator
 (``cpu_op``) outside every label, or forward annotation, that starts after the previous
 boundary (the previous backward pass's end, or the step's start) to the pass's start; in a
-step with no backward, from the first operator's start to the last one's end.  Every moment of a forward stretch not labelled otherwise
-(operators and the Python between them) is forward, and so is a forward annotation's time
+step with no backward, from the first operator's start to the last one's end.  Every moment
+of a forward stretch not labelled otherwise (operators and the Python between them) is forward, and so is a forward annotation's time
 wherever it is.  Operators outside the forward stretches and outside any label are
 ``other_operators``.
 """
