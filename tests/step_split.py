@@ -25,9 +25,9 @@ for each backward pass of the step, the forward stretch runs from the first torc
 (``cpu_op``) outside every label, or forward annotation, that starts after the previous
 boundary (the previous backward pass's end, or the step's start) to the pass's start; in a
 step with no backward, from the first operator's start to the last one's end.  Every moment
-of a forward stretch not labelled otherwise (operators and the Python between them) is forward, and so is a forward annotation's time
-wherever it is.  Operators outside the forward stretches and outside any label are
-``other_operators``.
+of a forward stretch not labelled otherwise (operators and the Python between them) is
+forward, and so is a forward annotation's time wherever it is.  Operators outside the forward
+stretches and outside any label are ``other_operators``.
 """
 
 from __future__ import annotations
