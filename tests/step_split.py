@@ -25,8 +25,9 @@ for each backward pass of the step, the forward stretch runs from the first torc
 (``cpu_op``) outside every label, or forward annotation, that starts after the previous
 boundary (the previous backward pass's end, or the step's start) to the pass's start; in a
 step with no backward, from the first operator's start to the last one's end.  Every moment
-of a forward stretch not labelled otherwise (operators and the Python between them) is
-forward, and so is a forward annotation's time wherever it is.  Operators outside the forward
+of a forward stretch not labelled backward, optimizer, data loading or communication
+(operators, the Python between them, other annotations) is forward, and so is a forward
+annotation's time wherever it is.  Operators outside the forward
 stretches and outside any label are ``other_operators``.
 """
 
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import json
 import re
+from bisect import bisect_right
 from pathlib import Path
 from typing import Any
 
@@ -163,11 +165,19 @@ def _split_one(own: list[dict[str, Any]], s: float, e: float) -> dict[str, float
             if _label(x) == "backward" and x["ts"] + x["dur"] > s
         ]
     )
-    # where an operator outside every label (or a forward annotation) begins
+    # where an operator outside backward, optimizer, data and communication (or a forward
+    # annotation) begins
+    piece_starts = [lo for lo, _, _ in pieces]
+
+    def label_at(t: float) -> str:
+        return pieces[max(0, bisect_right(piece_starts, t) - 1)][2]
+
+    opening = ("op", "forward", "annotation")
     op_starts = sorted(
-        lo
-        for k, (lo, _, label) in enumerate(pieces)
-        if label in ("op", "forward") and (k == 0 or pieces[k - 1][2] != label)
+        x["ts"]
+        for x in own
+        if s <= x["ts"] < e
+        and ((x.get("cat") == "cpu_op" and label_at(x["ts"]) in opening) or _label(x) == "forward")
     )
     # a backward pass: backward spans joined over the gaps no operator begins in (the
     # autograd engine's own time between its nodes)
@@ -185,7 +195,11 @@ def _split_one(own: list[dict[str, Any]], s: float, e: float) -> dict[str, float
             stretches.append((first, lo))
         boundary = hi
     if not passes and op_starts:
-        last = max(hi for lo, hi, label in pieces if label in ("op", "forward"))
+        last = max(
+            x["ts"] + x["dur"]
+            for x in own
+            if x["ts"] >= op_starts[0] and (x.get("cat") == "cpu_op" or _label(x) == "forward")
+        )
         stretches.append((op_starts[0], min(last, e)))
 
     def within(lo: float, hi: float, intervals: list[Interval]) -> float:
@@ -197,6 +211,8 @@ def _split_one(own: list[dict[str, Any]], s: float, e: float) -> dict[str, float
             totals[label] += hi - lo
         elif label == "idle":
             totals["backward"] += within(lo, hi, passes)
+            totals["forward"] += within(lo, hi, stretches)
+        elif label == "annotation":  # the program's own region inside a forward pass
             totals["forward"] += within(lo, hi, stretches)
         elif label == "op":
             inside = within(lo, hi, stretches)

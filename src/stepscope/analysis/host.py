@@ -22,15 +22,20 @@ category ``user_annotation``) -> ``other_annotated``; a ``python_function`` span
 ``python``; a torch operator -> ``forward`` inside a *forward pass*, else ``other_operators``.
 
 A step's forward passes are found from its backward passes, however many it holds (gradient
-accumulation, two losses, a GAN's two optimizers): each stretch of backward time of the
-process (the union of its backward spans, on any thread) is fed by the forward pass that runs
-from the first operator (or ``forward`` span) starting after the previous backward stretch
-ended (or the step began) up to that backward's start.  A step without backward has one forward
-pass, from its first such operator to the end of its last.  Inside a forward pass, every moment
-that no categorised span claims is ``forward``: the operators and the Python between them (the
-modules' own code) — so ``stepscope run``'s forward is the span a trainer's ``forward:``
-annotation marks.  Operators after the step's last backward, outside the optimizer (gradient
-clipping, metrics), are ``other_operators``.
+accumulation, two losses, a GAN's two optimizers).  A *backward pass* is the process's
+backward spans (on any thread) joined over the gaps in which no operator begins: the autograd
+engine's own time between its nodes is backward.  Each backward pass is fed by the forward
+pass that runs from the first operator outside backward, optimizer, data loading and
+communication (or ``forward`` span) starting after the previous backward pass ended (or the
+step began) up to that backward pass's start.  A step without backward has one forward pass,
+from its first such operator to the end of its last.  Inside a forward pass, every moment
+that no data-loading, optimizer, communication or backward span claims is ``forward``: the
+operators, the Python between them (the modules' own code) and the program's own regions
+there — so ``stepscope run``'s forward is the span a trainer's ``forward:`` annotation marks.
+Operators after the step's last backward, outside the optimizer (gradient clipping,
+metrics), are ``other_operators``.  A user annotation inside which a backward span begins (a
+region around a whole step or micro-batch) says nothing: what runs in it is categorised as if
+it were not there, and its own time is a pass's where it lies in one.
 
 The step span's own time (no span open below it) is ``idle_other`` — uninstrumented Python or
 waiting — except the part during which a collective runs on another thread of the same process
@@ -92,6 +97,8 @@ _OPTIMIZER_STEP = re.compile(r"^Optimizer\.step#")
 _ANNOTATION = "user_annotation"
 _PYTHON = "python_function"
 _OP_PENDING = "op"
+_REGION_CATEGORIES = frozenset({_ANNOTATION, _PYTHON, "Trace", ""})
+"""Span categories that mark regions of code, not operators."""
 
 
 def classify_name(name: str) -> str | None:
@@ -262,6 +269,16 @@ def host_breakdowns(
     collectives = {pid: _Intervals(merge_intervals(ivs)) for pid, ivs in comm_by_pid.items()}
     by_start: dict[tuple[int, int], tuple[list[int], list[int]]] = {}
     parent = nesting.parent
+    cat_ids = spans["cat"].tolist()
+    regions = {c for c, text in enumerate(trace.strings) if text in _REGION_CATEGORIES}
+
+    def opens(i: int) -> bool:
+        """An operator outside backward, optimizer, data and communication, or a forward span."""
+        category = categories[i]
+        return category in (_OP_PENDING, "forward") or (
+            category == "other_annotated" and cat_ids[i] not in regions
+        )
+
     result = []
     for step in steps:
         totals = dict.fromkeys(HOST_CATEGORIES, 0)
@@ -278,7 +295,7 @@ def host_breakdowns(
             if i != step.span
         ]
         elsewhere = backward.get(step.pid)
-        passes, backward_passes = _passes(members, categories, starts, durs, elsewhere, step)
+        passes, backward_passes = _passes(members, categories, starts, durs, elsewhere, step, opens)
         pass_starts = [lo for lo, _ in passes]
         unnamed_forward = 0
         covered: list[tuple[int, int]] = []
@@ -304,6 +321,13 @@ def host_breakdowns(
                 totals["forward"] += in_forward
                 unnamed_forward += in_forward
                 share -= in_backward + in_forward
+            elif category == "other_annotated" and passes and share > 0:
+                # a region of the program's inside a forward pass (a model's "encoder", a
+                # trainer's hooks between loss and backward) is forward time all the same
+                stretches = children.own_stretches(i, starts[i], end, starts, durs)
+                in_forward = min(_overlap(stretches, passes), share)
+                totals["forward"] += in_forward
+                share -= in_forward
             if i in closures:  # the closure's own time is no optimizer work: it waits for
                 # backward on the autograd engine's threads, or runs uninstrumented Python
                 closure_end = min(closures[i], end)
@@ -364,11 +388,14 @@ def _passes(
     durs: Sequence[int],
     backward: _Intervals | None,
     step: StepWindow,
+    opens: Callable[[int], bool],
 ) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
     """The step's forward and backward passes (module docstring), each sorted and disjoint;
-    ``members`` by start.  A backward pass joins the process's backward spans up to the next
-    forward pass's first operator (the autograd engine's own time between them is backward)."""
-    opening = [starts[i] for i in members if categories[i] in (_OP_PENDING, "forward")]
+    ``members`` by start, ``opens(i)``: whether span ``i`` may open a forward pass.  A backward
+    pass joins the process's backward spans up to the next forward pass's first operator (the
+    autograd engine's own time between them is backward)."""
+    chosen = [i for i in members if opens(i)]
+    opening = [starts[i] for i in chosen]
     stretches = backward.overlapping(step.start_ns, step.end_ns) if backward else []
     joined: list[tuple[int, int]] = []
     for lo, hi in stretches:
@@ -384,11 +411,7 @@ def _passes(
     if not opening:
         return [], backward_passes
     if not joined:
-        last = max(
-            min(starts[i] + durs[i], step.end_ns)
-            for i in members
-            if categories[i] in (_OP_PENDING, "forward")
-        )
+        last = max(min(starts[i] + durs[i], step.end_ns) for i in chosen)
         return ([(opening[0], last)] if last > opening[0] else []), backward_passes
     passes = []
     boundary, k = step.start_ns, 0
