@@ -173,12 +173,13 @@ def _split_one(own: list[dict[str, Any]], s: float, e: float) -> dict[str, float
         return pieces[max(0, bisect_right(piece_starts, t) - 1)][2]
 
     opening = ("op", "forward", "annotation")
-    op_starts = sorted(
-        x["ts"]
+    openers = [
+        x
         for x in own
         if s <= x["ts"] < e
         and ((x.get("cat") == "cpu_op" and label_at(x["ts"]) in opening) or _label(x) == "forward")
-    )
+    ]
+    op_starts = sorted(x["ts"] for x in openers)
     # a backward pass: backward spans joined over the gaps no operator begins in (the
     # autograd engine's own time between its nodes)
     passes: list[Interval] = []
@@ -195,11 +196,7 @@ def _split_one(own: list[dict[str, Any]], s: float, e: float) -> dict[str, float
             stretches.append((first, lo))
         boundary = hi
     if not passes and op_starts:
-        last = max(
-            x["ts"] + x["dur"]
-            for x in own
-            if x["ts"] >= op_starts[0] and (x.get("cat") == "cpu_op" or _label(x) == "forward")
-        )
+        last = max(x["ts"] + x["dur"] for x in openers)
         stretches.append((op_starts[0], min(last, e)))
 
     def within(lo: float, hi: float, intervals: list[Interval]) -> float:
