@@ -12,7 +12,7 @@ HF calls ``on_train_end`` only when training succeeds.  When it raises, the wind
 transformers' ``Trainer`` class is wrapped (once) in a ``try``/``except BaseException`` that
 hands the exception to every ``StepscopeCallback`` of that trainer (``TrainingSession.fail``:
 the window is saved, marked incomplete, the profile stops, the hooks go) and re-raises it
-unchanged.  This runs in the raising thread before any ``except`` of the program's own, so a
+unchanged (the same object; the wrapper's own frame is taken out of its traceback).  This runs in the raising thread before any ``except`` of the program's own, so a
 profile started there already works; a weakref finalizer would wait for the traceback that
 holds the trainer to be freed, and the step hooks never see an exception raised between them.
 A trainer whose class replaces ``train`` without calling ``Trainer.train`` is covered by the
@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import sys
 import threading
 from typing import Any
 
@@ -141,6 +142,12 @@ def close_on_error(trainer_class: type) -> None:
                 return original(self, *args, **kwargs)
             except BaseException as exc:
                 _training_raised(self, exc)
+                # the program's own traceback: this wrapper's frame taken out (a bare raise
+                # adds no frame back)
+                here = exc.__traceback__
+                if here is not None and here.tb_frame is sys._getframe():
+                    exc.__traceback__ = here.tb_next
+                del here
                 raise
 
         setattr(train, _WRAPPED, True)
