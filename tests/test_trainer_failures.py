@@ -24,7 +24,6 @@ import stepscope
 from stepscope.analysis.analyze import analyze
 from stepscope.config import config
 from stepscope.failures import failure_log
-from stepscope.integrations.session import ERROR_KEY
 from stepscope.profiler.profile import active_profile
 from stepscope.trace.chrome_reader import read_chrome_trace
 
@@ -80,7 +79,7 @@ def test_training_that_raises_mid_window_closes_it_and_a_later_profile_works(
         [trace_file] = sorted((out / "traces").iterdir())  # the window was saved
         trace = read_chrome_trace(trace_file)
         assert trace.metadata["stepscope_window_complete"] is False
-        assert trace.metadata[ERROR_KEY] == f"Boom: {message}"
+        assert trace.metadata["stepscope_training_error"] == f"Boom: {message}"
         summary = analyze([(trace_file.name, trace)]).combined
         # step 0 is warmup; 1 and 2 ran whole; 3 raised
         assert [s.step for s in summary.steps] == [1, 2]
