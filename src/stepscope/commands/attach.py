@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from stepscope.commands.command import Command
+from stepscope.commands.values import MAX_SAMPLING_HZ, MAX_SECONDS, at_least, positive_finite
 from stepscope.profiler.control_client import NotAttachable, Session, find_listener, hello
 from stepscope.profiler.control_protocol import ControlError, pid_alive, socket_pid
 
@@ -196,12 +197,10 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--all-ranks needs the PID of one rank of the job")
     if args.pid is None and not args.job:
         raise ValueError("name the process: stepscope attach PID (or --job DIR)")
-    if args.steps < 1:
-        raise ValueError(f"--steps must be 1 or more, got {args.steps}")
-    if args.timeout <= 0:
-        raise ValueError(f"--timeout must be positive, got {args.timeout}")
-    if args.sample is not None and args.sample <= 0:
-        raise ValueError(f"--sample must be a positive number of seconds, got {args.sample}")
+    at_least("--steps", args.steps, 1)
+    positive_finite("--timeout", args.timeout, MAX_SECONDS, "seconds")
+    positive_finite("--sample", args.sample, MAX_SECONDS, "seconds")
+    positive_finite("--sampling-rate", args.sampling_rate, MAX_SAMPLING_HZ, "samples per second")
     if args.pid is not None and args.pid == os.getpid():
         raise ValueError("stepscope attach cannot attach to itself")
     try:
