@@ -97,9 +97,12 @@ def _notify(pid: int) -> Any:
 def _report(pid: int, done: dict[str, Any], label: str = "") -> bool:
     first, steps = int(done["first_step"]), int(done["steps"])
     complete = bool(done.get("complete", True))
-    what = f"step {first}" if steps == 1 else f"steps {first}-{first + steps - 1}"
+    last = done.get("last_step")  # the steps the trace holds (a listener before it: as asked)
+    if isinstance(last, bool) or not isinstance(last, int) or last < first:
+        last = first + steps - 1
+    what = f"step {first}" if last == first else f"steps {first}-{last}"
     if not complete:
-        what += " (the process ended inside the window: partial)"
+        what += f" (the process ended inside step {last}: partial, {steps} asked)"
     for path in done.get("files", []):
         print(f"{label}{pid}: {what}: {path}")
     return complete
