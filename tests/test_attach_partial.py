@@ -45,9 +45,7 @@ def test_a_window_cut_short_by_exit_is_reported_as_the_steps_it_holds(
     [trace_file] = answer["files"]
     trace = read_chrome_trace(trace_file)
     whole, _ = find_steps(trace)
-    held = sorted(
-        {int(s.step) for s in [*whole, *cut_short_steps(trace)] if s.step is not None}
-    )
+    held = sorted({int(s.step) for s in [*whole, *cut_short_steps(trace)] if s.step is not None})
     first = answer["first_step"]
     assert held[0] == first and answer["last_step"] == held[-1] < first + ASKED - 1
     assert not _report(target.pid, answer)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -34,8 +35,9 @@ def hostile_trace(path: Path) -> Path:
     return path
 
 
-def strict_json(path: Path) -> dict:  # type: ignore[type-arg]
-    return json.loads(path.read_bytes().decode("utf-8"))  # strict: invalid UTF-8 raises
+def strict_json(path: Path) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(path.read_bytes().decode("utf-8"))  # strict UTF-8
+    return data
 
 
 def test_report_outputs_replace_and_count_a_lone_surrogate(

@@ -87,9 +87,7 @@ def test_training_that_raises_mid_window_closes_it_and_a_later_profile_works(
 
 
 @pytest.mark.parametrize("framework", ["transformers", "lightning"])
-def test_the_programs_exception_and_exit_status_are_its_own(
-    framework: str, tmp_path: Path
-) -> None:
+def test_the_programs_exception_and_exit_status_are_its_own(framework: str, tmp_path: Path) -> None:
     need(framework)
     for attempt in range(2):
         without = job(framework, tmp_path / f"plain{attempt}", "raise", profiled=False)

@@ -66,9 +66,7 @@ def train_transformers(out: Path, profiled: bool) -> None:
         logging_strategy="no",
         disable_tqdm=True,
     )
-    trainer = transformers.Trainer(
-        model=Tiny(), args=args, train_dataset=data, callbacks=callbacks
-    )
+    trainer = transformers.Trainer(model=Tiny(), args=args, train_dataset=data, callbacks=callbacks)
     trainer.train()
 
 

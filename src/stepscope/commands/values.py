@@ -22,9 +22,7 @@ def at_least(option: str, value: int | None, minimum: int) -> None:
         raise ValueError(f"{option} must be {minimum} or more, got {value}")
 
 
-def positive_finite(
-    option: str, value: float | None, maximum: float, unit: str = ""
-) -> None:
+def positive_finite(option: str, value: float | None, maximum: float, unit: str = "") -> None:
     """``option``'s ``value`` (None: not given) is a number above 0 and at most ``maximum``."""
     if value is None:
         return

@@ -179,7 +179,8 @@ def profiler_class(base: type) -> type:
         "StepscopeProfiler",
         (LightningRegions, base),
         {
-            "__doc__": "stepscope as a Lightning profiler: ``Trainer(profiler=StepscopeProfiler())``",
+            "__doc__": "stepscope as a Lightning profiler: "
+            "``Trainer(profiler=StepscopeProfiler())``",
             "_framework": base.__module__.split(".profilers")[0],
         },
     )

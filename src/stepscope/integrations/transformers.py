@@ -12,11 +12,13 @@ HF calls ``on_train_end`` only when training succeeds.  When it raises, the wind
 transformers' ``Trainer`` class is wrapped (once) in a ``try``/``except BaseException`` that
 hands the exception to every ``StepscopeCallback`` of that trainer (``TrainingSession.fail``:
 the window is saved, marked incomplete, the profile stops, the hooks go) and re-raises it
-unchanged (the same object; the wrapper's own frame is taken out of its traceback).  This runs in the raising thread before any ``except`` of the program's own, so a
-profile started there already works; a weakref finalizer would wait for the traceback that
-holds the trainer to be freed, and the step hooks never see an exception raised between them.
-A trainer whose class replaces ``train`` without calling ``Trainer.train`` is covered by the
-session's exit stop only.
+unchanged (the same object; on Python 3.11+ the wrapper's own frame is taken out of its
+traceback).  This runs in the raising thread before any ``except`` of the program's own, so a
+profile started there already works.  A weakref finalizer would wait until the traceback that
+holds the trainer is freed (never, while the program keeps the exception), and the step hooks
+never see an exception raised between them.  A trainer whose class replaces ``train`` without
+calling ``Trainer.train`` is covered by the session's stop at exit only (and by the next
+``on_train_begin``).
 """
 
 from __future__ import annotations
