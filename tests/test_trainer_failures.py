@@ -209,3 +209,20 @@ def test_an_uncreatable_trace_directory_is_raised_under_strict(
     with pytest.raises(OSError, match="cannot create the trace directory"):
         run()
     assert active_profile() is None
+
+
+def test_a_profile_that_cannot_start_is_one_warning_and_training_runs_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    trainer, callback, _ = hf_train(tmp_path, tmp_path / "traces")
+    before = failure_log("integrations").counts().get("integration_error", 0)
+    caplog.set_level(logging.WARNING, logger="stepscope.failures.integrations")
+    with stepscope.profile() as own:  # the program's own profile holds the process's one
+        trainer.train()
+        assert active_profile() is own
+    assert trainer.state.global_step == 4
+    # counted once: the callback does not try again at every step
+    assert failure_log("integrations").counts()["integration_error"] == before + 1
+    [warning] = [r for r in caplog.records if r.name == "stepscope.failures.integrations"]
+    assert "already running" in warning.getMessage()
+    assert "no window was recorded" in callback.summary()

@@ -24,7 +24,7 @@ import sys
 from typing import Any
 
 from stepscope.extras import require
-from stepscope.integrations.session import TrainingSession
+from stepscope.integrations.session import TrainingSession, open_session
 from stepscope.profiler.schedule import Schedule
 
 __all__ = ["LightningRegions", "profiler_class", "region_name"]
@@ -81,13 +81,10 @@ class LightningRegions:
         if stage != "fit" or self.session is not None:
             return
         where = self._given_dir or os.path.join(log_dir or os.getcwd(), "stepscope")
-        self.session = session = TrainingSession(
-            where,
-            self._schedule,
-            self._options,
-            who="StepscopeProfiler",
+        self.session = session = open_session(
+            where, self._schedule, self._options, who="StepscopeProfiler"
         )
-        if not session.off_reason:
+        if session is not None and not session.off_reason:
             session._guard("on_exception callback", self._hand_over_exceptions)
 
     def _hand_over_exceptions(self) -> None:

@@ -59,6 +59,29 @@ def _stop_sessions_at_exit() -> None:
             _at_exit_registered = True
 
 
+def open_session(
+    output_dir: str | os.PathLike[str],
+    schedule: Schedule | None,
+    options: Mapping[str, Any],
+    *,
+    who: str,
+    worker_name: str | None = None,
+) -> TrainingSession | None:
+    """A session as a trainer begins (its options were checked where the user wrote them):
+    None, counted and logged once, when it cannot be made (re-raised when strict)."""
+    try:
+        return TrainingSession(output_dir, schedule, options, worker_name=worker_name, who=who)
+    except Exception as exc:
+        _failures.report(
+            "integration_error",
+            f"{who} set-up",
+            exc,
+            strict=options.get("strict"),
+            then="training goes on unprofiled",
+        )
+        return None
+
+
 def _error_text(exc: BaseException) -> str:
     try:
         text = f"{type(exc).__name__}: {exc}"
@@ -126,7 +149,9 @@ class TrainingSession:
 
     def _guard(
         self, what: str, fn: Callable[[], Any], *, strict: bool | None = None, then: str = ""
-    ) -> None:
+    ) -> bool:
+        """Run ``fn``; a failure is counted, logged once, re-raised only when strict; returns
+        whether ``fn`` ran through."""
         try:
             fn()
         except Exception as exc:
@@ -137,6 +162,8 @@ class TrainingSession:
                 strict=self.strict if strict is None else strict,
                 then=then or "training goes on",
             )
+            return False
+        return True
 
     def start(self) -> None:
         """Start the profile at step 0 (once; never when the session is off)."""
@@ -144,7 +171,11 @@ class TrainingSession:
             self._running = True
             _running.add(self)
             _stop_sessions_at_exit()
-            self._guard("start", self.profile.start)
+            if not self._guard("start", self.profile.start, then="training goes on unprofiled"):
+                # a start that fails leaves no profile running: not tried again at every step
+                self._running = False
+                _running.discard(self)
+                self.off_reason = "the profile could not start"
 
     def step(self) -> None:
         """One training step ended; the next begins."""

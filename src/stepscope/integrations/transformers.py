@@ -31,7 +31,7 @@ import threading
 from typing import Any
 
 from stepscope.extras import require
-from stepscope.integrations.session import TrainingSession
+from stepscope.integrations.session import TrainingSession, open_session
 from stepscope.profiler.schedule import Schedule
 
 __all__: list[str] = []  # StepscopeCallback: built on first use (module __getattr__)
@@ -64,11 +64,11 @@ class CallbackRegions:
         """Training begins: the session is made and the model's forward hooked."""
         self._end(None)  # a session an earlier run left running (its train raised unseen)
         where = self._given_dir or os.path.join(args.output_dir or os.getcwd(), "stepscope")
-        self.session = session = TrainingSession(
+        self.session = session = open_session(
             where, self._schedule, self._options, who="StepscopeCallback"
         )
         model = kwargs.get("model")
-        if model is not None and not session.off_reason:
+        if session is not None and model is not None and not session.off_reason:
             name = f"forward: {type(model).__name__}"
 
             def hook() -> None:
@@ -126,7 +126,10 @@ class CallbackRegions:
     def summary(self) -> str:
         """The recorded window's report (Markdown) and the trace files."""
         if self.session is None:
-            return "StepscopeCallback: training has not begun."
+            return (
+                "StepscopeCallback: no window was recorded (training has not begun, or the "
+                "session could not be set up: see the warning logged then)."
+            )
         return self.session.summary()
 
 
