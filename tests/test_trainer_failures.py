@@ -226,3 +226,43 @@ def test_a_profile_that_cannot_start_is_one_warning_and_training_runs_on(
     [warning] = [r for r in caplog.records if r.name == "stepscope.failures.integrations"]
     assert "already running" in warning.getMessage()
     assert "no window was recorded" in callback.summary()
+
+
+LEFT_RUNNING = """
+import sys
+import torch
+import stepscope
+from stepscope.integrations.session import TrainingSession
+
+session = TrainingSession(
+    sys.argv[1], stepscope.schedule(wait=0, warmup=1, active=10, repeat=1), {}, who="test"
+)
+session.start()
+for _ in range(4):
+    torch.ones(8).sum()
+    session.step()
+print("leaving with the window open", flush=True)
+"""
+
+
+def test_a_session_left_running_at_exit_is_saved_and_exit_is_clean(tmp_path: Path) -> None:
+    # a trainer that ends without its framework's end event (torch's profiler, left running,
+    # crashes the interpreter's teardown)
+    script = tmp_path / "left.py"
+    script.write_text(LEFT_RUNNING)
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "PYTHONFAULTHANDLER": "1"}
+    for attempt in range(3):
+        out = tmp_path / f"traces{attempt}"
+        done = subprocess.run(
+            [sys.executable, str(script), str(out)],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=300,
+        )
+        assert done.returncode == 0, (attempt, done.returncode, done.stderr[-3000:])
+        assert done.stdout == "leaving with the window open\n"
+        [trace_file] = sorted(out.iterdir())
+        summary = analyze([(trace_file.name, read_chrome_trace(trace_file))]).combined
+        assert [s.step for s in summary.steps] == [1, 2, 3]
+        assert [s.step for s in summary.cut_short] == [4]
