@@ -266,3 +266,19 @@ def test_a_session_left_running_at_exit_is_saved_and_exit_is_clean(tmp_path: Pat
         summary = analyze([(trace_file.name, read_chrome_trace(trace_file))]).combined
         assert [s.step for s in summary.steps] == [1, 2, 3]
         assert [s.step for s in summary.cut_short] == [4]
+
+
+def test_lightning_fit_inside_the_programs_except_block_counts_every_step(
+    tmp_path: Path,
+) -> None:
+    # the batch's end sees sys.exc_info() of the program's own handled exception: not a batch
+    # that raised
+    trainer, fit = lightning_fit(tmp_path, tmp_path / "traces")
+    try:
+        raise KeyError("handled by the program")
+    except KeyError:
+        fit()
+    assert trainer.global_step == 4
+    [trace_file] = sorted((tmp_path / "traces").iterdir())
+    summary = analyze([(trace_file.name, read_chrome_trace(trace_file))]).combined
+    assert [s.step for s in summary.steps] == [1, 2] and summary.cut_short == []

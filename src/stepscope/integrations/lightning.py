@@ -78,13 +78,15 @@ class LightningRegions:
         """Lightning's set-up (``fit`` only): traces go to ``dirpath``, else to ``stepscope/``
         under the trainer's log dir."""
         super().setup(stage, local_rank, log_dir)  # type: ignore[misc]
-        if stage != "fit" or self.session is not None:
+        if stage != "fit":
             return
-        where = self._given_dir or os.path.join(log_dir or os.getcwd(), "stepscope")
-        self.session = session = open_session(
-            where, self._schedule, self._options, who="StepscopeProfiler"
-        )
-        if session is not None and not session.off_reason:
+        if self.session is None:
+            where = self._given_dir or os.path.join(log_dir or os.getcwd(), "stepscope")
+            self.session = open_session(
+                where, self._schedule, self._options, who="StepscopeProfiler"
+            )
+        session = self.session
+        if session is not None and not session.off_reason:  # each fit's trainer
             session._guard("on_exception callback", self._hand_over_exceptions)
 
     def _hand_over_exceptions(self) -> None:

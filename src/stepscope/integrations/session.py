@@ -28,7 +28,7 @@ from stepscope.collectors.annotations import record_function
 from stepscope.failures import failure_log
 from stepscope.profiler.handlers import trace_handler
 from stepscope.profiler.profile import profile
-from stepscope.profiler.schedule import Schedule
+from stepscope.profiler.schedule import ProfilerAction, Schedule
 
 __all__ = ["TrainingSession"]
 
@@ -226,7 +226,8 @@ class TrainingSession:
         and the profile stops.  Never raises, even when strict: the program's own exception is
         on its way (a failure here is counted and logged once)."""
         then = "the program's own exception goes on"
-        if self._running:
+        if self._running and self.profile.current_action is not ProfilerAction.NONE:
+            # a window is warming up or recording (else the note would wait for the next one)
             text = _error_text(exc)
 
             def note() -> None:
