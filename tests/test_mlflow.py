@@ -71,3 +71,23 @@ def test_without_a_run_the_error_says_what_to_do(tmp_path: Path) -> None:
     assert mlflow.active_run() is None
     with pytest.raises(ValueError, match="no active MLflow run"):
         log_report(trace_file)
+
+
+def test_names_with_unpaired_surrogates_reach_the_run_as_valid_text(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from stepscope.integrations.mlflow import log_report
+    from tests.test_report_surrogates import hostile_trace
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    mlflow.set_tracking_uri((tmp_path / "mlruns").as_uri())
+    trace_file = hostile_trace(tmp_path / "t.pt.trace.json")
+    experiment = mlflow.create_experiment("stepscope-surrogates")
+    with mlflow.start_run(experiment_id=experiment) as run:
+        log_report(trace_file)
+    client = mlflow.MlflowClient()
+    artifacts = Path(client.download_artifacts(run.info.run_id, "stepscope", str(tmp_path / "dl")))
+    assert "op\ufffdx" in (artifacts / "summary.md").read_bytes().decode("utf-8")
+    logged = json.loads((artifacts / "report.json").read_bytes().decode("utf-8"))
+    assert [op["name"] for op in logged["combined"]["operators"]] == ["op\ufffdx"]
+    assert logged["text_replaced"] == 2
