@@ -112,7 +112,7 @@ def test_the_readme_example_runs_with_the_installed_mlflow(tmp_path: Path) -> No
         [sys.executable, "-c", check], cwd=tmp_path, env=env, capture_output=True, text=True
     )
     assert read.returncode == 0, read.stderr[-3000:]
-    assert read.stdout.strip() == "[4, 5, 6]", read.stdout
+    assert read.stdout.strip() == "[6, 7, 8]", read.stdout
 
 
 def test_a_store_mlflow_refuses_gets_an_error_that_says_what_to_do(
@@ -130,3 +130,23 @@ def test_a_store_mlflow_refuses_gets_an_error_that_says_what_to_do(
     finally:
         mlflow.set_tracking_uri(before)
     assert "set_tracking_uri" in str(caught.value)
+
+
+def test_names_with_unpaired_surrogates_reach_the_run_as_valid_text(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from stepscope.integrations.mlflow import log_report
+    from tests.test_report_surrogates import hostile_trace
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    mlflow.set_tracking_uri((tmp_path / "mlruns").as_uri())
+    trace_file = hostile_trace(tmp_path / "t.pt.trace.json")
+    experiment = mlflow.create_experiment("stepscope-surrogates")
+    with mlflow.start_run(experiment_id=experiment) as run:
+        log_report(trace_file)
+    client = mlflow.MlflowClient()
+    artifacts = Path(client.download_artifacts(run.info.run_id, "stepscope", str(tmp_path / "dl")))
+    assert "op\ufffdx" in (artifacts / "summary.md").read_bytes().decode("utf-8")
+    logged = json.loads((artifacts / "report.json").read_bytes().decode("utf-8"))
+    assert [op["name"] for op in logged["combined"]["operators"]] == ["op\ufffdx"]
+    assert logged["text_replaced"] == 2

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["clean_text", "one_line", "printable"]
+__all__ = ["clean_text", "one_line", "printable", "valid_text"]
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
@@ -16,6 +16,15 @@ def clean_text(text: str) -> str:
     except UnicodeEncodeError:
         return _SURROGATE.sub("\ufffd", text)
     return text
+
+
+def valid_text(text: str) -> tuple[str, int]:
+    """``text`` as :func:`clean_text` gives it, and how many characters were replaced."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return _SURROGATE.subn("\ufffd", text)
+    return text, 0
 
 
 # C0 and C1 controls (tab and newline kept) and the bidirectional overrides and isolates, which

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from stepscope.analysis.ranks import RanksReport
 
 from stepscope.analysis.memory_types import MemorySummary
+from stepscope.text import clean_text, valid_text
 
 __all__ = [
     "DIFF_SCHEMA",
@@ -374,8 +375,8 @@ class Report:
         }
 
     def to_json(self, indent: int | None = 1) -> str:
-        """The report as JSON text."""
-        return json.dumps(self.to_dict(), indent=indent, allow_nan=False, ensure_ascii=False)
+        """The report as JSON text (valid UTF-8: see :func:`json_text`)."""
+        return json_text(self.to_dict(), indent)[0]
 
     def cut(self, top: int) -> Report:
         """The same report with each table cut to its first ``top`` rows (analysed once with
@@ -463,5 +464,18 @@ class DiffResult:
         return {"schema": DIFF_SCHEMA, "schema_version": DIFF_SCHEMA_VERSION, **body}
 
     def to_json(self, indent: int | None = 1) -> str:
-        """The diff as JSON text."""
-        return json.dumps(self.to_dict(), indent=indent, allow_nan=False, ensure_ascii=False)
+        """The diff as JSON text (valid UTF-8: see :func:`json_text`)."""
+        return json_text(self.to_dict(), indent)[0]
+
+
+def json_text(data: dict[str, Any], indent: int | None = 1) -> tuple[str, int]:
+    """``data`` (a report's or diff's ``to_dict()``) as JSON text that is valid UTF-8, and how
+    many characters were replaced: an unpaired surrogate a trace's name held (JSON's ``\\ud800``
+    escape reads back as one) becomes U+FFFD, counted in the text's ``text_replaced`` field."""
+    data = {**data, "text_replaced": 0}
+    text = json.dumps(data, indent=indent, allow_nan=False, ensure_ascii=False)
+    text, replaced = valid_text(text)
+    if replaced:
+        data["text_replaced"] = replaced
+        text = clean_text(json.dumps(data, indent=indent, allow_nan=False, ensure_ascii=False))
+    return text, replaced

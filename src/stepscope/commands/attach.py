@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from stepscope.commands.command import Command
+from stepscope.commands.values import MAX_SAMPLING_HZ, MAX_SECONDS, at_least, positive_finite
 from stepscope.profiler.control_client import NotAttachable, Session, find_listener, hello
 from stepscope.profiler.control_protocol import ControlError, pid_alive, socket_pid
 
@@ -97,9 +98,12 @@ def _notify(pid: int) -> Any:
 def _report(pid: int, done: dict[str, Any], label: str = "") -> bool:
     first, steps = int(done["first_step"]), int(done["steps"])
     complete = bool(done.get("complete", True))
-    what = f"step {first}" if steps == 1 else f"steps {first}-{first + steps - 1}"
+    last = done.get("last_step")  # the steps the trace holds (a listener before it: as asked)
+    if isinstance(last, bool) or not isinstance(last, int) or last < first:
+        last = first + steps - 1
+    what = f"step {first}" if last == first else f"steps {first}-{last}"
     if not complete:
-        what += " (the process ended inside the window: partial)"
+        what += f" (the process ended inside step {last}: partial, {steps} asked)"
     for path in done.get("files", []):
         print(f"{label}{pid}: {what}: {path}")
     return complete
@@ -213,15 +217,10 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--all-ranks needs the PID of one rank of the job")
     if args.pid is None and not args.job:
         raise ValueError("name the process: stepscope attach PID (or --job DIR)")
-    if args.steps < 1:
-        raise ValueError(f"--steps must be 1 or more, got {args.steps}")
-    for option, value, unit in (
-        ("--timeout", args.timeout, "seconds"),
-        ("--sample", args.sample, "seconds"),
-        ("--sampling-rate", args.sampling_rate, "samples a second"),
-    ):
-        if value is not None and not (math.isfinite(value) and value > 0):
-            raise ValueError(f"{option} must be a positive, finite number of {unit}, got {value}")
+    at_least("--steps", args.steps, 1)
+    positive_finite("--timeout", args.timeout, MAX_SECONDS, "seconds")
+    positive_finite("--sample", args.sample, MAX_SECONDS, "seconds")
+    positive_finite("--sampling-rate", args.sampling_rate, MAX_SAMPLING_HZ, "samples per second")
     if args.pid is not None and args.pid == os.getpid():
         raise ValueError("stepscope attach cannot attach to itself")
     try:

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from stepscope.commands.command import Command
-from stepscope.commands.report import load_traces, write_text
+from stepscope.commands.report import load_traces, replaced_note, write_text
 from stepscope.text import one_line
 
 __all__ = ["COMMAND", "EXIT_NO_STEPS", "EXIT_SLOWER", "add_arguments", "run"]
@@ -91,7 +91,12 @@ def run(args: argparse.Namespace) -> int:
         )
     render_diff(result, report_console(), args.top)
     if args.json:
-        write_text(args.json, result.to_json() + "\n", "JSON diff")
+        from stepscope.analysis.result import json_text
+
+        text, replaced = json_text(result.to_dict())
+        write_text(args.json, text + "\n", "JSON diff")
+        if replaced:
+            print(f"stepscope diff: JSON -> {args.json}{replaced_note(replaced)}", file=sys.stderr)
     if not gate:
         return 0
     step = result.step

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, TextIO
 
 from stepscope.atomic import atomic_output
 from stepscope.commands.command import Command
-from stepscope.text import one_line, printable
+from stepscope.text import one_line, printable, valid_text
 from stepscope.trace.chrome_reader import read_chrome_trace
 from stepscope.trace.model import Trace
 
@@ -180,10 +180,20 @@ def load_traces(
     return traces, failures
 
 
-def write_text(path: str, text: str, what: str) -> None:
-    """Write ``text`` to ``path`` atomically (never a half-written file)."""
+def write_text(path: str, text: str, what: str) -> int:
+    """Write ``text`` to ``path`` atomically (never a half-written file) as valid UTF-8;
+    returns how many unpaired surrogates (a trace's names can hold them) became U+FFFD."""
+    text, replaced = valid_text(text)
     with atomic_output(path, what=what) as fh:
         fh.write(text.encode("utf-8"))
+    return replaced
+
+
+def replaced_note(replaced: int) -> str:
+    """`` (N ... replaced)`` for an output line, "" when nothing was."""
+    if not replaced:
+        return ""
+    return f" ({replaced} unpaired surrogate{'s' if replaced != 1 else ''} replaced by U+FFFD)"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -219,8 +229,13 @@ def run(args: argparse.Namespace) -> int:
     if args.parquet:
         from stepscope.report.parquet import write_parquet
 
-        write_parquet(full or report, traces, args.parquet, run=Path(args.path).resolve().name)
-        print(f"stepscope report: Parquet tables -> {args.parquet}", file=sys.stderr)
+        _, replaced = write_parquet(
+            full or report, traces, args.parquet, run=Path(args.path).resolve().name
+        )
+        print(
+            f"stepscope report: Parquet tables -> {args.parquet}{replaced_note(replaced)}",
+            file=sys.stderr,
+        )
     return 1 if failures else 0
 
 
@@ -251,14 +266,20 @@ def _run_mapped(args: argparse.Namespace, step_range: tuple[int, int] | None) ->
 
 def write_outputs(args: argparse.Namespace, report: Report) -> None:
     """The report's ``--json`` and ``--markdown`` files, when asked for."""
+    from stepscope.analysis.result import json_text
+
     if args.json:
-        write_text(args.json, report.to_json() + "\n", "JSON report")
-        print(f"stepscope report: JSON -> {args.json}", file=sys.stderr)
+        text, replaced = json_text(report.to_dict())
+        write_text(args.json, text + "\n", "JSON report")
+        print(f"stepscope report: JSON -> {args.json}{replaced_note(replaced)}", file=sys.stderr)
     if args.markdown:
         from stepscope.report.markdown import report_markdown
 
-        write_text(args.markdown, report_markdown(report), "Markdown summary")
-        print(f"stepscope report: Markdown -> {args.markdown}", file=sys.stderr)
+        replaced = write_text(args.markdown, report_markdown(report), "Markdown summary")
+        print(
+            f"stepscope report: Markdown -> {args.markdown}{replaced_note(replaced)}",
+            file=sys.stderr,
+        )
 
 
 def render_report_to(report: Report) -> None:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from stepscope.commands.command import Command
+from stepscope.commands.values import MAX_SAMPLING_HZ, at_least, positive_finite
 from stepscope.extras import torch_installed
 from stepscope.profiler.sort_keys import SORT_KEYS
 from stepscope.program import Program, find_program, first_import, print_program_traceback
@@ -230,15 +231,29 @@ def _profile(args: argparse.Namespace, step_on: str | None, in_program: bool) ->
     )
 
 
+def check_values(args: argparse.Namespace) -> None:
+    """Every numeric option in range, before the program runs (whether or not a schedule or a
+    sampler will use it): a ``ValueError`` naming the option."""
+    for option, minimum in (
+        ("skip_first", 0),
+        ("wait", 0),
+        ("warmup", 0),
+        ("active", 1),
+        ("repeat", 0),
+        ("max_calls", 1),
+        ("max_depth", 0),
+        ("top", 0),
+    ):
+        at_least(f"--{option.replace('_', '-')}", getattr(args, option), minimum)
+    positive_finite("--sampling-rate", args.sampling_rate, MAX_SAMPLING_HZ, "samples per second")
+
+
 def run(args: argparse.Namespace) -> int:
     """Run ``stepscope run``."""
     from stepscope.profiler.profile import profile
     from stepscope.profiler.step_trigger import StepTrigger, names_program_function
 
-    if args.top < 0:
-        raise ValueError(f"--top must be 0 or more, got {args.top}")
-    if args.max_calls < 1:
-        raise ValueError(f"--max-calls must be 1 or more, got {args.max_calls}")
+    check_values(args)
     _check_torch_flags(args)
     program = find_program(args.module, list(args.program))
     chosen = None

@@ -9,6 +9,7 @@ report's JSON.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from typing import Any
@@ -16,6 +17,7 @@ from typing import Any
 from stepscope.analysis.result import Report
 from stepscope.extras import require
 from stepscope.report.markdown import report_markdown
+from stepscope.text import clean_text
 
 __all__ = ["log_report", "report_metrics", "step_metrics"]
 
@@ -86,8 +88,9 @@ def log_report(
         raise RuntimeError(f"log_report: {hint}") from exc
     for at in range(BATCH, len(metrics), BATCH):
         client.log_batch(run_id, metrics=metrics[at : at + BATCH])
-    client.log_text(run_id, report_markdown(report), f"{prefix}/summary.md")
-    client.log_dict(run_id, report.to_dict(), f"{prefix}/report.json")
+    # valid UTF-8 (a trace's names can hold unpaired surrogates: U+FFFD, as `report` writes)
+    client.log_text(run_id, clean_text(report_markdown(report)), f"{prefix}/summary.md")
+    client.log_dict(run_id, json.loads(report.to_json(indent=None)), f"{prefix}/report.json")
     return str(run_id)
 
 

@@ -282,6 +282,7 @@ class Listener:
                         "files": request.files,
                         "first_step": request.first_step,
                         "steps": request.steps,
+                        "last_step": request.last_step,
                         "complete": request.complete,
                         "reason": request.reason,
                     }

@@ -69,6 +69,8 @@ class WindowRequest:
     state: str = "pending"
     """pending -> started -> done | failed; or cancelled while pending."""
     first_step: int | None = None
+    last_step: int | None = None
+    """The last step the written window holds (the one the process ended in, when partial)."""
     files: list[str] = field(default_factory=list)
     complete: bool = True
     reason: str = ""
@@ -261,7 +263,10 @@ class OnDemand:
             return
         try:
             path = trace_handler(request.out, use_gzip=request.gzip)(prof)
-            complete = bool(prof.trace().metadata.get("stepscope_window_complete", True))
+            metadata = prof.trace().metadata
+            complete = bool(metadata.get("stepscope_window_complete", True))
+            window = metadata.get("stepscope_window")
+            end = window.get("last_step") if isinstance(window, dict) else None
         except Exception as exc:  # the window is lost, the program goes on
             request.move_to("failed", f"could not write the trace to {request.out}: {exc}")
             _failures.report("window_write_error", request.out, exc, then="the window is lost")
@@ -271,6 +276,13 @@ class OnDemand:
             return
         request.files.append(path)
         self.trace_files.append(path)
+        if isinstance(end, int) and not isinstance(end, bool) and request.first_step is not None:
+            # the step number at the window's end: one past its last step when the window
+            # ran whole, else the step the process ended in (cut short, even the last one)
+            if end == request.first_step + request.steps:
+                request.last_step = end - 1
+            else:
+                request.last_step, complete = end, False
         request.complete = complete
         request.move_to("done")
 

@@ -2,7 +2,9 @@
 
 ``write_parquet(report, traces, directory, run)`` writes one file per table, one row per
 (file, ...) with ``run``, ``rank`` (null when unknown) and ``file`` columns, so the files of many
-runs can be read together (``read_parquet('runs/*/steps.parquet')`` in DuckDB):
+runs can be read together (``read_parquet('runs/*/steps.parquet')`` in DuckDB); it returns the
+paths and how many unpaired surrogates in text cells (a trace's names can hold them) were
+written as U+FFFD:
 
 - ``steps``: step number, start and duration (ns)
 - ``breakdowns``: per step, host time by category (ns)
@@ -22,6 +24,7 @@ from typing import Any
 from stepscope.analysis.result import Report
 from stepscope.atomic import atomic_outputs, make_directory
 from stepscope.extras import require
+from stepscope.text import valid_text
 from stepscope.trace.merge import rank_of
 from stepscope.trace.model import Trace
 
@@ -105,12 +108,19 @@ def write_parquet(
     traces: Sequence[tuple[str, Trace]],
     directory: str | os.PathLike[str],
     run: str,
-) -> list[Path]:
-    """Write the tables of ``report`` as ``<directory>/<table>.parquet``; returns the paths."""
+) -> tuple[list[Path], int]:
+    """Write the tables of ``report`` as ``<directory>/<table>.parquet``; returns the paths and
+    how many characters of text cells were replaced (see the module's docstring)."""
     pa = require("pyarrow", "stepscope report --parquet", "parquet")
     pq = require("pyarrow.parquet", "stepscope report --parquet", "parquet")
     tables = {}
+    replaced = 0
     for name, rows in _rows(report, traces, run).items():
+        for row in rows:
+            for column, value in row.items():
+                if isinstance(value, str):
+                    row[column], n = valid_text(value)
+                    replaced += n
         who = [("run", "string")]
         if name not in ("ranks", "collective_waits"):
             who += [("rank", "int64"), ("file", "string")]
@@ -133,4 +143,4 @@ def write_parquet(
             pq.write_table(table, fh)
     for stale in _SCHEMAS.keys() - tables.keys():  # an earlier run's table this run has not
         (out / f"{stale}.parquet").unlink(missing_ok=True)
-    return paths
+    return paths, replaced
