@@ -19,6 +19,7 @@ from stepscope.analysis.analyze import analyze
 from stepscope.integrations.lightning import region_name
 from stepscope.trace.chrome_reader import read_chrome_trace
 from tests.integration_helpers import region_shares, step_spans
+from tests.step_split import step_split
 
 torch = pytest.importorskip("torch")
 
@@ -75,13 +76,16 @@ def test_lightning_records_the_scheduled_steps_with_forward_and_backward_right(
     assert [s[0] for s in step_spans(trace)] == [2, 3, 4]
     report = analyze([(files[0].name, trace)])
     forward = region_shares(trace, lambda n: n.startswith("forward: "))
-    backward = region_shares(trace, lambda n: n.endswith("Strategy.backward"))
+    split = step_split(files[0])
     for b in report.combined.host_steps:
         assert b.step is not None
         shares = {c.name: c.pct for c in b.categories}
         assert forward[b.step] > 10  # the regions are there and not empty
-        assert abs(shares["forward"] - forward[b.step]) <= 3, (b.step, shares, forward)
-        assert abs(shares["backward"] - backward[b.step]) <= 3, (b.step, shares, backward)
+        # training_step's region lies inside the step's forward pass, which the independent
+        # split measures (with the hooks Lightning runs between the loss and backward)
+        assert shares["forward"] >= forward[b.step] - 1, (b.step, shares, forward)
+        for category in ("forward", "backward"):
+            assert abs(shares[category] - split[b.step][category]) <= 3, (b.step, shares, split)
         assert shares["optimizer"] > 0
     summary = profiler.summary()
     assert "**3 steps**" in summary and str(files[0]) in summary
@@ -125,8 +129,8 @@ def test_a_step_is_an_optimizer_step_under_gradient_accumulation(tmp_path: Path)
         inside = [f for f in forwards if start <= f[0] and f[1] <= end]
         assert len(inside) == 2, (number, inside)  # two micro-batches, one optimizer step
     report = analyze([(files[0].name, trace)])
-    forward = region_shares(trace, lambda n: n.startswith("forward: "))
+    split = step_split(files[0])
     for b in report.combined.host_steps:
         assert b.step is not None
         shares = {c.name: c.pct for c in b.categories}
-        assert abs(shares["forward"] - forward[b.step]) <= 3, (b.step, shares, forward)
+        assert abs(shares["forward"] - split[b.step]["forward"]) <= 3, (b.step, shares, split)

@@ -18,6 +18,7 @@ import stepscope
 from stepscope.analysis.analyze import analyze
 from stepscope.trace.chrome_reader import read_chrome_trace
 from tests.integration_helpers import region_shares, step_spans
+from tests.step_split import step_split
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -73,11 +74,15 @@ def test_the_callback_records_the_scheduled_optimizer_steps(tmp_path: Path) -> N
         assert len(forwards) == 2
     report = analyze([(files[0].name, trace)])
     forward = region_shares(trace, lambda n: n.startswith("forward: "))
+    split = step_split(files[0])
     for b in report.combined.host_steps:
         assert b.step is not None
         shares = {c.name: c.pct for c in b.categories}
         assert forward[b.step] > 10
-        assert abs(shares["forward"] - forward[b.step]) <= 3, (b.step, shares, forward)
+        # the model's annotated forward lies inside the step's forward passes, which the
+        # independent split measures (operators and the Python between them up to backward)
+        assert shares["forward"] >= forward[b.step] - 1, (b.step, shares, forward)
+        assert abs(shares["forward"] - split[b.step]["forward"]) <= 3, (b.step, shares, split)
         assert shares["optimizer"] > 0 and shares["backward"] > 0
     assert not model._forward_pre_hooks and not model._forward_hooks  # removed at the end
     assert "**3 steps**" in callback.summary()

@@ -2,9 +2,10 @@
 
 A step per optimizer step (``on_step_end``: gradient accumulation's micro-batches stay in one
 step); the model's forward is a ``forward: <Model>`` region (a forward pre-hook and hook,
-added at ``on_train_begin`` and removed at ``on_train_end``), the optimizer's step an
-``optimizer: step`` region (``on_pre_optimizer_step`` to ``on_optimizer_step``); backward is
-torch's own autograd operators (recorded with torch's operators, on by default).  The profile
+added at ``on_train_begin`` and removed at ``on_train_end``); backward and the optimizer are
+torch's own spans (its autograd operators and ``Optimizer.step#...``, recorded with torch's
+operators, on by default), so the breakdown is the one ``stepscope run`` gives the same
+program: HF's own Python around the optimizer is no optimizer time under either.  The profile
 starts at the first step, so step 0 is a training step.  One trace file per window and rank.
 
 HF calls ``on_train_end`` only when training succeeds.  When it raises, the window is closed by
@@ -37,7 +38,6 @@ from stepscope.profiler.schedule import Schedule
 __all__: list[str] = []  # StepscopeCallback: built on first use (module __getattr__)
 
 FORWARD_KEY = "forward"
-OPTIMIZER_KEY = "optimizer"
 _WRAPPED = "__stepscope_closes_on_error__"
 _wrap_lock = threading.Lock()
 
@@ -87,16 +87,6 @@ class CallbackRegions:
         """An optimizer step begins: the first one starts the profile."""
         if self.session is not None and not self.session.running:
             self.session.start()
-
-    def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        """The optimizer's step region opens."""
-        if self.session is not None:
-            self.session.enter("optimizer: step", OPTIMIZER_KEY)
-
-    def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        """The optimizer's step region closes."""
-        if self.session is not None:
-            self.session.leave(OPTIMIZER_KEY)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """An optimizer step ended: the profile steps."""
