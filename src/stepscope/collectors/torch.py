@@ -171,11 +171,16 @@ class TorchCollector(Collector):
                 self._waiting = True
                 import_watch.when_imported("torch", self._torch_imported)
             return
+        if self._blocks_still_open() and not self._can_wait():
+            if self._phase == "recording" and not self._held_back:
+                self._held_back = True  # not prepared either: torch warns at a later prepare
+                self._note_open_blocks("not started in this window")
+            return
         if self._prof is None:
             self._prepare_torch()
         if self._phase == "recording" and not self._started and not self._deferred:
-            if self._blocks_still_open():
-                self._defer_start()
+            if self._blocks_still_open():  # started when they have exited
+                self._held_back = self._deferred = True
             else:
                 self._start_torch()
 
@@ -247,16 +252,12 @@ class TorchCollector(Collector):
         if watch is not None:
             watch.cancel()
 
-    def _defer_start(self) -> None:
-        """Start this window's session when the last one's open blocks have exited: when the
-        watch sees them exit, or at the next step if torch's optimizer blocks are all it waits
-        for; else not in this window."""
-        self._held_back = True
-        watching = self._watch is not None and self._watch.live
-        if watching or all(n.startswith(ENDS_WITH_ITS_STEP) for n in self._open):
-            self._deferred = True
-            return
-        self._note_open_blocks("not started in this window")
+    def _can_wait(self) -> bool:
+        """Whether a session can start once the open blocks have exited: the watch will see
+        them exit, or they are torch's optimizer blocks (the next step ends them)."""
+        if self._watch is not None and self._watch.live:
+            return True
+        return all(n.startswith(ENDS_WITH_ITS_STEP) for n in self._open)
 
     def _blocks_closed(self) -> None:
         """The watch saw the last open block exit (called from its profile function)."""
@@ -324,7 +325,7 @@ class TorchCollector(Collector):
         self._phase = "idle"
         self._deferred = False
         held_back, self._held_back = self._held_back, False
-        if held_back and self._prof is not None and not self._started:
+        if held_back and not self._started:
             self._prof = None  # never started (stopping it would only make torch warn)
             return
         if self._prof is None:
