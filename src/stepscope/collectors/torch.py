@@ -17,17 +17,21 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+import threading
 import time
+from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
-from stepscope import clock
+from stepscope import clock, steps
 from stepscope.activity import ProfilerActivity
 from stepscope.collectors import import_watch
 from stepscope.collectors.annotations import OPEN_FLAG, default_backend
 from stepscope.collectors.base import Collector, WindowContext
 from stepscope.collectors.compiled import torch_args
+from stepscope.collectors.open_blocks import ENDS_WITH_ITS_STEP, ExitWatch, blocks_left_open
 from stepscope.extras import torch_available
+from stepscope.failures import failure_log
 from stepscope.trace.chrome_reader import read_chrome_trace
 from stepscope.trace.model import Trace, TraceBuilder
 from stepscope.trace.nesting import DEVICE_CATEGORIES
@@ -56,6 +60,10 @@ PYTHON_CATEGORY = "python_function"
 MODULE_PREFIX = "nn.Module: "
 MODULE_ID_BASE = 1 << 40
 """Added to the ``Python id`` of torch's module frames (stepscope's tracer counts from 1)."""
+
+_failures = failure_log("collectors")
+OPEN_BLOCKS_KEY = "stepscope_torch_open_blocks"
+"""Window metadata: why torch's profiler started late in this window, or not at all."""
 
 FLOPS_KEY = "stepscope_flops"
 DEVICE_SIDE = DEVICE_CATEGORIES | {"Trace"}
@@ -157,6 +165,15 @@ class TorchCollector(Collector):
         self._started = False
         self.last_result: Any = None
         """torch's ``autograd.profiler.profile`` of the last window (for torch's own tables)."""
+        self._open: Counter[str] = Counter()
+        """Blocks the last session left open on the thread that stopped it (open_blocks.py):
+        no session starts until they have exited."""
+        self._open_since_step: int | None = None
+        self._watch: ExitWatch | None = None
+        self._deferred = False
+        """This window's session waits for ``_open`` to exit."""
+        self._held_back = False
+        """This window's session was held back (waiting, or not started at all)."""
 
     def prepare(self, ctx: WindowContext) -> None:
         """Create and prepare torch's profiler (Kineto warms up here), once torch is imported."""
@@ -175,10 +192,18 @@ class TorchCollector(Collector):
                 self._waiting = True
                 import_watch.when_imported("torch", self._torch_imported)
             return
+        if self._blocks_still_open() and not self._can_wait():
+            if self._phase == "recording" and not self._held_back:
+                self._held_back = True  # not prepared either: torch warns at a later prepare
+                self._note_open_blocks("not started in this window")
+            return
         if self._prof is None:
             self._prepare_torch()
-        if self._phase == "recording" and not self._started:
-            self._start_torch()
+        if self._phase == "recording" and not self._started and not self._deferred:
+            if self._blocks_still_open():  # started when they have exited
+                self._held_back = self._deferred = True
+            else:
+                self._start_torch()
 
     def _torch_imported(self) -> None:
         self._waiting = False
@@ -220,6 +245,88 @@ class TorchCollector(Collector):
 
         return {getattr(TorchActivity, k): set(v) for k, v in self.activity_filters.items()}
 
+    # -- blocks left open by the last session (open_blocks.py) ------------------------------
+    def _blocks_still_open(self) -> bool:
+        """Whether blocks the last session left open may still be open."""
+        if not self._open:
+            return False
+        step = steps.current_step()
+        if self._open_since_step is not None and step is not None and step > self._open_since_step:
+            for name in [n for n in self._open if n.startswith(ENDS_WITH_ITS_STEP)]:
+                del self._open[name]  # a later step: torch's optimizer blocks have ended
+        if not self._open:
+            self._end_watch()
+            return False
+        return True
+
+    def _watch_open_blocks(self) -> None:
+        """Watch the blocks the stopped session left open exit (on this thread)."""
+        import torch.autograd.profiler as autograd_profiler
+
+        exit_code = autograd_profiler.record_function.__exit__.__code__
+        watch = ExitWatch(self._open, exit_code, self._blocks_closed)
+        if watch.install():
+            self._watch = watch
+
+    def _end_watch(self) -> None:
+        watch, self._watch = self._watch, None
+        if watch is not None:
+            watch.cancel()
+
+    def _can_wait(self) -> bool:
+        """Whether a session can start once the open blocks have exited: the watch will see
+        them exit, or they are torch's optimizer blocks (the next step ends them)."""
+        if self._watch is not None and self._watch.live:
+            return True
+        return all(n.startswith(ENDS_WITH_ITS_STEP) for n in self._open)
+
+    def _blocks_closed(self) -> None:
+        """The watch saw the last open block exit (called from its profile function)."""
+        self._watch = None
+        if not self._deferred:
+            return
+        self._deferred = False
+        try:
+            if self._phase == "recording" and self._prof is not None and not self._started:
+                self._start_torch()
+        except Exception as exc:  # a profile function must not raise into the program
+            _failures.report(
+                "collector_error",
+                "torch's profiler started after the blocks left open had exited",
+                exc,
+                strict=False,
+                then="this window has no torch events",
+            )
+
+    def _note_open_blocks(self, what: str) -> None:
+        names = ", ".join(sorted(self._open))
+        note = (
+            f"torch's profiler {what}: torch record_function blocks the last window left open "
+            f"({names}) had not ended where stepscope could see them, and torch writes a block's "
+            "end into the session that records then (freed memory if it is not the one that "
+            "began it); end the steps outside such blocks, or leave a step between windows"
+        )
+        if self._ctx is not None:
+            self._ctx.metadata[OPEN_BLOCKS_KEY] = note
+            self._ctx.summary.append(note)
+
+    def on_step(self, ctx: WindowContext, step: int) -> None:
+        """A step ended in a window whose session waits: start it if the blocks it waits for
+        have ended by now (torch's optimizer blocks have), else give up for this window."""
+        if not self._deferred:
+            return
+        if self._blocks_still_open():
+            self._deferred = False
+            self._end_watch()
+            self._note_open_blocks("not started in this window")
+            return
+        self._deferred = False
+        ctx.metadata[OPEN_BLOCKS_KEY] = (
+            f"torch's profiler started at step {step}, after torch blocks the last window left "
+            "open had ended"
+        )
+        self._start_torch()
+
     def _start_torch(self) -> None:
         global _own_session
         _own_session = True
@@ -237,6 +344,11 @@ class TorchCollector(Collector):
         """Stop torch's profiler (synchronizing the device, as torch does)."""
         self._stop_waiting()
         self._phase = "idle"
+        self._deferred = False
+        held_back, self._held_back = self._held_back, False
+        if held_back and not self._started:
+            self._prof = None  # never started (stopping it would only make torch warn)
+            return
         if self._prof is None:
             self._note_torch_never_came(ctx)
             return
@@ -259,8 +371,15 @@ class TorchCollector(Collector):
         try:
             prof.kineto_results.save(tmp)
             trace = read_chrome_trace(tmp, drop_kineto_bookkeeping=True)
+            left_open = blocks_left_open(tmp, trace, threading.get_native_id())
         finally:
             os.unlink(tmp)
+        self._end_watch()
+        self._open = Counter(left_open)
+        if left_open:
+            self._open_since_step = steps.current_step()
+            ctx.metadata[OPEN_BLOCKS_KEY + "_at_end"] = sorted(left_open)
+            self._watch_open_blocks()
         skip_spans = self._duplicate_annotations(trace) if bridged_names else set()
         if skip_spans:
             self._take_torch_ids(builder, trace, skip_spans)
@@ -390,7 +509,12 @@ class TorchCollector(Collector):
     def close(self) -> None:
         """Stop torch's profiler if a window was left open."""
         self._stop_waiting()
+        self._end_watch()
+        self._deferred = False
         self._phase = "idle"
+        if self._held_back and self._prof is not None and not self._started:
+            self._prof = None  # never started (stopping it would only make torch warn)
+        self._held_back = False
         if self._prof is not None:
             want_bridge(BRIDGE_FOR_COLLECTOR, False)
             try:
