@@ -16,8 +16,11 @@ nothing here; an operator inside a labelled span takes that label):
 - forward annotations: a user annotation with ``forward`` in its name (``forward: <Model>`` of
   the HF callback, ``forward: training_step`` of the Lightning profiler,
   ``DistributedDataParallel.forward``);
-- any other user annotation: its own label (neither forward nor anything above), except one
-  inside which a backward span begins (a whole step's or micro-batch's region): it says nothing.
+- any other user annotation: its own label (neither forward nor anything above).
+
+A user annotation inside which a backward span begins (a whole step's or micro-batch's region,
+a trainer's ``backward`` or ``optimizer_step`` hook), whatever its name, says nothing; torch's
+``Optimizer.step#`` keeps its closure rule.
 
 Backward passes: the backward spans joined over the gaps in which no operator begins (the
 autograd engine's own time between its nodes is backward).  Forward (issue 36's definition):
@@ -93,18 +96,28 @@ def _thread_spans(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [e for e in events if e.get("ph") == "X"]
 
 
+def _holders(own: list[dict[str, Any]]) -> set[int]:
+    """The user annotations (not ``Optimizer.step#``) inside which one of torch's own backward
+    spans begins."""
+    torch_backward = [
+        x["ts"] for x in own if _label(x) == "backward" and x.get("cat") != "user_annotation"
+    ]
+    return {
+        i
+        for i, x in enumerate(own)
+        if x.get("cat") == "user_annotation"
+        and not x["name"].startswith("Optimizer.step#")
+        and any(x["ts"] <= t < x["ts"] + x["dur"] for t in torch_backward)
+    }
+
+
 def _pieces(own: list[dict[str, Any]], s: float, e: float) -> list[tuple[float, float, str]]:
     """The step [s, e) cut into pieces, each with the label of the innermost span open there
     (``op``: an operator under no label; ``idle``: no span at all).  A user annotation inside
     which a backward span begins (a whole step's or micro-batch's region) says nothing."""
     closure_end: dict[int, float] = {}
     backward_spans = [x for x in own if _label(x) == "backward"]
-    holders = {
-        i
-        for i, x in enumerate(own)
-        if _label(x) == "annotation"
-        and any(x["ts"] <= b["ts"] < x["ts"] + x["dur"] for b in backward_spans)
-    }
+    holders = _holders(own)
     for i, x in enumerate(own):
         if _label(x) == "optimizer" and not x["name"].startswith("Optimizer.zero_grad#"):
             inside = [
@@ -158,11 +171,12 @@ def _pieces(own: list[dict[str, Any]], s: float, e: float) -> list[tuple[float, 
 
 def _split_one(own: list[dict[str, Any]], s: float, e: float) -> dict[str, float]:
     pieces = _pieces(own, s, e)
+    holders = _holders(own)
     backward = _union(
         [
             (max(x["ts"], s), min(x["ts"] + x["dur"], e))
-            for x in own
-            if _label(x) == "backward" and x["ts"] + x["dur"] > s
+            for i, x in enumerate(own)
+            if _label(x) == "backward" and x["ts"] + x["dur"] > s and i not in holders
         ]
     )
     # where an operator outside backward, optimizer, data and communication (or a forward

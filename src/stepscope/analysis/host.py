@@ -33,9 +33,11 @@ that no data-loading, optimizer, communication or backward span claims is ``forw
 operators, the Python between them (the modules' own code) and the program's own regions
 there — so ``stepscope run``'s forward is the span a trainer's ``forward:`` annotation marks.
 Operators after the step's last backward, outside the optimizer (gradient clipping,
-metrics), are ``other_operators``.  A user annotation inside which a backward span begins (a
-region around a whole step or micro-batch) says nothing: what runs in it is categorised as if
-it were not there, and its own time is a pass's where it lies in one.
+metrics), are ``other_operators``.  A user annotation inside which a backward span begins —
+a region around a whole step or micro-batch, or a trainer's ``backward`` or ``optimizer_step``
+hook that runs the backward pass — says nothing, whatever its name: torch's own spans tell
+what is backward, and what runs in the region is categorised as if it were not there; its own
+time is a pass's where it lies in one (``idle_other`` elsewhere).
 
 The step span's own time (no span open below it) is ``idle_other`` — uninstrumented Python or
 waiting — except the part during which a collective runs on another thread of the same process
@@ -132,11 +134,16 @@ def _categorised(
     step_named = {n for n in by_name if strings[n].startswith("ProfilerStep#")}
     closures = optimizer_closures(trace, host, own)
     annotation = {c for c, text in enumerate(strings) if text == _ANNOTATION}
+    optimizer_steps = {n for n in by_name if _OPTIMIZER_STEP.match(strings[n])}
     containers = _holding_backward(
         trace,
         host,
         own,
-        lambda i: own[i] is None and cat_ids[i] in annotation and name_ids[i] not in step_named,
+        lambda i: (
+            cat_ids[i] in annotation
+            and name_ids[i] not in step_named
+            and name_ids[i] not in optimizer_steps
+        ),  # a closure: optimizer_closures
     )
     starts = spans["start_ns"].tolist()
     result: list[str] = [""] * len(spans)
