@@ -142,8 +142,9 @@ def _categorised(
         lambda i: (
             cat_ids[i] in annotation
             and name_ids[i] not in step_named
-            and name_ids[i] not in optimizer_steps
-        ),  # a closure: optimizer_closures
+            and name_ids[i] not in optimizer_steps  # a closure: optimizer_closures
+        ),
+        lambda i: cat_ids[i] not in annotation,  # torch's own backward spans
     )
     starts = spans["start_ns"].tolist()
     result: list[str] = [""] * len(spans)
@@ -212,16 +213,20 @@ def optimizer_closures(
 
 
 def _holding_backward(
-    trace: Trace, host: Sequence[bool], own: Sequence[str | None], chosen: Callable[[int], bool]
+    trace: Trace,
+    host: Sequence[bool],
+    own: Sequence[str | None],
+    chosen: Callable[[int], bool],
+    counted: Callable[[int], bool] = lambda i: True,
 ) -> dict[int, int]:
-    """The chosen host spans inside which a backward span starts (on any thread of the same
-    process), each with the end of the last such backward span."""
+    """The chosen host spans inside which a backward span (one ``counted``) starts, on any
+    thread of the same process, each with the end of the last such backward span."""
     spans = trace.spans
     pids = spans["pid"]
     starts, durs = spans["start_ns"], spans["dur_ns"]
     backward: dict[int, list[tuple[int, int]]] = {}
     for i in compress(range(len(spans)), host):
-        if own[i] == "backward":
+        if own[i] == "backward" and counted(i):
             backward.setdefault(pids[i], []).append((starts[i], starts[i] + durs[i]))
     by_pid = {pid: (sorted(ivs), sorted(lo for lo, _ in ivs)) for pid, ivs in backward.items()}
     found: dict[int, int] = {}
