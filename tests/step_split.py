@@ -172,12 +172,15 @@ def _pieces(own: list[dict[str, Any]], s: float, e: float) -> list[tuple[float, 
 def _split_one(own: list[dict[str, Any]], s: float, e: float) -> dict[str, float]:
     pieces = _pieces(own, s, e)
     holders = _holders(own)
+    backward_spans = [
+        x
+        for i, x in enumerate(own)
+        if _label(x) == "backward" and x["ts"] + x["dur"] > s and i not in holders
+    ]
+    # torch's own backward spans where there are any (a hook region named "backward" is no pass)
+    torch_backward = [x for x in backward_spans if x.get("cat") != "user_annotation"]
     backward = _union(
-        [
-            (max(x["ts"], s), min(x["ts"] + x["dur"], e))
-            for i, x in enumerate(own)
-            if _label(x) == "backward" and x["ts"] + x["dur"] > s and i not in holders
-        ]
+        [(max(x["ts"], s), min(x["ts"] + x["dur"], e)) for x in (torch_backward or backward_spans)]
     )
     # where an operator outside backward, optimizer, data and communication (or a forward
     # annotation) begins

@@ -23,8 +23,9 @@ category ``user_annotation``) -> ``other_annotated``; a ``python_function`` span
 
 A step's forward passes are found from its backward passes, however many it holds (gradient
 accumulation, two losses, a GAN's two optimizers).  A *backward pass* is the process's
-backward spans (on any thread) joined over the gaps in which no operator begins: the autograd
-engine's own time between its nodes is backward.  Each backward pass is fed by the forward
+backward spans (on any thread; torch's own where it has any, so a region named after a
+backward hook is none) joined over the gaps in which no operator begins: the autograd engine's
+own time between its nodes is backward.  Each backward pass is fed by the forward
 pass that runs from the first operator outside backward, optimizer, data loading and
 communication (or ``forward`` span) starting after the previous backward pass ended (or the
 step began) up to that backward pass's start.  A step without backward has one forward pass,
@@ -271,18 +272,25 @@ def host_breakdowns(
         for i in host_spans:
             tracks.setdefault((pid_list[i], tid_list[i]), []).append(i)
     comm_by_pid: dict[int, list[tuple[int, int]]] = {}
+    cat_ids = spans["cat"].tolist()
+    regions = {c for c, text in enumerate(trace.strings) if text in _REGION_CATEGORIES}
+    # backward passes come from torch's own backward spans where a process has any: a region
+    # named after a backward hook (a trainer's on_after_backward) is no backward pass
+    named_backward: dict[int, list[tuple[int, int]]] = {}
     for i in host_spans:
         if categories[i] in ("backward", "communication"):
-            into = backward_by_pid if categories[i] == "backward" else comm_by_pid
+            into = comm_by_pid
+            if categories[i] == "backward":
+                into = named_backward if cat_ids[i] in regions else backward_by_pid
             into.setdefault(pid_list[i], []).append((starts[i], starts[i] + durs[i]))
+    for pid, intervals in named_backward.items():
+        backward_by_pid.setdefault(pid, intervals)
     # each pid's backward (collective) time as sorted disjoint intervals: a step takes the slice
     # that overlaps it (intervals merely touching it add nothing to the overlap with its gaps)
     backward = {pid: _Intervals(merge_intervals(ivs)) for pid, ivs in backward_by_pid.items()}
     collectives = {pid: _Intervals(merge_intervals(ivs)) for pid, ivs in comm_by_pid.items()}
     by_start: dict[tuple[int, int], tuple[list[int], list[int]]] = {}
     parent = nesting.parent
-    cat_ids = spans["cat"].tolist()
-    regions = {c for c, text in enumerate(trace.strings) if text in _REGION_CATEGORIES}
 
     def opens(i: int) -> bool:
         """An operator outside backward, optimizer, data and communication, or a forward span."""
