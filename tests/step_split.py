@@ -107,6 +107,7 @@ def _holders(own: list[dict[str, Any]]) -> set[int]:
         for i, x in enumerate(own)
         if x.get("cat") == "user_annotation"
         and not x["name"].startswith("Optimizer.step#")
+        and _label(x) not in ("data_loading", "communication")
         and any(x["ts"] <= t < x["ts"] + x["dur"] for t in torch_backward)
     }
 

@@ -122,3 +122,18 @@ def test_the_autograd_engines_time_between_backward_spans_is_backward() -> None:
     assert got["backward"] == 100 + 20 + 100 + 100
     assert got["forward"] == (350 - 100) + (750 - 600)
     assert got["idle_other"] == 100 + (600 - 570) + (1000 - 850)
+
+
+def test_a_collective_that_outlives_its_step_stays_communication() -> None:
+    # gloo's ``gloo:all_reduce`` runs on its own thread and may end after the next step's
+    # backward began: it holds a backward span then, and is still no step-wide region
+    b = TraceBuilder(base_time_ns=0)
+    b.span("ProfilerStep#1", "user_annotation", 1, 1, 0, 1000)
+    b.span("aten::linear", "cpu_op", 1, 1, 50, 100)
+    b.span(BACKWARD, "cpu_op", 1, 1, 200, 100)
+    b.span("gloo:all_reduce", "user_annotation", 1, 2, 350, 900)  # waited on until 1000
+    b.span("ProfilerStep#2", "user_annotation", 1, 1, 1000, 1000)
+    b.span("aten::linear", "cpu_op", 1, 1, 1050, 100)
+    b.span(BACKWARD, "cpu_op", 1, 1, 1200, 100)  # begins inside the collective
+    got = _shares(b.build())[1]
+    assert got["communication"] == 1000 - 350, got

@@ -36,7 +36,8 @@ there — so ``stepscope run``'s forward is the span a trainer's ``forward:`` an
 Operators after the step's last backward, outside the optimizer (gradient clipping,
 metrics), are ``other_operators``.  A user annotation inside which a backward span begins —
 a region around a whole step or micro-batch, or a trainer's ``backward`` or ``optimizer_step``
-hook that runs the backward pass — says nothing, whatever its name: torch's own spans tell
+hook that runs the backward pass — says nothing, whatever its name (but data loading's and a
+collective's, such as gloo's ``gloo:all_reduce`` that outlives its step): torch's own spans tell
 what is backward, and what runs in the region is categorised as if it were not there; its own
 time is a pass's where it lies in one (``idle_other`` elsewhere).
 
@@ -142,6 +143,7 @@ def _categorised(
         own,
         lambda i: (
             cat_ids[i] in annotation
+            and own[i] not in ("data_loading", "communication")  # a collective's own span
             and name_ids[i] not in step_named
             and name_ids[i] not in optimizer_steps  # a closure: optimizer_closures
         ),
