@@ -271,37 +271,41 @@ def test_forward_matches_the_independent_split(name: str, recorded: Any) -> None
 AGREEMENT_ATTEMPTS = 3
 """Runs of both sides a pair may take to agree: two processes of one program on a shared
 machine can run 30 % apart throughout (seen: a Lightning fit's unrecorded steps at 15-17 ms
-in one process and 12.5-13 ms in the next), and the categories do not slow alike."""
+in one process and 12.5-13 ms in the next), and the categories do not slow alike; a tiny
+Lightning step's backward share moved 39-49 % from one process to the next of the same mode."""
 
 
 @pytest.mark.parametrize("pair", [_xfail("agree", p) for p in PAIRS])
 def test_the_integration_agrees_with_stepscope_run(
     pair: str, recorded: Any, tmp_path: Path
 ) -> None:
-    def medians(run: Recorded) -> dict[str, float]:
-        steps = [_shares(s) for s in run.files[0]["host_steps"]]
+    """The medians of every recorded step so far, of each side, agree within the tolerance;
+    each further attempt records both sides again and adds their steps (pooled evidence, not
+    the luckiest attempt)."""
+    pooled: tuple[list[dict[str, float]], list[dict[str, float]]] = ([], [])
+
+    def medians(steps: list[dict[str, float]]) -> dict[str, float]:
         return {c: statistics.median(s[c] for s in steps) for c in SHARES}
 
-    seen = []
     for attempt in range(AGREEMENT_ATTEMPTS):
         if attempt == 0:
-            by_run, by_integration = (recorded(name) for name in PAIRS[pair])
+            runs = [recorded(name) for name in PAIRS[pair]]
         else:  # both sides again, back to back
             runs = []
             for name in PAIRS[pair]:
                 where = tmp_path / f"{name}-{attempt}"
                 where.mkdir()
                 runs.append(_record(CELLS[name], where))
-            by_run, by_integration = runs
-        a, b = medians(by_run), medians(by_integration)
+        for side, run in zip(pooled, runs, strict=True):
+            side.extend(_shares(s) for s in run.files[0]["host_steps"])
+        a, b = medians(pooled[0]), medians(pooled[1])
         _note(
-            f"{pair} run/integration (attempt {attempt + 1}): "
+            f"{pair} run/integration (attempt {attempt + 1}, {len(pooled[0])} steps a side): "
             + " ".join(f"{c} {a[c]:.1f}/{b[c]:.1f}" for c in SHARES)
         )
-        seen.append((a, b))
         if all(abs(a[c] - b[c]) <= TOLERANCE for c in SHARES):
             return
-    pytest.fail(f"{pair}: run and integration never agreed within {TOLERANCE} points: {seen}")
+    pytest.fail(f"{pair}: run and integration never agreed within {TOLERANCE} points: {a}, {b}")
 
 
 def _span_durations(trace: Path) -> tuple[list[tuple[float, float]], list[dict[str, Any]]]:
