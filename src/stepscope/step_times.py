@@ -50,6 +50,9 @@ SETTLED_RATIO = 1.2
 """The warm unrecorded steps before the first window have settled unless each step of their
 first half took more than this times their second half's median."""
 
+_Columns = tuple["array[int]", "array[int]", bytes, range]
+"""The ring's starts, ends and kinds, and the step numbers it keeps."""
+
 CPU_READ_NS = 1_000_000
 """The least wall time between two readings of the thread's CPU clock (phases only)."""
 
@@ -236,7 +239,7 @@ class StepTimes:
     def __len__(self) -> int:
         return min(self.ring.export()[3], self.capacity)
 
-    def _columns(self) -> tuple[array[int], array[int], bytes, range]:
+    def _columns(self) -> _Columns:
         starts_b, ends_b, kinds, count = self.ring.export()
         starts, ends = array("q"), array("q")
         starts.frombytes(starts_b)
@@ -254,7 +257,10 @@ class StepTimes:
 
     def durations(self) -> dict[str, list[int]]:
         """The kept steps' durations (ns) by kind, oldest first."""
-        starts, ends, kinds, kept = self._columns()
+        return self._durations(self._columns())
+
+    def _durations(self, columns: _Columns) -> dict[str, list[int]]:
+        starts, ends, kinds, kept = columns
         found: dict[str, list[int]] = {kind: [] for kind in KINDS}
         for n in kept:
             slot = n % self.capacity
@@ -279,7 +285,10 @@ class StepTimes:
         ``COLD_RATIO`` times the median of the unrecorded steps after it.  What is left before
         the first window has *settled* unless every step of its first half took more than
         ``SETTLED_RATIO`` times its second half's median (the loop is still getting faster)."""
-        starts, ends, kinds, kept = self._columns()
+        return self._warm_unrecorded(self._columns())
+
+    def _warm_unrecorded(self, columns: _Columns) -> tuple[list[int], int, bool]:
+        starts, ends, kinds, kept = columns
         before: list[int] = []  # unrecorded steps before the first warmup or recorded step
         after: list[int] = []
         windowed = False
@@ -308,8 +317,9 @@ class StepTimes:
         """Per kind: count, median and mean ns (unrecorded: the warm ones, ``warm_unrecorded``);
         the recorded steps' slowdown over the warm unrecorded ones (``slowdown_pct``, None
         without both or before they settled); edge time; drops.  Plain JSON values."""
-        durations = self.durations()
-        warm, cold, settled = self.warm_unrecorded()
+        columns = self._columns()  # the ring read once for both
+        durations = self._durations(columns)
+        warm, cold, settled = self._warm_unrecorded(columns)
         durations["unrecorded"] = warm
         kinds: dict[str, dict[str, Any]] = {}
         for kind, values in durations.items():
