@@ -394,8 +394,10 @@ def test_the_stated_overhead_agrees_with_the_programs_own_clock(name: str, recor
         if stated is None or stated.get("slowdown_pct") is None:
             _note(f"{run.cell} overhead absent: {stated}")
             said = " ".join(run.text.replace("\u2502", " ").split()).lower()  # unwrapped
-            assert (stated or {}).get("settled") is False or any(
-                reason in said for reason in ("too few", "no trustworthy comparison")
+            assert (
+                (stated or {}).get("settled") is False
+                or (stated or {}).get("optimizers_in_turn", 0) > 1
+                or any(reason in said for reason in ("too few", "no trustworthy comparison"))
             ), (stated, said[-2000:])  # absent, with the reason stated
             continue
         outside, noise = _own_ab(run, side)

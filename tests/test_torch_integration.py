@@ -377,9 +377,9 @@ def test_the_trace_names_the_optimizers_whose_steps_end_steps() -> None:
     opt_d = torch.optim.Adam(disc.parameters())
     opt_g = torch.optim.SGD(gen.parameters(), lr=0.1)
     with profile(
-        schedule=quiet_schedule(wait=1, warmup=1, active=4, repeat=1), step_on="optimizer"
+        schedule=quiet_schedule(wait=5, warmup=1, active=4, repeat=1), step_on="optimizer"
     ) as prof:
-        for _ in range(3):
+        for _ in range(6):  # 12 steps: 5 unrecorded, enough for a figure but for the turn
             disc(gen(torch.randn(2, 4)).detach()).sum().backward()
             opt_d.step()
             disc(gen(torch.randn(2, 4))).sum().backward()
@@ -389,8 +389,14 @@ def test_the_trace_names_the_optimizers_whose_steps_end_steps() -> None:
         "on": "optimizer",
         "optimizers": ["Adam", "SGD"],
     }
-    notes = analyze_trace(trace).notes
-    assert any("2 optimizers (Adam, SGD) step in turn" in n for n in notes), notes
+    summary = analyze_trace(trace)
+    assert any("2 optimizers (Adam, SGD) step in turn" in n for n in summary.notes), summary.notes
+    # medians of D and G steps mixed in different proportions compare nothing: no figure
+    from stepscope.report.overhead import overhead_lines
+
+    assert summary.overhead is not None and summary.overhead.slowdown_pct is None
+    assert summary.overhead.optimizers_in_turn == 2
+    assert "2 optimizers end steps in turn" in overhead_lines(summary.overhead)[0]
 
 
 def _episodes(prof_activities: list[Any] | None) -> Any:

@@ -45,9 +45,14 @@ def trace_overhead(trace: Trace) -> Overhead | None:
     enough = min(stat("recorded", "count") or 0, stat("unrecorded", "count") or 0) >= MIN_COMPARED
     entry = kinds.get("unrecorded")
     settled = not (isinstance(entry, Mapping) and entry.get("settled") is False)
+    # steps of several optimizers in turn (a GAN's D and G) differ by kind: medians of the two
+    # sides mix them in different proportions and compare nothing
+    source = trace.metadata.get("stepscope_step_source")
+    turn = source.get("optimizers") if isinstance(source, Mapping) else None
+    in_turn = isinstance(turn, list) and len(turn) > 1
     slowdown = (
         100.0 * (recorded - unrecorded) / unrecorded
-        if recorded is not None and unrecorded and enough and settled
+        if recorded is not None and unrecorded and enough and settled and not in_turn
         else None
     )
     return Overhead(
@@ -63,6 +68,7 @@ def trace_overhead(trace: Trace) -> Overhead | None:
         in_steps_ns=_measured_in_steps(trace.metadata),
         cold_steps=stat("unrecorded", "cold") or 0,
         settled=settled,
+        optimizers_in_turn=len(turn) if in_turn and isinstance(turn, list) else 0,
     )
 
 

@@ -291,6 +291,9 @@ class Overhead:
     settled: bool = True
     """False when the unrecorded steps before the first window were still getting faster: no
     comparison is stated then."""
+    optimizers_in_turn: int = 0
+    """How many optimizers end steps in turn (0 or 1: one); with two or more, steps of
+    different kinds mix in the medians and no comparison is stated."""
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,12 @@ def overhead_lines(o: Overhead | None) -> list[str]:
         f"{o.recorded_steps} recorded, {o.unrecorded_steps} warm unrecorded{cold}, "
         f"{o.warmup_steps} warmup steps of this run"
     )
-    if not o.settled:
+    if o.optimizers_in_turn > 1:
+        lines = [
+            f"Overhead: no trustworthy comparison in this run: {o.optimizers_in_turn} "
+            f"optimizers end steps in turn, and the medians mix their different steps ({counts})."
+        ]
+    elif not o.settled:
         lines = [
             "Overhead: no trustworthy comparison in this run: the unrecorded steps before the "
             f"window were still getting faster ({counts}); a schedule with more wait steps "

@@ -602,7 +602,9 @@
     if (!o) return h("p", { id: "overhead" }, "Overhead: not stated (no step times: not written by stepscope).");
     const cold = o.cold_steps ? ` (and ${o.cold_steps} cold first steps left out)` : "";
     const counts = `${o.recorded_steps} recorded, ${o.unrecorded_steps} warm unrecorded${cold}, ${o.warmup_steps} warmup steps of this run`;
-    const said = o.settled === false
+    const said = o.optimizers_in_turn > 1
+      ? `Overhead: no trustworthy comparison in this run: ${o.optimizers_in_turn} optimizers end steps in turn, and the medians mix their different steps (${counts}).`
+      : o.settled === false
       ? `Overhead: no trustworthy comparison in this run: the unrecorded steps before the window were still getting faster (${counts}); a schedule with more wait steps gives warm ones to compare with.`
       : o.slowdown_pct === null
       ? (o.recorded_steps && o.unrecorded_steps
