@@ -170,7 +170,11 @@ def _pieces(own: list[dict[str, Any]], s: float, e: float) -> list[tuple[float, 
     return pieces
 
 
-def _split_one(own: list[dict[str, Any]], s: float, e: float) -> dict[str, float]:
+def _split_one(
+    own: list[dict[str, Any]], s: float, e: float, waited: list[Interval] | None = None
+) -> dict[str, float]:
+    """``waited``: collectives running on the process's other threads (gloo's), which the
+    step's thread waits for when nothing of its own is open."""
     pieces = _pieces(own, s, e)
     holders = _holders(own)
     backward_spans = [
@@ -225,8 +229,13 @@ def _split_one(own: list[dict[str, Any]], s: float, e: float) -> dict[str, float
         if label in ("forward", "backward", "optimizer", "data_loading", "communication"):
             totals[label] += hi - lo
         elif label == "idle":
-            totals["backward"] += within(lo, hi, passes)
-            totals["forward"] += within(lo, hi, stretches)
+            rest = [(lo, hi)]
+            for a, b in waited or []:  # waiting for another thread's collective comes first
+                rest = [p for x, y in rest for p in ((x, min(y, a)), (max(x, b), y)) if p[1] > p[0]]
+            totals["communication"] += hi - lo - _length(rest)
+            for x, y in rest:
+                totals["backward"] += within(x, y, passes)
+                totals["forward"] += within(x, y, stretches)
         elif label == "annotation":  # the program's own region inside a forward pass
             totals["forward"] += within(lo, hi, stretches)
         elif label == "op":
@@ -253,7 +262,18 @@ def step_split(path: Path) -> dict[int, dict[str, float]]:
             and s <= x["ts"] < e
             and not x["name"].startswith("ProfilerStep#")
         ]
-        result[int(name.partition("#")[2])] = _split_one(own, s, e)
+        waited = _union(
+            [
+                (x["ts"], x["ts"] + x["dur"])
+                for x in spans
+                if x["pid"] == step["pid"]
+                and x["tid"] != step["tid"]
+                and _label(x) == "communication"
+                and x["ts"] < e
+                and x["ts"] + x["dur"] > s
+            ]
+        )
+        result[int(name.partition("#")[2])] = _split_one(own, s, e, waited)
     return result
 
 
