@@ -6,7 +6,9 @@ record its next N steps, waits, and prints where the trace is.  ``--all-ranks PI
 a torchrun job on this host) or ``--job DIR`` (the job's ``STEPSCOPE_LISTEN_DIR``) starts every
 rank's window at the same step number; the rank files go where ``stepscope report DIR`` and
 ``stepscope merge`` read them.  A process without stepscope can be sampled with py-spy instead:
-``--sample SECONDS`` (a sampled view, no steps).  Only your own processes can be attached to.
+``--sample SECONDS`` (a sampled view, no steps).  ``--dump`` asks a process's flight recorder
+(``stepscope run --flight-recorder N``) to write its ring of the last steps now.  Only your own
+processes can be attached to.
 """
 
 from __future__ import annotations
@@ -22,7 +24,13 @@ from typing import Any
 
 from stepscope.commands.command import Command
 from stepscope.commands.values import MAX_SAMPLING_HZ, MAX_SECONDS, at_least, positive_finite
-from stepscope.profiler.control_client import NotAttachable, Session, find_listener, hello
+from stepscope.profiler.control_client import (
+    NotAttachable,
+    Session,
+    find_listener,
+    hello,
+    request_dump,
+)
 from stepscope.profiler.control_protocol import ControlError, pid_alive, socket_pid
 
 RATE_PROBE_S = 0.3
@@ -55,6 +63,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--sampling-rate", type=float, default=100.0, metavar="HZ", help="with SAMPLING (100)"
     )
     parser.add_argument("--gzip", action="store_true", help="write .json.gz traces")
+    parser.add_argument(
+        "--dump",
+        action="store_true",
+        help="a process with a flight recorder (stepscope run --flight-recorder N): write its "
+        "ring of the last steps now, where the process writes its dumps",
+    )
     ranks = parser.add_mutually_exclusive_group()
     ranks.add_argument(
         "--all-ranks", action="store_true", help="every rank on this host of PID's job"
@@ -189,6 +203,25 @@ def _all_ranks(args: argparse.Namespace) -> int:
     return status
 
 
+def _dump(args: argparse.Namespace) -> int:
+    """``--dump``: each process's flight recorder writes its ring; the files are printed."""
+    if args.all_ranks or args.job:
+        targets = [(path, int(info["pid"])) for path, info in _rank_listeners(args)]
+    else:
+        targets = [(find_listener(args.pid), args.pid)]
+    status = 0
+    for path, pid in targets:
+        try:
+            answer = request_dump(path, args.timeout)
+        except ControlError as exc:
+            print(f"stepscope attach: {pid}: {exc}", file=sys.stderr)
+            status = 1
+            continue
+        for written in answer.get("files", []):
+            print(f"{pid}: flight recorder dump at step {answer.get('step')}: {written}")
+    return status
+
+
 def _sample(args: argparse.Namespace) -> int:
     from stepscope.commands.attach_sample import sample_process
 
@@ -224,6 +257,8 @@ def run(args: argparse.Namespace) -> int:
     if args.pid is not None and args.pid == os.getpid():
         raise ValueError("stepscope attach cannot attach to itself")
     try:
+        if args.dump:
+            return _dump(args)
         if args.all_ranks or args.job:
             return _all_ranks(args)
         return _one(args)
