@@ -17,6 +17,7 @@ import socket
 import sys
 import threading
 from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -54,6 +55,8 @@ class Snapshot:
     """Every thread's stack at the trigger (``thread_stacks``), for hangs and requests."""
     facts: dict[str, Any] = field(default_factory=dict)
     """The recorder's state: median, threshold, suppressed dumps, drops (metadata)."""
+    open_spans: list[SpanTuple] = field(default_factory=list)
+    """The annotation spans that ended in the open step so far."""
 
     @property
     def first_ns(self) -> int:
@@ -128,8 +131,8 @@ def build_dump(
     for step, start, end, tid, spans in snap.rows:
         span(f"ProfilerStep#{step}", "user_annotation", pid, tid, start, end - start)
         loop_threads.add(tid)
-        for name, args, s_start, s_end, s_tid in spans:
-            span(name, "user_annotation", pid, s_tid, s_start, s_end - s_start, _span_args(args))
+        _add_spans(builder, spans, pid)
+    _add_spans(builder, snap.open_spans, pid)
     if snap.open_step is not None:
         step, start, tid = snap.open_step
         loop_threads.add(tid)
@@ -171,6 +174,11 @@ def build_dump(
     meta.update(metadata or {})
     builder.distributed_info = distributed_info()
     return builder.build()
+
+
+def _add_spans(builder: TraceBuilder, spans: Sequence[SpanTuple], pid: int) -> None:
+    for name, args, start, end, tid in spans:
+        builder.span(name, "user_annotation", pid, tid, start, end - start, _span_args(args))
 
 
 def _name_tracks(builder: TraceBuilder, pid: int) -> None:

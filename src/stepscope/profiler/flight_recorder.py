@@ -31,7 +31,6 @@ import contextlib
 import json
 import logging
 import os
-import statistics
 import sys
 import threading
 import time
@@ -72,6 +71,8 @@ TRIM_EVERY_NS = 1_000_000_000
 MAX_STACK_NODES = 1_000_000
 """Distinct stacks the sampler may intern before it is restarted (a program that keeps
 making new code would otherwise grow them without end)."""
+TICK_S = 0.25
+"""Longest sleep of the recorder's thread: how late a SIGUSR1 (or a hang) is seen."""
 STOP_TIMEOUT_S = 30.0
 """How long ``stop`` waits for a dump being written."""
 
@@ -177,7 +178,7 @@ class Flight:
             self._record_annotations()
             self._start_sampler()
         hang = self.options.hang_s
-        tick = min(max(hang / 10, 0.05), 1.0) if hang else 1.0
+        tick = min(max(hang / 10, 0.05), TICK_S) if hang else TICK_S
         self._watch = Watch(self.tick, tick)
         self._watch.start()
         if self.options.on_signal:
@@ -206,6 +207,9 @@ class Flight:
             _active = None
         if self._signal is not None:
             self._signal.remove()
+        if self._signalled and self._watch is not None:  # one the thread had not seen yet
+            self._signalled = False
+            self._watch.submit(lambda: self._dump_from_thread("signal", "SIGUSR1 received"))
         if self._watch is not None and not self._watch.stop(STOP_TIMEOUT_S):
             self.notes["stop"] = f"a dump was still being written after {STOP_TIMEOUT_S:g} s"
         self._stop_annotations()
@@ -276,7 +280,8 @@ class Flight:
 
     def _new_median(self) -> None:
         self._until_median = MEDIAN_EVERY
-        median = int(statistics.median(self._durations))
+        ordered = sorted(self._durations)
+        median = ordered[len(ordered) // 2]  # the upper median: one sort, no float
         self._median_ns = median
         self._threshold_ns = max(
             int(self.options.slow_factor * median), int(self.options.slow_min_s * 1e9)
@@ -441,6 +446,8 @@ class Flight:
             opened = (self._open_step, self._open_start, self._loop_tid)
         snap = Snapshot(reason, detail, step, now, rows, opened,
                         thread_stacks() if stacks else None, self._facts())  # fmt: skip
+        if open_step:
+            snap.open_spans = list(self._sink)  # the open step's spans so far
         with self._lock:
             self._pending_floors.append(snap.first_ns)
         if self.options.window_steps and reason != "exception" and self._armed is None:
@@ -566,6 +573,8 @@ class Flight:
             return
         self._sampler_info = sampler.describe(data)
         first = self._rows[0][1] if self._rows else 0
+        with self._lock:  # a dump still to be written needs its samples
+            first = min(first, *self._pending_floors) if self._pending_floors else first
         kept = [old for old in self._old_samples if old.sample_ts and old.sample_ts[-1] >= first]
         self._old_samples = [*kept, data]
 
