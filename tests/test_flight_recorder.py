@@ -183,11 +183,14 @@ def test_a_trigger_arms_one_full_window_of_the_profiles_options(tmp_path: Path) 
     out = tmp_path / "flight"
     recorder = _recorder(out, steps=4, window_steps=3, slow_min_s=0.15)
     with stepscope.profile(
-        flight_recorder=recorder, activities=["CPU", "SAMPLING"], torch_ops=False
+        flight_recorder=recorder,
+        activities=["CPU", "SAMPLING"],
+        sampling_rate_hz=1000,  # the window's own rate
+        torch_ops=False,
     ) as prof:
         for step in range(40):
             with stepscope.record_function("forward"):
-                _spin(0.002)
+                _spin(0.01)
             if step == 20:
                 time.sleep(0.25)
             prof.step()
