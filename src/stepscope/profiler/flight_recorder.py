@@ -68,9 +68,9 @@ DRAIN_S = 0.1
 """How often the sampler's thread drains its signal rings (the windows' sampler: 10 ms)."""
 TRIM_EVERY_NS = 1_000_000_000
 """How often samples older than the ring are forgotten (each time moves the rest)."""
-MAX_STACK_NODES = 1_000_000
-"""Distinct stacks the sampler may intern before it is restarted (a program that keeps
-making new code would otherwise grow them without end)."""
+MAX_STACK_NODES = 200_000
+"""Distinct stack nodes the sampler may intern (about 60 bytes each) before it is restarted:
+a program that keeps making new code (``exec`` per step) would grow them without end."""
 TICK_S = 0.25
 """Longest sleep of the recorder's thread: how late a SIGUSR1 (or a hang) is seen."""
 STOP_TIMEOUT_S = 30.0
@@ -563,7 +563,8 @@ class Flight:
         self._sampler = sampler
 
     def _stop_sampler(self) -> None:
-        sampler, self._sampler = self._sampler, None
+        with self._lock:  # the loop's thread (a window) and the recorder's (a restart) may race
+            sampler, self._sampler = self._sampler, None
         if sampler is None:
             return
         try:
