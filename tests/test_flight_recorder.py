@@ -4,6 +4,7 @@ output, exit status, exception and signal handlers unchanged."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -391,3 +392,22 @@ def test_memory_stays_flat_over_100k_steps(tmp_path: Path) -> None:
     rss = [int(line) for line in done.stdout.split()]
     assert len(rss) == 10
     assert max(rss[1:]) <= rss[1] * 1.05 and min(rss[1:]) >= rss[1] * 0.95, rss
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cell", ["loop", "hf", "lightning"])
+def test_the_suites_training_shapes_run_unchanged_under_the_recorder(
+    tmp_path: Path, cell: str
+) -> None:
+    pytest.importorskip("lightning" if cell == "lightning" else "transformers")
+    side = tmp_path / "side.json"
+    out = tmp_path / "out"
+    run = _run([sys.executable, "-m", "stepscope", "run", "--flight-recorder", "20", "-o",
+                str(out), str(ROOT / "tests" / "shape_programs.py"), cell, str(side)])  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.splitlines()[-1] == "finished"
+    seen = json.loads(side.read_text())
+    assert seen["iterations"] == len(seen["steps"]) == 13  # the program's own count
+    assert not any(step["any_recorded"] for step in seen["steps"])  # no window: the ring only
+    assert not _dumps(out / "flight", "exception")
+    assert re.search(r"flight recorder: \d+ dump\(s\)", run.stderr)
