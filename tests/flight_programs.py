@@ -37,7 +37,10 @@ def _spin(seconds: float) -> int:
 
 def _profile(argv: list[str], out: str, **options: Any) -> Any:
     if len(argv) > 1 and argv[0] == "flight":
-        recorder = stepscope.FlightRecorder(steps=int(argv[1]), out=out, slow_min_s=0.15, **options)
+        # every slow step dumps (min_steps_between=1): a stall of the host never hides the bad one
+        recorder = stepscope.FlightRecorder(
+            steps=int(argv[1]), out=out, slow_min_s=0.15, min_steps_between=1, **options
+        )
         return stepscope.profile(flight_recorder=recorder)
     return contextlib.nullcontext()
 
