@@ -419,3 +419,27 @@ def test_the_suites_training_shapes_run_unchanged_under_the_recorder(
     assert not any(step["any_recorded"] for step in seen["steps"])  # no window: the ring only
     assert not _dumps(out / "flight", "exception")
     assert re.search(r"flight recorder: \d+ dump\(s\)", run.stderr)
+
+
+def test_a_child_forked_under_the_recorder_records_nothing_of_the_parents(tmp_path: Path) -> None:
+    from stepscope.collectors.annotations import is_recording
+
+    with stepscope.profile(flight_recorder=_recorder(tmp_path / "flight", steps=3)) as prof:
+        for _ in range(5):
+            _spin(0.001)
+            prof.step()
+        pid = os.fork()
+        if pid == 0:  # the child: inert, then free to record its own ring
+            code = 1
+            try:
+                if active_flight() is None and not is_recording():
+                    with stepscope.profile(flight_recorder=_recorder(tmp_path / "child")) as own:
+                        own.step()
+                        assert own.flight is not None
+                        own.flight.dump_now()
+                    code = 0 if len(list((tmp_path / "child").iterdir())) == 1 else 2
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert active_flight() is prof.flight and is_recording()
+    assert os.waitstatus_to_exitcode(status) == 0
