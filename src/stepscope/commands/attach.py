@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from stepscope.commands.command import Command
-from stepscope.commands.values import MAX_SAMPLING_HZ, MAX_SECONDS, at_least, positive_finite
 from stepscope.profiler.control_client import NotAttachable, Session, find_listener, hello
 from stepscope.profiler.control_protocol import ControlError, pid_alive, socket_pid
+from stepscope.values import MAX_SAMPLING_HZ, MAX_SECONDS, at_least, positive_finite
 
 RATE_PROBE_S = 0.3
 """Time between the two looks at every rank's step, to learn how fast steps go."""

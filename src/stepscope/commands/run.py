@@ -19,11 +19,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from stepscope.commands.command import Command
-from stepscope.commands.values import MAX_SAMPLING_HZ, at_least, positive_finite
 from stepscope.extras import torch_installed
 from stepscope.profiler.sort_keys import SORT_KEYS
 from stepscope.program import Program, find_program, first_import, print_program_traceback
 from stepscope.steps import window_label
+from stepscope.values import MAX_SAMPLING_HZ, at_least, positive_finite
 
 if TYPE_CHECKING:
     from stepscope.profiler.on_demand import OnDemand
