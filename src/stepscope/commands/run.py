@@ -59,9 +59,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "ends)",
     )
     group.add_argument("--repeat", type=int, default=1, help="cycles, 0 = forever (default 1)")
-    parser.add_argument(
-        "--record-shapes", action="store_true", help="record operator input shapes (torch)"
-    )
     add_recording_arguments(parser)
     parser.add_argument(
         "--top", type=int, default=15, help="rows to print at the end, 0 for none (default 15)"
@@ -131,9 +128,8 @@ def _activities(options: RecordingOptions, step_on: str | None) -> list[str]:
     return sorted(found)
 
 
-def _check_torch_flags(options: RecordingOptions, record_shapes: bool) -> None:
-    asked = ["--record-shapes"] if record_shapes else []
-    asked += options.torch_flags()
+def _check_torch_flags(options: RecordingOptions) -> None:
+    asked = options.torch_flags()
     if asked and not torch_installed():
         raise ValueError(
             f"{', '.join(asked)} record through torch's profiler, and torch is not installed "
@@ -163,7 +159,6 @@ def _profile(
         )
     return stepscope.profile(
         **options.profile_kwargs(_activities(options, step_on)),
-        record_shapes=args.record_shapes,
         schedule=schedule,
         on_trace_ready=options.handler(),
         step_on=None if in_program else step_on,
@@ -192,7 +187,7 @@ def run(args: argparse.Namespace) -> int:
     from stepscope.profiler.step_trigger import StepTrigger, names_program_function
 
     options = check_values(args)
-    _check_torch_flags(options, args.record_shapes)
+    _check_torch_flags(options)
     program = find_program(args.module, list(args.program))
     chosen = None
     if args.step_on == AUTO:

@@ -145,6 +145,9 @@ class RecordingOptions:
         check=_rate,
         help="stack samples per second with SAMPLING (default 100)",
     )
+    record_shapes: bool = option(
+        False, "--record-shapes", torch=True, help="record operator input shapes (torch)"
+    )
     with_stack: bool = option(
         False, "--with-stack", help="record every Python call (stepscope's tracer)"
     )
