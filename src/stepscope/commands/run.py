@@ -206,9 +206,8 @@ def run(args: argparse.Namespace) -> int:
             "ends a step), or a torch program's optimizer steps"
         )
     with program.as_main():
-        prof = _profile(
-            args, options, step_on, in_program
-        )  # here, so --step-on finds modules beside it
+        # made here, so that --step-on finds the modules beside the program
+        prof = _profile(args, options, step_on, in_program)
         if in_program:
             trigger = StepTrigger(str(step_on), prof.step, program_module=program.module_name)
         with prof:
