@@ -15,7 +15,8 @@ and an option the receiving process does not know is refused with one line (neve
 window recorded without what was asked for would be silent data loss); so a newer ``attach``
 works with an older process as long as it asks only for what that process knows.
 
-Only the standard library and Base here: ``attach`` imports this without loading the profiler.
+At import only the standard library and the base are loaded (the trace handler when it is
+asked for): ``attach`` imports this without loading the profiler.
 """
 
 from __future__ import annotations
