@@ -9,10 +9,11 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
-from stepscope.commands.values import MAX_SECONDS, at_least, positive_finite
+from stepscope.values import MAX_SECONDS, at_least, positive_finite
 
 if TYPE_CHECKING:
     from stepscope.profiler.flight_options import FlightRecorder
+    from stepscope.profiler.options import RecordingOptions
     from stepscope.profiler.profile import profile
 
 __all__ = ["add_flight_arguments", "flight_options", "flight_raised", "flight_summary"]
@@ -70,12 +71,13 @@ def add_flight_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def flight_options(args: argparse.Namespace) -> FlightRecorder | None:
-    """The ``FlightRecorder`` the options ask for (None without ``--flight-recorder``); a
-    ``ValueError`` naming the option when one is out of range."""
+def flight_options(args: argparse.Namespace, options: RecordingOptions) -> FlightRecorder | None:
+    """The ``FlightRecorder`` the options ask for (None without ``--flight-recorder``), writing
+    where the recording ``options`` say and sampling at their rate; a ``ValueError`` naming the
+    option when one is out of range."""
     if args.flight_recorder is None:
         return None
-    from stepscope.profiler.flight_options import MAX_FLIGHT_STEPS, FlightRecorder
+    from stepscope.profiler.flight_options import MAX_FLIGHT_STEPS, MAX_RATE_HZ, FlightRecorder
 
     at_least("--flight-recorder", args.flight_recorder, 1)
     if args.flight_recorder > MAX_FLIGHT_STEPS:
@@ -87,6 +89,11 @@ def flight_options(args: argparse.Namespace) -> FlightRecorder | None:
         raise ValueError(f"--flight-slow must be above 1, got {args.flight_slow:g}")
     if args.flight_hang:
         positive_finite("--flight-hang", args.flight_hang, MAX_SECONDS, "seconds")
+    if options.sampling_rate_hz > MAX_RATE_HZ:
+        raise ValueError(
+            f"--sampling-rate {options.sampling_rate_hz:g} with --flight-recorder: the ring "
+            f"samples all the time, at most {MAX_RATE_HZ:g} per second"
+        )
     if getattr(args, "on_demand", False):
         raise ValueError(
             "--flight-recorder and --on-demand cannot be combined yet: a flight recorder "
@@ -94,13 +101,13 @@ def flight_options(args: argparse.Namespace) -> FlightRecorder | None:
         )
     return FlightRecorder(
         steps=args.flight_recorder,
-        out=args.flight_out or os.path.join(args.out, "flight"),
+        out=args.flight_out or os.path.join(options.out, "flight"),
         slow_factor=args.flight_slow,
         hang_s=args.flight_hang,
         window_steps=args.flight_window,
         max_dumps=args.flight_max_dumps,
-        sampling_rate_hz=args.sampling_rate,
-        gzip=args.gzip,
+        sampling_rate_hz=options.sampling_rate_hz,
+        gzip=options.gzip,
     )
 
 
