@@ -443,3 +443,32 @@ def test_a_child_forked_under_the_recorder_records_nothing_of_the_parents(tmp_pa
         _, status = os.waitpid(pid, 0)
         assert active_flight() is prof.flight and is_recording()
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+@pytest.mark.slow
+def test_stepscope_attach_dump_prints_the_dump_of_a_running_process(tmp_path: Path) -> None:
+    env = _child_env(STEPSCOPE_LISTEN_DIR=str(tmp_path / "ctl"))
+    out = tmp_path / "flight"
+    target = subprocess.Popen(
+        [sys.executable, str(PROGRAMS), "slow", str(out), "100000", "-1", "flight", "5"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        sock = tmp_path / "ctl" / f"{target.pid}.sock"
+        deadline = time.monotonic() + 60
+        while not sock.exists() and time.monotonic() < deadline:
+            assert target.poll() is None, target.communicate()
+            time.sleep(0.05)
+        attach = subprocess.run(
+            [sys.executable, "-m", "stepscope", "attach", str(target.pid), "--dump"],
+            env=env, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+    finally:
+        target.kill()
+        target.communicate()
+    assert attach.returncode == 0, attach.stderr
+    found = re.fullmatch(rf"{target.pid}: flight recorder dump at step \d+: (\S+)\n", attach.stdout)
+    assert found is not None, attach.stdout
+    trace = read_chrome_trace(found.group(1))
+    assert trace.metadata["stepscope_flight"]["reason"] == "attach"
+    assert len(_steps(trace)) == 6

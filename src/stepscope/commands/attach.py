@@ -178,7 +178,13 @@ def _dump(args: argparse.Namespace) -> int:
     if args.all_ranks or args.job:
         targets = [(path, int(info["pid"])) for path, info in _rank_listeners(args)]
     else:
-        targets = [(find_listener(args.pid), args.pid)]
+        try:
+            targets = [(find_listener(args.pid), args.pid)]
+        except NotAttachable:
+            raise ControlError(
+                f"process {args.pid} runs no flight recorder that listens (start it with "
+                "'stepscope run --flight-recorder N' or profile(flight_recorder=N))"
+            ) from None
     status = 0
     for path, pid in targets:
         try:
