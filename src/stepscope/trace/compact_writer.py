@@ -135,12 +135,23 @@ def _block(trace: Trace, index: int, lo: int, hi: int, shift: int, empty: _Empty
     return b"".join(parts)
 
 
+def _rebased(trace: Trace) -> tuple[int, int]:
+    """The written base and the shift of every time.  A base of whole seconds is a file's (the
+    Chrome writer's, or Kineto's 0): it is kept, so the times stay exactly as they were read;
+    any other (a window's wall base under monotonic times) becomes the whole second before the
+    earliest event, as the Chrome writer writes it.  Either way the file reads back to what the
+    Chrome file of the same window reads back to, and analyses see the same numbers."""
+    if trace.base_time_ns % 1_000_000_000 == 0:
+        return trace.base_time_ns, 0
+    base = file_base(trace)
+    return base, trace.base_time_ns - base
+
+
 def compact_sections(
     trace: Trace, name: str, level: int = DEFAULT_LEVEL
 ) -> Iterator[bytes]:
     """The file's bytes after ``MAGIC`` and the version, section by section."""
-    base = file_base(trace)
-    shift = trace.base_time_ns - base
+    base, shift = _rebased(trace)
     meta_refs = trace.meta["args"]
     extra = [b"{}"] if len(meta_refs) and min(meta_refs) < 0 else []
     sizes = array("q", map(len, trace.args))
