@@ -118,8 +118,12 @@ def test_damaged_or_truncated_files_are_one_line_errors(tmp_path: Path) -> None:
 def test_varint_twins_agree_with_the_extension() -> None:
     mod = native()
     rng = random.Random(7)
-    for code, lo, hi in (("B", 0, 255), ("I", 0, 2**32 - 1), ("i", -(2**31), 2**31 - 1),
-                         ("q", -(2**63), 2**63 - 1)):
+    for code, lo, hi in (
+        ("B", 0, 255),
+        ("I", 0, 2**32 - 1),
+        ("i", -(2**31), 2**31 - 1),
+        ("q", -(2**63), 2**63 - 1),
+    ):
         values = array(code, [lo, hi, 0] + [rng.randint(lo, hi) for _ in range(200)])
         values.extend(rng.randint(max(lo, -300), min(hi, 300)) for _ in range(200))
         for delta in (False, True):

@@ -52,7 +52,9 @@ def trace_handler(
 
     check_format(format)
     if use_gzip and format != "chrome":
-        raise ValueError(f"use_gzip=True is for Chrome JSON; format {format!r} is compressed already")
+        raise ValueError(
+            f"use_gzip=True is for Chrome JSON; format {format!r} is compressed already"
+        )
     directory = Path(dir_name)
     make_directory(directory, "trace_handler", "trace directory")
     if worker_name is not None and (not worker_name or "/" in worker_name):

@@ -16,7 +16,12 @@ from stepscope._ext import native
 __all__ = ["pack_column", "pack_python", "unpack_column", "unpack_python"]
 
 _MASK = (1 << 64) - 1
-_BOUNDS = {"B": (0, 0xFF), "I": (0, 0xFFFFFFFF), "i": (-(2**31), 2**31 - 1), "q": (-(2**63), 2**63 - 1)}
+_BOUNDS = {
+    "B": (0, 0xFF),
+    "I": (0, 0xFFFFFFFF),
+    "i": (-(2**31), 2**31 - 1),
+    "q": (-(2**63), 2**63 - 1),
+}
 _BAD = "column data truncated or malformed"
 
 

@@ -147,9 +147,7 @@ def _rebased(trace: Trace) -> tuple[int, int]:
     return base, trace.base_time_ns - base
 
 
-def compact_sections(
-    trace: Trace, name: str, level: int = DEFAULT_LEVEL
-) -> Iterator[bytes]:
+def compact_sections(trace: Trace, name: str, level: int = DEFAULT_LEVEL) -> Iterator[bytes]:
     """The file's bytes after ``MAGIC`` and the version, section by section."""
     base, shift = _rebased(trace)
     meta_refs = trace.meta["args"]

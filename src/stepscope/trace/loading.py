@@ -58,8 +58,8 @@ class ReadProgress(Protocol):
 
 
 def trace_files(path: Path) -> list[Path]:
-    """The trace files at ``path`` (a file, or every .json/.json.gz/.sstrace under a directory); a link
-    that leads nowhere (a loop, a missing target) is kept so that reading it reports why."""
+    """The trace files at ``path`` (a file, or every .json/.json.gz/.sstrace under a directory);
+    a link that leads nowhere (a loop, a missing target) is kept so that reading it reports why."""
     if not path.exists():
         if path.is_symlink():
             raise ValueError(f"{path}: a symbolic link that leads nowhere (a loop or no target)")
@@ -90,11 +90,12 @@ def is_memory_timeline(path: Path) -> bool:
 
 
 def read_trace_file(path: Path) -> Trace:
-    """Read one trace file (compact or Chrome JSON); what goes wrong is a one-line ``ValueError``."""
+    """Read one trace file (compact or Chrome JSON); what goes wrong is a one-line
+    ``ValueError``."""
     if path.name.endswith(PERFETTO_SUFFIX):
         raise ValueError(
-            f"{path}: a Perfetto protobuf trace: stepscope writes these for Perfetto's UI but reads "
-            "its own compact form (.sstrace) and Chrome JSON; read the file they were made from"
+            f"{path}: a Perfetto protobuf trace: stepscope writes these for Perfetto's UI but "
+            "reads its compact form (.sstrace) and Chrome JSON; read the file it was made from"
         )
     try:
         if is_compact_trace(path):

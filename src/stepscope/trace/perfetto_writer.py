@@ -70,7 +70,7 @@ class _Tracks:
             if name:
                 desc.process.process_name = name
         else:
-            desc.name = name or str(label)
+            desc.name = str(label)  # Perfetto's pids are integers: the label names the track
         return uuid
 
     def thread(self, pid: int, tid: int) -> int:
@@ -87,7 +87,7 @@ class _Tracks:
             if name:
                 desc.thread.thread_name = name
         else:
-            desc.name = name or str(t)
+            desc.name = str(t)
         return uuid
 
     def lane(self, pid: int, tid: int, lane: int) -> int:
@@ -99,7 +99,9 @@ class _Tracks:
         parent = self.thread(pid, tid)
         uuid, desc = self._new(key)
         desc.parent_uuid = parent
-        desc.name = f"{self.thread_names.get((self.trace.label(pid), self.trace.label(tid)), tid)} ({lane})"
+        desc.name = (
+            f"{self.thread_names.get((self.trace.label(pid), self.trace.label(tid)), tid)} ({lane})"
+        )
         return uuid
 
     def counter(self, pid: int, name: str) -> int:
@@ -183,16 +185,20 @@ def perfetto_packets(trace: Trace) -> Iterator[bytes]:
     flows = trace.flows
     loose_flows: list[tuple[int, int, int, int, int, bool]] = []
     for name, pid, tid, ts, fid, phase in zip(
-        flows["name"], flows["pid"], flows["tid"], flows["ts_ns"], flows["flow_id"],
-        flows["phase"], strict=True,
+        flows["name"],
+        flows["pid"],
+        flows["tid"],
+        flows["ts_ns"],
+        flows["flow_id"],
+        flows["phase"],
+        strict=True,
     ):
         finishing = phase == ord("f")
         host = _enclosing(thread_rows.get((pid, tid)), ts)
         if host is None:
             loose_flows.append((name, pid, tid, ts, fid, finishing))
         else:
-            marks = flow_marks.setdefault(host, ([], []))
-            marks[1 if finishing else 0].append(fid)
+            flow_marks.setdefault(host, ([], []))[1 if finishing else 0].append(fid)
 
     for (pid, tid), lanes in lanes_of.items():
         for lane, rows in lanes:
@@ -223,7 +229,12 @@ def perfetto_packets(trace: Trace) -> Iterator[bytes]:
 
     inst = trace.instants
     for name, cat, pid, tid, ts, scope in zip(
-        inst["name"], inst["cat"], inst["pid"], inst["tid"], inst["ts_ns"], inst["scope"],
+        inst["name"],
+        inst["cat"],
+        inst["pid"],
+        inst["tid"],
+        inst["ts_ns"],
+        inst["scope"],
         strict=True,
     ):
         track = tracks.thread(pid, tid) if scope == ord("t") else tracks.process(pid)
@@ -234,9 +245,13 @@ def perfetto_packets(trace: Trace) -> Iterator[bytes]:
         events.append((base + ts, ev))
 
     counters = trace.counters
-    for name, pid, ts, series, value, first in zip(
-        counters["name"], counters["pid"], counters["ts_ns"], counters["series"],
-        counters["value"], counters["first"], strict=True,
+    for name, pid, ts, series, value in zip(
+        counters["name"],
+        counters["pid"],
+        counters["ts_ns"],
+        counters["series"],
+        counters["value"],
+        strict=True,
     ):
         label = trace.strings[name]
         if trace.strings[series] != label:
@@ -269,9 +284,7 @@ def perfetto_packets(trace: Trace) -> Iterator[bytes]:
         yield packet.SerializeToString()
 
 
-def _enclosing(
-    rows: tuple[list[int], list[int], list[int]] | None, ts: int
-) -> int | None:
+def _enclosing(rows: tuple[list[int], list[int], list[int]] | None, ts: int) -> int | None:
     """The innermost span (row) of a thread whose time holds ``ts``, if any."""
     if rows is None:
         return None
