@@ -96,8 +96,14 @@ def test_pftrace_matches_the_chrome_json(name: str, tmp_path: Path) -> None:
 
     spans = [e for e in events if e.get("ph") == "X"]
     want = Counter(
-        (e.get("name", ""), e["pid"], e["tid"], ns(doc, e["ts"]), ns(doc, e["ts"]) + int(
-            Decimal(str(e.get("dur", 0))) * 1000)) for e in spans
+        (
+            e.get("name", ""),
+            e["pid"],
+            e["tid"],
+            ns(doc, e["ts"]),
+            ns(doc, e["ts"]) + int(Decimal(str(e.get("dur", 0))) * 1000),
+        )
+        for e in spans
     )
     got = Counter(s[:5] for s in slices)
     # a track named by a string label compares as text
@@ -105,9 +111,6 @@ def test_pftrace_matches_the_chrome_json(name: str, tmp_path: Path) -> None:
         {
             key if key in got else (key[0], str(key[1]), str(key[2]), *key[3:]): c
             for key, c in want.items()
-        }
-    )
-            for (n, p, t, b, e), c in want.items()
         }
     )
     assert got == want
