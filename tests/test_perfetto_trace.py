@@ -49,7 +49,7 @@ def decoded(path: Path) -> tuple[list[tuple[Any, ...]], Counter[Any], dict[int, 
             if not parent.HasField("thread") and parent.parent_uuid in tracks:
                 process = tracks[parent.parent_uuid]
                 return str(process.process.pid or process.name), parent.name
-            if parent.HasField("process") or parent.name and not parent.parent_uuid:
+            if parent.HasField("process") or (parent.name and not parent.parent_uuid):
                 return str(parent.process.pid or parent.name), desc.name
             desc = parent
         return desc.thread.pid, desc.thread.tid
