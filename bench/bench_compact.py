@@ -15,7 +15,6 @@ import tempfile
 import time
 from pathlib import Path
 
-
 import stepscope
 from stepscope.trace.chrome_writer import write_chrome_trace
 from stepscope.trace.compact_writer import write_compact_trace
