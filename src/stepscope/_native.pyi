@@ -317,6 +317,10 @@ class StackSampler:
         """Everything recorded so far."""
     def count(self) -> int:
         """Samples recorded so far."""
+    def forget_before(self, ts_ns: int, /) -> int:
+        """Drop the longest run of oldest samples taken before ``ts_ns``; how many."""
+    def interned(self) -> tuple[int, int, int]:
+        """(code objects, frames, stack nodes) interned so far."""
     def start_signals(self, rate_hz: float, seed: int = 0, /) -> None:
         """Sample busy threads from a SIGPROF handler (RuntimeError saying why it cannot)."""
     def drain(self) -> int:
