@@ -132,13 +132,15 @@ done:
     return result;
 }
 
+static PyObject *s_raw, *s_parsed, *s_size; /* interned attribute names */
+
 /* A RawJsonObject's key count as its __len__ gives it: _size until parsed, then the dict's. */
 static Py_ssize_t raw_size(PyObject *obj) {
-    PyObject *parsed = PyObject_GetAttrString(obj, "_parsed");
+    PyObject *parsed = PyObject_GetAttr(obj, s_parsed);
     if (parsed == NULL) return -1;
     Py_ssize_t n;
     if (parsed == Py_None) {
-        PyObject *size = PyObject_GetAttrString(obj, "_size");
+        PyObject *size = PyObject_GetAttr(obj, s_size);
         n = size == NULL ? -1 : PyLong_AsSsize_t(size);
         Py_XDECREF(size);
     } else {
@@ -163,7 +165,7 @@ static PyObject *args_texts(PyObject *self, PyObject *args) {
         PyObject *obj = PySequence_Fast_GET_ITEM(items, i), *text;
         Py_ssize_t size;
         if ((PyObject *)Py_TYPE(obj) == raw_type) {
-            text = PyObject_GetAttrString(obj, "raw");
+            text = PyObject_GetAttr(obj, s_raw);
             size = text == NULL ? -1 : raw_size(obj);
         } else {
             text = PyObject_CallOneArg(fallback, obj);
@@ -227,4 +229,10 @@ static PyMethodDef compact_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-int ss_compact_columns_init(PyObject *module) { return PyModule_AddFunctions(module, compact_methods); }
+int ss_compact_columns_init(PyObject *module) {
+    s_raw = PyUnicode_InternFromString("raw");
+    s_parsed = PyUnicode_InternFromString("_parsed");
+    s_size = PyUnicode_InternFromString("_size");
+    if (s_raw == NULL || s_parsed == NULL || s_size == NULL) return -1;
+    return PyModule_AddFunctions(module, compact_methods);
+}

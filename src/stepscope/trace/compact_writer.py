@@ -183,25 +183,30 @@ def compact_sections(trace: Trace, name: str, level: int = DEFAULT_LEVEL) -> Ite
 
 def _compressed(payloads: Iterator[tuple[bytes, bytes]], level: int) -> Iterator[bytes]:
     """Each payload as its section, in order.  Large ones are compressed on a few threads
-    (zlib releases the GIL while it compresses) while the next blocks are encoded."""
-    pending: deque[Future[bytes]] = deque()
+    (zlib releases the GIL while it compresses) while the next are encoded; at most
+    ``_WORKERS + 1`` wait for a thread at a time, so memory stays bounded."""
+    pending: deque[tuple[Future[bytes], bool]] = deque()  # (section, on a thread)
     pool: ThreadPoolExecutor | None = None
+    pooled = 0
     try:
         for kind, payload in payloads:
             if len(payload) >= PARALLEL_BYTES:
                 if pool is None:
                     pool = ThreadPoolExecutor(_WORKERS, thread_name_prefix="stepscope-compact")
-                pending.append(pool.submit(_section, kind, payload, level))
+                pending.append((pool.submit(_section, kind, payload, level), True))
+                pooled += 1
             else:
                 done: Future[bytes] = Future()
                 done.set_result(_section(kind, payload, level))
-                pending.append(done)
-            while pending and (pending[0].done() or len(pending) > _WORKERS):
-                yield pending.popleft().result()
+                pending.append((done, False))
+            while pending and (pending[0][0].done() or pooled > _WORKERS):
+                head, on_thread = pending.popleft()
+                pooled -= on_thread
+                yield head.result()
         while pending:
-            yield pending.popleft().result()
+            yield pending.popleft()[0].result()
     finally:
-        for future in pending:
+        for future, _ in pending:
             future.cancel()
         if pool is not None:
             pool.shutdown(wait=True)
