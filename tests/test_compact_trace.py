@@ -13,14 +13,21 @@ import pytest
 import stepscope
 from stepscope._ext import native
 from stepscope.cli import main
+from stepscope.jsonenc import RawJsonObject, json_bytes
 from stepscope.trace.chrome_reader import read_chrome_trace
 from stepscope.trace.chrome_writer import write_chrome_trace
 from stepscope.trace.compact_format import MAGIC, CompactTraceError
 from stepscope.trace.compact_reader import read_compact_trace
-from stepscope.trace.compact_varint import pack_python, unpack_python
+from stepscope.trace.compact_varint import (
+    args_texts,
+    args_texts_python,
+    pack_python,
+    unpack_python,
+)
 from stepscope.trace.compact_writer import write_compact_trace
 from stepscope.trace.loading import read_trace_file
 from stepscope.trace.model import Trace
+from stepscope.trace.timebase import column_min, column_min_python
 
 SHARED = Path(__file__).resolve().parents[1] / ".." / "shared" / "traces"
 SMALL_SHARED = ("cpu_only", "alexnet_gpu", "amd_mi250_rocm", "triton_gpu", "mtia_inference")
@@ -138,6 +145,26 @@ def test_varint_twins_agree_with_the_extension() -> None:
     assert pack_python(array("i", [-5, -1, 3]), "i", False, -1) == pack_python(
         array("i", [-1, -1, 3]), "i", False
     )
+
+
+def test_args_texts_and_column_min_twins_agree_with_the_extension() -> None:
+    parsed = RawJsonObject(b'{"a":1,"b":[2,3]}', 2)
+    assert parsed["a"] == 1  # parsed: its key count now comes from the dict
+    args = [
+        RawJsonObject(b'{"External id":7,"x":"\xc3\xa9"}', 2),
+        parsed,
+        {},
+        {"n": float("nan"), "s": {1, 2}, "u": "\ud800", 3: None},
+        {"k": [1, 2.5, "v"]},
+    ]
+    twin = args_texts_python(args)
+    assert twin[0] == b"".join(json_bytes(a) for a in args)
+    assert list(twin[2]) == [2, 2, 0, 4, 1]
+    assert args_texts(args) == twin
+    assert args_texts([]) == (b"", array("q"), array("q"))
+    for values in (array("q"), array("q", [5, -(2**63), 2**63 - 1, 0]), array("q", [3])):
+        assert column_min_python(values) == column_min(values) == min(values, default=None)
+        assert column_min(memoryview(values)) == column_min_python(memoryview(values))
 
 
 def test_trace_handler_writes_the_chosen_format(tmp_path: Path) -> None:

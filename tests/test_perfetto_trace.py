@@ -14,7 +14,9 @@ from typing import Any
 
 import pytest
 
+import stepscope
 from stepscope.cli import main
+from stepscope.trace.chrome_writer import write_chrome_trace
 
 pb = pytest.importorskip(
     "perfetto.protos.perfetto.trace.perfetto_trace_pb2",
@@ -88,7 +90,28 @@ def test_pftrace_matches_the_chrome_json(name: str, tmp_path: Path) -> None:
         pytest.skip(f"{source} is not here")
     local = tmp_path / source.name
     shutil.copy(source, local)
-    out = tmp_path / f"{name}.pftrace"
+    assert_pftrace_matches(local, tmp_path)
+
+
+def test_window_with_memory_counters_and_flows_matches(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    with stepscope.profile(profile_memory=True, record_shapes=True) as prof:
+        for _ in range(2):
+            model(torch.randn(8, 16)).sum().backward()
+            prof.step()
+    trace = prof.trace()
+    assert len(trace.counters) and len(trace.flows), trace
+    local = tmp_path / "window.json.gz"
+    write_chrome_trace(trace, local)
+    counters = assert_pftrace_matches(local, tmp_path)
+    assert sum(counters.values()) >= len(trace.counters)
+
+
+def assert_pftrace_matches(local: Path, tmp_path: Path) -> Counter[Any]:
+    """Convert ``local`` (a ``.json.gz``) to ``.pftrace`` and check it against the JSON; returns
+    the counter points decoded."""
+    out = tmp_path / f"{local.name}.pftrace"
     assert main(["convert", str(local), "--to", "perfetto", "-o", str(out)]) == 0
     doc = json.loads(gzip.decompress(local.read_bytes()))
     events = doc["traceEvents"]
@@ -136,3 +159,4 @@ def test_pftrace_matches_the_chrome_json(name: str, tmp_path: Path) -> None:
                 and (ts == at if kind == "instant" else slices[i][3] <= ts <= slices[i][4])
                 for p, t, at, kind, i in ends
             ), e
+    return counters

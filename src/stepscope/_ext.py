@@ -55,6 +55,8 @@ REQUIRED = (
     "remap_column",
     "int_args",
     "pack_varints",
+    "args_texts",
+    "column_min",
     "nest_spans",
     "RecordFunction",
     "_tracer_start",
@@ -82,6 +84,8 @@ if TYPE_CHECKING:
         int_args = staticmethod(_native.int_args)
         pack_varints = staticmethod(_native.pack_varints)
         unpack_varints = staticmethod(_native.unpack_varints)
+        args_texts = staticmethod(_native.args_texts)
+        column_min = staticmethod(_native.column_min)
         nest_spans = staticmethod(_native.nest_spans)
         RecordFunction = _native.RecordFunction
         _annotations_start = staticmethod(_native._annotations_start)

@@ -82,6 +82,15 @@ def unpack_varints(
 ) -> tuple[bytes, int]:
     """``count`` varints from ``offset`` back to the column's bytes, and the end offset."""
 
+def args_texts(
+    args: Sequence[object], raw_type: type, fallback: Callable[[object], bytes], /
+) -> tuple[bytes, bytes, bytes]:
+    """Args mappings as their JSON texts joined (a ``raw_type`` object's own ``raw`` text, any
+    other through ``fallback``), with each text's length and each key count as int64 bytes."""
+
+def column_min(column: ReadableBuffer, /) -> int | None:
+    """The smallest value of an int64 (typecode q) column, None when it is empty."""
+
 def int_args(
     rows: Sequence[object], keys: tuple[bytes, ...], /
 ) -> list[tuple[int | None, ...] | None]:

@@ -29,6 +29,7 @@ from stepscope.trace.sampled_spans import (
     SAMPLED_TID_BASE,
 )
 from stepscope.trace.sampled_spans import sampled_flame_chart as _flame_chart
+from stepscope.trace.timebase import file_base
 
 __all__ = [
     "CHUNK_EVENTS",
@@ -167,24 +168,6 @@ class _Sink:
             self._thread.join()
             if self._error is not None:
                 raise self._error
-
-
-def _file_base(trace: Trace) -> int:
-    """The written ``baseTimeNanoseconds``: the whole second at or before the earliest event."""
-    earliest: int | None = None
-    for table, col in (
-        ("spans", "start_ns"),
-        ("instants", "ts_ns"),
-        ("counters", "ts_ns"),
-        ("flows", "ts_ns"),
-        ("samples", "ts_ns"),
-    ):
-        values = trace.tables[table][col]
-        if len(values):
-            low = min(values)
-            earliest = low if earliest is None else min(earliest, low)
-    absolute = trace.base_time_ns + (earliest or 0)
-    return (absolute // 1_000_000_000) * 1_000_000_000
 
 
 def _header(trace: Trace, base: int) -> bytes:
@@ -405,7 +388,7 @@ def write_chrome_trace(
     use_gzip = target.name.endswith(".gz")
     if use_gzip and not 0 <= gzip_level <= 9:
         raise ValueError(f"gzip_level must be between 0 and 9, got {gzip_level}")
-    base = _file_base(trace)
+    base = file_base(trace)
     shift = trace.base_time_ns - base
     strings = [json_bytes(s) for s in trace.strings]
     events = 0

@@ -1,9 +1,9 @@
 """Columns as LEB128 varints for the compact trace form: zigzag for signed or delta-coded ones.
 
-``pack_column`` and ``unpack_column`` use the C ``pack_varints`` / ``unpack_varints``
-(``_csrc/compact_columns.c``) when the extension is built; ``pack_python`` and
-``unpack_python`` are their twins and give the same bytes.  A truncated or malformed stream is a
-``ValueError``.
+``pack_column``, ``unpack_column`` and ``args_texts`` use the C ``pack_varints`` /
+``unpack_varints`` / ``args_texts`` (``_csrc/compact_columns.c``) when the extension is built;
+``pack_python``, ``unpack_python`` and ``args_texts_python`` are their twins and give the same
+bytes.  A truncated or malformed stream is a ``ValueError``.
 """
 
 from __future__ import annotations
@@ -12,8 +12,16 @@ from array import array
 from typing import Any
 
 from stepscope._ext import native
+from stepscope.jsonenc import RawJsonObject, json_bytes
 
-__all__ = ["pack_column", "pack_python", "unpack_column", "unpack_python"]
+__all__ = [
+    "args_texts",
+    "args_texts_python",
+    "pack_column",
+    "pack_python",
+    "unpack_column",
+    "unpack_python",
+]
 
 _MASK = (1 << 64) - 1
 _BOUNDS = {
@@ -100,3 +108,20 @@ def unpack_column(
     if mod is None:
         return unpack_python(data, offset, count, typecode, delta)
     return mod.unpack_varints(data, offset, count, typecode, delta)
+
+
+def args_texts_python(args: Any) -> tuple[bytes, array[int], array[int]]:
+    """Twin of the C ``args_texts``: the mappings' JSON texts joined, each text's length and each
+    mapping's key count."""
+    texts = [json_bytes(a) for a in args]
+    return b"".join(texts), array("q", map(len, texts)), array("q", map(len, args))
+
+
+def args_texts(args: Any) -> tuple[bytes, array[int], array[int]]:
+    """The args mappings (a sequence) as their compact JSON texts joined, each text's length and
+    each mapping's key count."""
+    mod = native()
+    if mod is None:
+        return args_texts_python(args)
+    joined, lengths, sizes = mod.args_texts(args, RawJsonObject, json_bytes)
+    return joined, array("q", lengths), array("q", sizes)
