@@ -121,6 +121,7 @@ class profile:
         tracer_options: Mapping[str, Any] | None = None,
         strict: bool | None = None,
         step_tables: str | os.PathLike[str] | steptables.StepTables | None = None,
+        dataloader_workers: bool = True,
     ) -> None:
         plain, self.activity_filters = split_activity_filters(activities)
         self.activities = coerce_activities(plain) if plain is not None else default_activities()
@@ -188,6 +189,8 @@ class profile:
         ``event_budget``, ``include``, ``exclude``, ``max_depth``, ``min_duration_ns``, ...)."""
         self.sampling_rate_hz = sampling_rate_hz
         """Mean samples per second of ``ProfilerActivity.SAMPLING`` (exponentially jittered)."""
+        self.dataloader_workers = dataloader_workers
+        """Record torch DataLoader workers' batches and stacks (with torch installed)."""
         trigger = StepTrigger(step_on, self.step, strict=strict) if step_on is not None else None
         self._step_trigger = trigger
         self.step_tables = steptables.step_tables_of(step_tables, strict)
@@ -283,6 +286,10 @@ class profile:
             from stepscope.collectors.sampler import SamplerCollector
 
             found.append(SamplerCollector(self.sampling_rate_hz))
+        if self.dataloader_workers and torch_installed():
+            from stepscope.collectors.dataloader_workers import DataLoaderWorkersCollector
+
+            found.append(DataLoaderWorkersCollector(self.sampling_rate_hz))
         return found
 
     def _build_action_map(self) -> ActionMap:
@@ -332,6 +339,8 @@ class profile:
             joined = self.step_num if self._paused else self._ranks.join(self.step_num)
             if joined != self.step_num:  # a rank that started late takes the leader's numbering
                 self.step_num, self.current_action = joined, action_at(self.schedule, joined)
+            for collector in self.collectors:  # what must see the program before any window
+                self._guarded(collector, "begin", collector.begin)
             if self._step_trigger is not None:
                 self._step_trigger.install()
             if not self._paused:
