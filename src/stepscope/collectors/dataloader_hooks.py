@@ -515,7 +515,7 @@ class Hub:
 class _LoopCollate:
     """A loader's ``collate_fn`` in a loader without workers, marking the split."""
 
-    __slots__ = ("_fn", "_channel")
+    __slots__ = ("_channel", "_fn")
 
     def __init__(self, fn: Callable[[Any], Any], channel: LoaderChannel) -> None:
         self._fn, self._channel = fn, channel

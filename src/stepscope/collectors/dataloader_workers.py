@@ -173,7 +173,10 @@ class DataLoaderWorkersCollector(Collector):
         made: dict[tuple[int, int, int], tuple[int, int]] = {}
         for r in records:
             tid = tracks[r.worker]
-            made[(r.worker, r.epoch, r.batch)] = (tid, _add_batch(builder, pid, tid, r, end, channel))
+            made[(r.worker, r.epoch, r.batch)] = (
+                tid,
+                _add_batch(builder, pid, tid, r, end, channel),
+            )
         for c in taken:
             self._add_taken(builder, pid, channel, c, made.get((c.worker, c.epoch, c.batch)))
         workers = []
@@ -186,7 +189,9 @@ class DataLoaderWorkersCollector(Collector):
                 errors = ring.worker_word(worker, R_ERRORS)
                 if errors:
                     info["recorder_errors"] = errors
-                sampled = _add_samples(builder, ring, worker, worker_pid, pid, generation, start, end)
+                sampled = _add_samples(
+                    builder, ring, worker, worker_pid, pid, generation, start, end
+                )
                 if sampled is not None:
                     info["sampler"] = sampled
                 workers.append(info)
@@ -208,7 +213,9 @@ class DataLoaderWorkersCollector(Collector):
             ctx.summary.append(f"DataLoader {channel.loader}: {dropped} batch records dropped")
         return entry
 
-    def _name_tracks(self, builder: TraceBuilder, pid: int, channel: LoaderChannel) -> dict[int, int]:
+    def _name_tracks(
+        self, builder: TraceBuilder, pid: int, channel: LoaderChannel
+    ) -> dict[int, int]:
         tracks: dict[int, int] = {-1: LOOP_TRACK_BASE + channel.loader}
         ring = channel.ring
         if ring is None:
@@ -256,7 +263,9 @@ class DataLoaderWorkersCollector(Collector):
             self._flows += 1
             flow = FLOW_BASE + self._flows
             builder.flow(CONSUMED_INSTANT, WORKER_CATEGORY, pid, tid, at, flow, "s")
-            builder.flow(CONSUMED_INSTANT, WORKER_CATEGORY, pid, c.tid, c.returned_ns, flow, "f", "e")
+            builder.flow(
+                CONSUMED_INSTANT, WORKER_CATEGORY, pid, c.tid, c.returned_ns, flow, "f", "e"
+            )
 
 
 def _add_batch(

@@ -131,6 +131,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "steps (the schedule options are ignored)",
     )
     parser.add_argument(
+        "--no-dataloader-workers",
+        dest="dataloader_workers",
+        action="store_false",
+        help="do not record torch DataLoader worker processes (by default each worker records "
+        "its batches and samples its stacks inside windows)",
+    )
+    parser.add_argument(
         "--step-tables",
         metavar="DIR",
         help="write one row per step (every step) as Parquet into DIR (see stepscope fleet)",
@@ -228,6 +235,7 @@ def _profile(args: argparse.Namespace, step_on: str | None, in_program: bool) ->
         sampling_rate_hz=args.sampling_rate,
         tracer_options=tracer_options,
         step_tables=args.step_tables,
+        dataloader_workers=args.dataloader_workers,
     )
 
 

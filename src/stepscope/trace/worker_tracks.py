@@ -45,7 +45,5 @@ def worker_tracks(trace: Trace) -> set[tuple[int, int]]:
     cat = strings.index(WORKER_CATEGORY)
     spans = trace.spans
     return {
-        (p, t)
-        for c, p, t in zip(spans["cat"], spans["pid"], spans["tid"], strict=True)
-        if c == cat
+        (p, t) for c, p, t in zip(spans["cat"], spans["pid"], spans["tid"], strict=True) if c == cat
     }
