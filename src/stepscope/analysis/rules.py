@@ -48,6 +48,11 @@ from stepscope.analysis.result import Recommendation, StepTime, TraceSummary
 __all__ = ["RULES", "recommend", "straggler_recommendations"]
 
 DATA_LOADING_PCT = 5.0
+IN_THE_LOOP = (
+    "The DataLoader loads batches in the training process (num_workers=0): load them ahead "
+    "of the step with DataLoader(num_workers>0, pin_memory=True, persistent_workers=True, "
+    "prefetch_factor=2+), and keep per-batch work out of the loop."
+)
 WORKERS_BUSY_PCT = 80.0
 DOMINANT_FUNCTION_PCT = 50.0
 GPU_IDLE_PCT = 30.0
@@ -91,12 +96,7 @@ def data_loading(summary: TraceSummary) -> Recommendation | None:
             "collate cheaper (profile one worker's dataset code)."
         )
     elif loader:
-        advice = (
-            "The DataLoader loads batches in the training process (num_workers=0): load "
-            "them ahead of the step with DataLoader(num_workers>0, pin_memory=True, "
-            "persistent_workers=True, prefetch_factor=2+), and keep per-batch work out of "
-            "the loop."
-        )
+        advice = IN_THE_LOOP
     else:
         advice = (
             "Prepare the next batch while the step runs (a background thread or process, or "
@@ -156,9 +156,7 @@ def _recorded_loader(
             "data_loading",
             f"Data loading takes {pct:.1f}% of the step time: {name} makes every batch in "
             "the loop (num_workers=0)",
-            "Load batches ahead of the step in worker processes: DataLoader(num_workers=N "
-            "(up to the free cores), persistent_workers=True, prefetch_factor=2+, and "
-            "pin_memory=True on an accelerator); keep per-batch work out of the loop.",
+            IN_THE_LOOP,
             evidence,
         )
     shares = _share_words(loader.workers)
