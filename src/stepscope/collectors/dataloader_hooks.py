@@ -282,9 +282,13 @@ class Hub:
 
     def collected(self, channel: LoaderChannel) -> None:
         """A window took what it needed of an iterator that is gone: remove its channel."""
-        if channel.ended and channel in self.channels:
+        if channel.ended:
+            self._forget(channel)
+
+    def _forget(self, channel: LoaderChannel) -> None:
+        with contextlib.suppress(ValueError):  # a finalizer on another thread was first
             self.channels.remove(channel)
-            channel.close()
+        channel.close()
 
     # -- iterators --------------------------------------------------------------------------
     def new_channel(self, iterator: Any, loader: Any) -> LoaderChannel | None:
@@ -310,15 +314,25 @@ class Hub:
 
     def _iterator_gone(self, channel: LoaderChannel) -> None:
         channel.ended = True
-        if not self.armed and channel in self.channels:  # no window wants its records
-            self.channels.remove(channel)
-            channel.close()
+        if not self.armed:  # no window wants its records
+            self._forget(channel)
 
     # -- the hooks --------------------------------------------------------------------------
     def _install(self) -> None:
-        """Wrap torch's iterators, worker loop and pin_memory (called once torch is there)."""
+        """Wrap torch's iterators, worker loop and pin_memory (called once torch is there); a
+        torch whose DataLoader differs is left alone, whole."""
         if not self.users or os.getpid() != self.pid:
             return
+        try:
+            self._install_hooks()
+        except Exception as exc:
+            for undo in reversed(self._undo):
+                with contextlib.suppress(Exception):
+                    undo()
+            self._undo.clear()
+            self.failed("hooking torch's DataLoader", exc)
+
+    def _install_hooks(self) -> None:
         from torch.utils.data import dataloader
         from torch.utils.data._utils import pin_memory as pinning
         from torch.utils.data._utils import worker

@@ -164,7 +164,9 @@ class Channel:
             words[H_SAMPLING] = generation
 
     def worker_word(self, worker: int, word: int) -> int:
-        """One word of a worker's region header (``R_PID``, ``R_ACK``...)."""
+        """One word of a worker's region header (``R_PID``, ``R_ACK``...); 0 once closed."""
+        if self.closed:
+            return 0
         return int(self._mapped.words[self._mapped.region(worker) + word])
 
     def read(self, worker: int) -> list[Record]:

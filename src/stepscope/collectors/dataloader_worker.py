@@ -44,8 +44,9 @@ from stepscope.trace.names import hide_thread
 
 __all__ = ["HookedWorkerLoop", "pending", "torch_worker_loop"]
 
-WATCH_INTERVAL_S = 0.005
-"""How often a sampling worker looks whether its window ended."""
+WATCH_INTERVAL_S = 0.02
+"""How often a sampling worker looks whether its window ended (each look takes the GIL from
+the worker's loop: rarely enough to cost nothing, often enough that a window's end waits little)."""
 SAMPLER_STOP_S = 5.0
 WATCHER_NAME = "stepscope-dataloader-watch"
 _WANTED = ("index_queue", "data_queue", "collate_fn", "worker_id", "done_event")

@@ -84,12 +84,16 @@ class DataLoaderWorkersCollector(Collector):
         self._taken: list[tuple[LoaderChannel, list[Consumed], list[Record]]] = []
         self._recent: dict[int, deque[Record]] = {}
         self._flows = 0
+        self._closing = False
+        """Closed with a window still to collect: the hooks go once it is collected."""
 
     def begin(self) -> None:
         """The profile starts: follow DataLoader iterators from now on (workers start early)."""
         if not self._begun:
             self._begun = True
             HUB.acquire(self.strict)
+            # loaded here once, so that forked workers do not each import it to sample
+            import stepscope.collectors.sampler  # noqa: F401
 
     def prepare(self, ctx: WindowContext) -> None:
         """Workers record their batches from here (the warm-up's batches feed the window)."""
@@ -122,9 +126,19 @@ class DataLoaderWorkersCollector(Collector):
                 self._recent.pop(channel.iterator, None)
         if loaders:
             ctx.metadata[METADATA_KEY] = loaders
+        if self._closing:
+            self._closing = False
+            self._release()
 
     def close(self) -> None:
-        """The profile ended: unhook (the last profile to do so removes every channel)."""
+        """The profile ended: unhook (the last profile to do so removes every channel) — after
+        the last window's collect, should that come later."""
+        if self._taken:
+            self._closing = True
+        else:
+            self._release()
+
+    def _release(self) -> None:
         if self._begun:
             self._begun = False
             self._recent.clear()
@@ -195,10 +209,6 @@ class DataLoaderWorkersCollector(Collector):
                 if sampled is not None:
                     info["sampler"] = sampled
                 workers.append(info)
-            if any(r.end_ns == 0 for r in open_now):
-                ctx.summary.append(
-                    f"DataLoader {channel.loader}: batches in progress at the window end cut there"
-                )
         entry: dict[str, Any] = {
             "loader": channel.loader,
             "iterator": channel.iterator,
