@@ -6,8 +6,9 @@
    processes, alternately with ``dataloader_workers=False`` (A: torch's loop untouched) and
    the default (B: each worker records every batch and samples its stacks at 100 Hz).  Each
    run reports batches/s on the wall clock after a warm-up, and the batches two workers make
-   per second of their own CPU (from their rusage once torch joined them) — the throughput
-   with a free core each, which other jobs on a shared machine do not move.  The medians of A
+   per second of their own CPU over the same batches (every thread of theirs, from the
+   scheduler's ``/proc/<pid>/task/<tid>/schedstat``) — the throughput with a free core each,
+   which other jobs on a shared machine do not move.  The medians of A
    and B are compared, and the median of the per-pair ratios (goal: B at most 3 % slower).
 2. The recording's own cost per batch inside a worker (begin, two collate marks, end on the
    shared ring), timed in this process: what (1) pays per batch besides sampling.
@@ -22,7 +23,7 @@ import time
 from harness import Report, run_json_child
 
 CHILD = r"""
-import gc, json, resource, sys, time
+import json, os, sys, time
 import torch
 from torch.utils.data import DataLoader, Dataset
 import stepscope
@@ -39,23 +40,29 @@ class Items(Dataset):
             total += index * 3 % 7
         return torch.tensor([index, total])
 
+def workers_cpu_ns(pids):
+    # every thread of the workers (the sampler's included): ns on a CPU, from the scheduler
+    total = 0
+    for pid in pids:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                total += int(f.read().split()[0])
+    return total
+
 loader = DataLoader(Items(), batch_size=8, num_workers=2, multiprocessing_context="fork")
 warm = 10
 with stepscope.profile(activities=["CPU"], torch_ops=False, dataloader_workers=record) as prof:
     it = iter(loader)
+    pids = [w.pid for w in it._workers]
     for n in range(warm + batches):
         next(it)
         if n == warm - 1:
-            start = time.perf_counter()
+            start, cpu0 = time.perf_counter(), workers_cpu_ns(pids)
         prof.step()
-    elapsed = time.perf_counter() - start
-made = warm + batches + 2 * 2  # and the batches prefetched when the loop stopped
-del it  # torch joins its workers: their CPU time is now this process's children's
-gc.collect()
-children = resource.getrusage(resource.RUSAGE_CHILDREN)
-cpu_s = children.ru_utime + children.ru_stime
+    elapsed, cpu = time.perf_counter() - start, workers_cpu_ns(pids) - cpu0
+del it
 loaders = prof.trace().metadata.get("stepscope_dataloaders") or []
-print(json.dumps([batches / elapsed, 2 * made / cpu_s, sum(x["batches"] for x in loaders)]))
+print(json.dumps([batches / elapsed, 2e9 * batches / cpu, sum(x["batches"] for x in loaders)]))
 """
 
 
@@ -90,7 +97,8 @@ def _throughput(report: Report, pairs: int, batches: int) -> None:
     report.note(
         "wall batches/s swing with the shared machine's load (2 cores, other jobs); the "
         "workers' own CPU per batch does not: 'batches/s on 2 free cores' is 2 / (the workers' "
-        "CPU seconds per batch, from their rusage), what the two workers make with a core each"
+        "CPU seconds per batch, every thread of theirs, from the scheduler), what the two "
+        "workers make with a core each"
     )
 
 
@@ -132,5 +140,5 @@ def _record_cost(report: Report, n: int) -> None:
 
 def run(report: Report) -> None:
     """Worker throughput with and without recording; the per-batch recording cost."""
-    _throughput(report, pairs=3 if report.quick else 9, batches=100 if report.quick else 300)
+    _throughput(report, pairs=3 if report.quick else 11, batches=100 if report.quick else 300)
     _record_cost(report, 2_000 if report.quick else 20_000)

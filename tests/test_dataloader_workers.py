@@ -96,7 +96,7 @@ def test_a_worker_refuses_a_file_that_is_no_channel(tmp_path: Path) -> None:
 
 
 # -- the analysis on a trace made by hand ----------------------------------------------------
-def _trace(
+def made_by_hand(
     batches: Sequence[tuple[int, int, float, float]], asked: Sequence[tuple[int, float, float]]
 ) -> Trace:
     """Four 10 ms steps; ``batches``: (worker, batch, start ms, end ms) with the dataset part
@@ -142,7 +142,7 @@ ASKED = [(0, 0.5, 0.6), (1, 10.5, 0.1), (2, 20.5, 0.1), (3, 30.5, 2.6)]
 
 
 def test_each_step_gets_its_batch_worker_readiness_and_split() -> None:
-    summary = analyze_trace(_trace(BATCHES, ASKED))
+    summary = analyze_trace(made_by_hand(BATCHES, ASKED))
     assert summary.data_workers is not None
     (loader,) = summary.data_workers.loaders
     rows = loader.steps
@@ -177,7 +177,7 @@ def test_each_step_gets_its_batch_worker_readiness_and_split() -> None:
 
 
 def test_the_advice_names_each_worker_and_what_would_help() -> None:
-    summary = analyze_trace(_trace(BATCHES, ASKED))
+    summary = analyze_trace(made_by_hand(BATCHES, ASKED))
     (advice,) = [r for r in summary.recommendations if r.rule == "data_loading"]
     assert "1 of 4 late" in advice.title
     assert "workers 0 (pid 100) and 1 (pid 101) are busy 47.5 % and 82.5 % of the time" in (
@@ -189,7 +189,7 @@ def test_the_advice_names_each_worker_and_what_would_help() -> None:
     # both busy: more workers
     busy = [(0, 0, -5, 1), (1, 1, -5, 5), (0, 2, 1, 38), (1, 3, 5, 39)]
     summary = analyze_trace(
-        _trace(busy, [(0, 0.5, 0.6), (1, 10.5, 0.1), (2, 20.5, 18), (3, 39.5, 0.1)])
+        made_by_hand(busy, [(0, 0.5, 0.6), (1, 10.5, 0.1), (2, 20.5, 18), (3, 39.5, 0.1)])
     )
     (advice,) = [r for r in summary.recommendations if r.rule == "data_loading"]
     assert "raise num_workers from 2 to 4" in advice.advice
@@ -198,7 +198,9 @@ def test_the_advice_names_each_worker_and_what_would_help() -> None:
 
 def test_no_advice_when_every_batch_was_ready() -> None:
     ready = [(0, 0, -5, -1), (1, 1, -5, 5), (0, 2, -1, 19), (1, 3, 5, 28)]
-    summary = analyze_trace(_trace(ready, [(0, 0.5, 1), (1, 10.5, 1), (2, 20.5, 1), (3, 30.5, 1)]))
+    summary = analyze_trace(
+        made_by_hand(ready, [(0, 0.5, 1), (1, 10.5, 1), (2, 20.5, 1), (3, 30.5, 1)])
+    )
     assert summary.data_workers is not None
     assert {r.status for r in summary.data_workers.loaders[0].steps} == {"ahead"}
     assert not [r for r in summary.recommendations if r.rule == "data_loading"]
@@ -207,7 +209,7 @@ def test_no_advice_when_every_batch_was_ready() -> None:
 def test_the_section_is_rendered() -> None:
     console = report_console()
     with console.capture() as captured:
-        console.print(render_summary(analyze_trace(_trace(BATCHES, ASKED))))
+        console.print(render_summary(analyze_trace(made_by_hand(BATCHES, ASKED))))
     text = captured.get()
     assert "DataLoader 1 (Images; num_workers=2, prefetch_factor=2, pin_memory=False" in text
     assert "batches taken by 4 steps: 2 ahead, 1 just in time, 1 late" in text

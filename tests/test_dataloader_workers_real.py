@@ -13,21 +13,27 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from torch.utils.data import DataLoader
 
 import stepscope
-from stepscope.analysis.analyze import analyze_trace
+from stepscope.analysis.analyze import analyze, analyze_trace
 from stepscope.analysis.data_workers_types import LoaderReport
 from stepscope.analysis.steps import find_steps
 from stepscope.cli import main
+from stepscope.collectors import dataloader_ring
 from stepscope.collectors.dataloader_hooks import HUB
+from stepscope.failures import failure_counts
+from stepscope.report.html import write_html
 from stepscope.trace.chrome_reader import read_chrome_trace
 from stepscope.trace.model import Trace
 from stepscope.trace.worker_tracks import METADATA_KEY, WORKER_CATEGORY
+from tests import test_report_html
 from tests.dataloader_programs import PROGRAM, Logged, TimedDataset, TimedStream, run_loop
+from tests.test_dataloader_workers import ASKED, BATCHES, made_by_hand
 
 pytestmark = pytest.mark.slow
 ROOT = str(Path(__file__).resolve().parents[1])
@@ -254,3 +260,40 @@ def test_no_dataloader_workers_records_nothing() -> None:
     assert (
         torch.utils.data._utils.worker._worker_loop.__module__ == "torch.utils.data._utils.worker"
     )
+
+
+browser = test_report_html.browser
+"""Headless Chromium (the HTML report tests' fixture)."""
+
+
+def test_the_html_page_shows_each_step_and_worker(tmp_path: Path, browser: Any) -> None:
+    from selenium.webdriver.common.by import By
+
+    page = tmp_path / "report.html"
+    write_html(analyze([("t", made_by_hand(BATCHES, ASKED))], flames=True), page)
+    test_report_html.assert_clean(browser, test_report_html.load(browser, page))
+    section = browser.find_element(By.ID, "data-workers")
+    assert "DataLoader 1 (Images; num_workers=2, prefetch_factor=2" in section.text
+    rows = browser.find_elements(By.CSS_SELECTOR, "#table-worker-steps-0 tbody tr")
+    assert [r.find_elements(By.TAG_NAME, "td")[3].text for r in rows] == [
+        "just in time",
+        "ahead",
+        "ahead",
+        "late",
+    ]
+    shares = browser.find_elements(By.CSS_SELECTOR, "#table-workers-0 tbody tr")
+    assert [r.find_elements(By.TAG_NAME, "td")[3].text for r in shares] == ["47.5 %", "82.5 %"]
+
+
+def test_a_channel_that_cannot_be_made_leaves_the_loader_as_it_was(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # the channel's file cannot be sized (as on a full /dev/shm): os.ftruncate raises
+    monkeypatch.setattr(dataloader_ring, "_size", lambda workers, slots: -1)
+    before = failure_counts().get("collectors", {}).get("dataloader_hook", 0)
+    loader = DataLoader(TimedDataset(8, 1_000), batch_size=2, num_workers=2)
+    with stepscope.profile(activities=["CPU"], torch_ops=False) as prof:
+        logged = run_loop(loader, prof)
+    assert [step[0][0] for step in logged.steps] == [0, 2, 4, 6]  # every batch, in order
+    assert failure_counts()["collectors"]["dataloader_hook"] == before + 1
+    assert METADATA_KEY not in prof.trace().metadata

@@ -32,10 +32,6 @@ from stepscope.clock import now_ns
 from stepscope.collectors import import_watch
 from stepscope.collectors.dataloader_ring import (
     F_BATCH,
-    F_COLLATE_END,
-    F_COLLATE_START,
-    F_CPU_COLLATE_END,
-    F_CPU_COLLATE_START,
     F_CPU_END,
     F_CPU_START,
     F_END,
@@ -48,7 +44,12 @@ from stepscope.collectors.dataloader_ring import (
     Channel,
     Record,
 )
-from stepscope.collectors.dataloader_worker import HookedWorkerLoop, original_loop, pending
+from stepscope.collectors.dataloader_worker import (
+    HookedWorkerLoop,
+    TimedCollate,
+    original_loop,
+    pending,
+)
 from stepscope.failures import failure_log
 
 __all__ = ["HUB", "Consumed", "Hub", "LoaderChannel"]
@@ -168,7 +169,13 @@ class LoaderChannel:
         current[F_CPU_START] = time.thread_time_ns()
         self._current = current
 
-    def local_mark(self, field: int, cpu_field: int) -> None:
+    @property
+    def batch(self) -> int | None:
+        """The batch the loop is making now (a loader without workers), if any."""
+        current = self._current
+        return None if current is None else current[F_BATCH]
+
+    def mark(self, field: int, cpu_field: int) -> None:
         """Collate's start or end inside the batch the loop is making."""
         current = self._current
         if current is not None:
@@ -470,7 +477,7 @@ class Hub:
                 return
             try:
                 fetcher = it._dataset_fetcher
-                fetcher.collate_fn = _LoopCollate(fetcher.collate_fn, channel)
+                fetcher.collate_fn = TimedCollate(fetcher.collate_fn, channel)
             except Exception as exc:
                 hub.failed("a loader without workers", exc)
 
@@ -524,26 +531,6 @@ class Hub:
             return pinned
 
         return pin_memory
-
-
-class _LoopCollate:
-    """A loader's ``collate_fn`` in a loader without workers, marking the split."""
-
-    __slots__ = ("_channel", "_fn")
-
-    def __init__(self, fn: Callable[[Any], Any], channel: LoaderChannel) -> None:
-        self._fn, self._channel = fn, channel
-
-    def __call__(self, data: Any) -> Any:
-        channel = self._channel
-        channel.local_mark(F_COLLATE_START, F_CPU_COLLATE_START)
-        try:
-            return self._fn(data)
-        finally:
-            channel.local_mark(F_COLLATE_END, F_CPU_COLLATE_END)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._fn, name)
 
 
 HUB = Hub()

@@ -22,7 +22,7 @@ import inspect
 import os
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from stepscope.clock import now_ns
 from stepscope.collectors.dataloader_ring import (
@@ -42,7 +42,7 @@ from stepscope.jsonenc import json_bytes
 from stepscope.trace.model import TraceBuilder
 from stepscope.trace.names import hide_thread
 
-__all__ = ["HookedWorkerLoop", "pending", "torch_worker_loop"]
+__all__ = ["HookedWorkerLoop", "Marks", "TimedCollate", "pending", "torch_worker_loop"]
 
 WATCH_INTERVAL_S = 0.02
 """How often a sampling worker looks whether its window ended (each look takes the GIL from
@@ -303,12 +303,20 @@ class DataQueue:
         return getattr(self._queue, name)
 
 
+class Marks(Protocol):
+    """What ``TimedCollate`` marks: a batch in progress (a worker's, or the loop's own)."""
+
+    @property
+    def batch(self) -> int | None: ...
+    def mark(self, field: int, cpu_field: int) -> None: ...
+
+
 class TimedCollate:
     """The loader's ``collate_fn``, with its start and end marked in the batch in progress."""
 
     __slots__ = ("_fn", "_recorder")
 
-    def __init__(self, fn: Callable[[Any], Any], recorder: WorkerRecorder) -> None:
+    def __init__(self, fn: Callable[[Any], Any], recorder: Marks) -> None:
         self._fn, self._recorder = fn, recorder
 
     def __call__(self, data: Any) -> Any:
