@@ -37,6 +37,7 @@ from tests.test_dataloader_workers import ASKED, BATCHES, made_by_hand
 
 pytestmark = pytest.mark.slow
 ROOT = str(Path(__file__).resolve().parents[1])
+MS = 1_000_000
 
 
 def _loader_report(trace: Trace) -> LoaderReport:
@@ -130,12 +131,23 @@ def test_the_advice_names_two_busy_workers_and_their_shares() -> None:
     assert advice.evidence["workers_busy_pct"] == {
         str(w.worker): round(w.busy_pct, 1) for w in report.workers
     }
-    # the busy shares agree with the dataset's own clock (stepscope's also hold collate)
-    complete, _ = find_steps(prof.trace())
+    # each batch span holds its items' own __getitem__ spans (the dataset's clock, 1 ms of
+    # skew allowed): stepscope's batch is the whole fetch, the items plus what lies between
+    # them, collate and the send
+    trace = prof.trace()
+    items = {step[0][0] // 2: step for step in logged.steps}
+    for span in trace.iter_spans():
+        if span.cat == WORKER_CATEGORY and span.name.startswith("batch "):
+            made = items[int(span.name.split()[1])]
+            assert span.start_ns - MS <= min(item[3] for item in made), span
+            assert max(item[4] for item in made) <= span.start_ns + span.dur_ns + MS, span
+    # so each worker's busy share holds the dataset's own share, and not much more (the gaps
+    # and collate, longer on a loaded machine: preemption lands there too)
+    complete, _ = find_steps(trace)
     lo, hi = complete[0].start_ns, max(s.end_ns for s in complete)
     for w in report.workers:
         own = _busy_pct(logged, w.worker, lo, hi)
-        assert abs(w.busy_pct - own) <= 10.0, (w, own)
+        assert own - 1.0 <= w.busy_pct <= own + 15.0, (w, own)
     if all(w.busy_pct >= 80 for w in report.workers):
         assert "raise num_workers from 2 to 4" in advice.advice
 
