@@ -9,6 +9,7 @@ checked against them.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -38,6 +39,8 @@ from tests.test_dataloader_workers import ASKED, BATCHES, made_by_hand
 pytestmark = pytest.mark.slow
 ROOT = str(Path(__file__).resolve().parents[1])
 MS = 1_000_000
+WORKER_DIED = r"DataLoader worker \(pids?\(?s?\)? [0-9, ]+\) (exited unexpectedly|is killed by signal)"
+"""torch's own error for a dead worker: from the loop's wait, or from its SIGCHLD handler."""
 
 
 def _loader_report(trace: Trace) -> LoaderReport:
@@ -211,7 +214,7 @@ def test_a_killed_worker_leaves_the_loops_error_and_a_readable_trace(tmp_path: P
     profiled = stepscope.profile(
         activities=["CPU"], torch_ops=False, on_trace_ready=stepscope.trace_handler(str(tmp_path))
     )
-    with pytest.raises(RuntimeError, match=r"DataLoader worker .* exited unexpectedly"), profiled:
+    with pytest.raises(RuntimeError, match=WORKER_DIED), profiled:
         run_loop(loader, profiled)
     assert time.monotonic() - started < 60
     (path,) = tmp_path.glob("*.json")
@@ -249,7 +252,7 @@ def test_stepscope_run_records_workers_and_keeps_the_programs_error(
         check=False,
     )
     assert done.returncode == 1, done.stderr
-    assert "exited unexpectedly" in done.stderr
+    assert re.search(WORKER_DIED, done.stderr), done.stderr[-2000:]
     assert "done" not in done.stdout
     (path,) = out.glob("*.json")
     trace = read_chrome_trace(path)

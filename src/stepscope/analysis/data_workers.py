@@ -203,9 +203,16 @@ def _loader(
     notes = []
     unknown = sum(1 for r in rows if r.status == "unknown")
     if unknown:
+        depth = _int(settings, "prefetch_factor") * _int(settings, "num_workers")
         notes.append(
-            f"{unknown} batches were made before recording began (from the window's warm-up "
-            "on): their worker and number are known, their timing is not"
+            f"{unknown} batches were made before recording began (workers record from the "
+            "window's warm-up on): their worker and number are known, their timing is not"
+            + (
+                f"; a warm-up of {depth} steps (schedule(warmup={depth}), stepscope run "
+                f"--warmup {depth}: prefetch_factor x num_workers) records them"
+                if depth
+                else ""
+            )
         )
     dropped = sum(_int(e, "dropped") for e in entries)
     if dropped:

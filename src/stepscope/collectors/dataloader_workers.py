@@ -167,9 +167,12 @@ class DataLoaderWorkersCollector(Collector):
         open_now: list[Record] = []
         if ring is not None:
             for worker in range(ring.workers):
-                recent.extend(ring.read(worker))
-                current = ring.in_progress(worker)
-                if current is not None:
+                current = ring.in_progress(worker)  # first: one finished meanwhile is read next
+                done = ring.read(worker)
+                recent.extend(done)
+                if current is not None and (current.epoch, current.batch) not in {
+                    (r.epoch, r.batch) for r in done[-1:]
+                }:
                     open_now.append(current)
         recent.extend(local)
         taken = [c for c in consumed if start <= c.asked_ns < end]
