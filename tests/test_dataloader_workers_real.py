@@ -39,7 +39,9 @@ from tests.test_dataloader_workers import ASKED, BATCHES, made_by_hand
 pytestmark = pytest.mark.slow
 ROOT = str(Path(__file__).resolve().parents[1])
 MS = 1_000_000
-WORKER_DIED = r"DataLoader worker \(pids?\(?s?\)? [0-9, ]+\) (exited unexpectedly|is killed by signal)"
+WORKER_DIED = (
+    r"DataLoader worker \(pids?\(?s?\)? [0-9, ]+\) (exited unexpectedly|is killed by signal)"
+)
 """torch's own error for a dead worker: from the loop's wait, or from its SIGCHLD handler."""
 
 
