@@ -30,7 +30,8 @@ from stepscope.collectors.dataloader_ring import (
     WorkerSlot,
 )
 from stepscope.collectors.dataloader_workers import DataLoaderWorkersCollector
-from stepscope.commands.run import _profile
+from stepscope.commands.run import _profile, check_values
+from stepscope.profiler.options import RecordingOptions
 from stepscope.report.terminal import render_summary, report_console
 from stepscope.trace.model import Trace, TraceBuilder
 from stepscope.trace.worker_tracks import (
@@ -259,9 +260,16 @@ def test_the_hooks_are_put_back_and_the_switch_leaves_torch_alone() -> None:
     assert HUB.users == 0 and not HUB.channels
 
 
-def test_run_has_a_switch_to_leave_workers_alone() -> None:
+def test_run_and_attach_have_a_switch_to_leave_workers_alone() -> None:
     args = build_parser().parse_args(["run", "--no-dataloader-workers", "prog.py"])
-    prof = _profile(args, None, False)
+    prof = _profile(args, check_values(args), None, False)
     assert prof.dataloader_workers is False  # type: ignore[union-attr]
-    default = _profile(build_parser().parse_args(["run", "prog.py"]), None, False)
+    args = build_parser().parse_args(["run", "prog.py"])
+    default = _profile(args, check_values(args), None, False)
     assert any(isinstance(c, DataLoaderWorkersCollector) for c in default.collectors)  # type: ignore[union-attr]
+    attach = build_parser().parse_args(["attach", "1", "--steps", "1", "--no-dataloader-workers"])
+    options = RecordingOptions.from_args(attach)
+    assert options.dataloader_workers is False
+    assert options.to_wire()["dataloader_workers"] is False
+    assert RecordingOptions.from_wire(options.to_wire()).dataloader_workers is False
+    assert "dataloader_workers" not in RecordingOptions().to_wire()  # on: the default

@@ -8,6 +8,7 @@ checked against them.
 
 from __future__ import annotations
 
+import gc
 import os
 import re
 import subprocess
@@ -234,8 +235,9 @@ def test_a_killed_worker_leaves_the_loops_error_and_a_readable_trace(tmp_path: P
     assert len(died_in) == 1  # the batch the worker was making when it was killed
     report = _loader_report(trace)
     assert report.steps and all(r.batch == r.step for r in report.steps)
-    assert not HUB.channels  # nothing left behind once the profile stopped
     del loader
+    gc.collect()  # the iterator lived on in the error's frames
+    assert not HUB.channels  # its channel went with it
 
 
 def test_stepscope_run_records_workers_and_keeps_the_programs_error(
@@ -314,3 +316,29 @@ def test_a_channel_that_cannot_be_made_leaves_the_loader_as_it_was(
     assert [step[0][0] for step in logged.steps] == [0, 2, 4, 6]  # every batch, in order
     assert failure_counts()["collectors"]["dataloader_hook"] == before + 1
     assert METADATA_KEY not in prof.trace().metadata
+
+
+def test_a_later_profile_follows_an_iterator_an_earlier_one_saw_start() -> None:
+    loader = DataLoader(TimedDataset(40, 10_000), batch_size=2, num_workers=2)
+    with stepscope.profile(activities=["CPU"], torch_ops=False) as first:
+        batches = iter(loader)  # its workers start hooked
+        for _ in range(3):
+            next(batches)
+            first.step()
+    # between the profiles: torch's own iterator, unhooked, its workers still ours
+    assert type(torch.utils.data._utils.worker._worker_loop).__name__ == "function"
+    for _ in range(3):
+        next(batches)
+    with stepscope.profile(activities=["CPU"], torch_ops=False) as second:
+        logged = Logged()
+        for _ in range(8):
+            logged.steps.append(next(batches).tolist())
+            second.step()
+    report = _loader_report(second.trace())
+    assert [r.batch for r in report.steps] == list(range(6, 14))
+    assert [r.worker for r in report.steps] == [logged.worker(k) for k in range(8)]
+    # batches 6-9 were prefetched (2 workers x prefetch_factor 2) before it recorded
+    assert [r.status == "unknown" for r in report.steps] == [True] * 4 + [False] * 4
+    del batches
+    gc.collect()
+    assert not HUB.channels

@@ -123,16 +123,19 @@ def data_workers_summary(
     source: str = "trace",
     step_range: tuple[int, int] | None = None,
     top: int = 10,
+    windows: Sequence[step_spans.StepWindow] | None = None,
 ) -> DataWorkersSummary | None:
-    """The DataLoader workers section of one trace (None when it recorded no DataLoader)."""
+    """The DataLoader workers section of one trace (None when it recorded no DataLoader);
+    ``windows``: its complete steps, when the caller has found them."""
     entries = trace.metadata.get(METADATA_KEY)
     if not isinstance(entries, list) or not entries or WORKER_CATEGORY not in trace.strings:
         return None
-    chosen = step_spans.select_steps(step_spans.find_steps(trace)[0], step_range)
+    found = step_spans.find_steps(trace)[0] if windows is None else windows
+    chosen = step_spans.select_steps(found, step_range)
     if not chosen:
         return None
-    windows = sorted((s.start_ns, s.end_ns, s.step) for s in chosen)
-    lo, hi = windows[0][0], max(w[1] for w in windows)
+    spans = sorted((s.start_ns, s.end_ns, s.step) for s in chosen)
+    lo, hi = spans[0][0], max(w[1] for w in spans)
     batches = _batches(trace)
     taken = _taken(trace)
     by_loader: dict[int, list[dict[str, Any]]] = {}
@@ -140,7 +143,7 @@ def data_workers_summary(
         if isinstance(entry, dict) and isinstance(entry.get("loader"), int):
             by_loader.setdefault(entry["loader"], []).append(entry)
     loaders = [
-        _loader(trace, source, number, group, batches, taken, windows, (lo, hi), top)
+        _loader(trace, source, number, group, batches, taken, spans, (lo, hi), top)
         for number, group in sorted(by_loader.items())
     ]
     return DataWorkersSummary([x for x in loaders if x is not None], hi - lo)

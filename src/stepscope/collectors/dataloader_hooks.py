@@ -234,7 +234,9 @@ class Hub:
             import_watch.when_imported("torch.utils.data", self._install)
 
     def release(self) -> None:
-        """That profile ended: unhook when it was the last, remove every channel."""
+        """That profile ended: unhook when it was the last.  The channels of iterators that
+        are gone are removed; a live iterator keeps its own until it goes (its workers run
+        with it), so a later profile (an on-demand window's) follows it again."""
         self.users = max(0, self.users - 1)
         if self.users:
             return
@@ -243,10 +245,10 @@ class Hub:
             with contextlib.suppress(Exception):
                 undo()
         self._undo.clear()
-        self.armed, self.generation = False, 0
-        channels, self.channels = self.channels, []
-        for channel in channels:
-            channel.close()
+        self.arm(False)
+        self.stop_sampling()
+        for channel in [c for c in self.channels if c.ended]:
+            self._forget(channel)
 
     def forget_in_child(self) -> None:
         """In a forked child: the channels and windows are the parent's; hook nothing new."""
