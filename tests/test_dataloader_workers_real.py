@@ -217,8 +217,10 @@ def test_a_killed_worker_leaves_the_loops_error_and_a_readable_trace(tmp_path: P
     profiled = stepscope.profile(
         activities=["CPU"], torch_ops=False, on_trace_ready=stepscope.trace_handler(str(tmp_path))
     )
-    with pytest.raises(RuntimeError, match=WORKER_DIED), profiled:
+    # torch's own error: from its SIGCHLD handler, its wait, or the batch's transfer cut short
+    with pytest.raises((RuntimeError, ConnectionError, EOFError)) as raised, profiled:
         run_loop(loader, profiled)
+    assert not isinstance(raised.value, RuntimeError) or re.search(WORKER_DIED, str(raised.value))
     assert time.monotonic() - started < 60
     (path,) = tmp_path.glob("*.json")
     trace = read_chrome_trace(path)
@@ -235,7 +237,7 @@ def test_a_killed_worker_leaves_the_loops_error_and_a_readable_trace(tmp_path: P
     assert len(died_in) == 1  # the batch the worker was making when it was killed
     report = _loader_report(trace)
     assert report.steps and all(r.batch == r.step for r in report.steps)
-    del loader
+    del loader, raised
     gc.collect()  # the iterator lived on in the error's frames
     assert not HUB.channels  # its channel went with it
 
@@ -337,8 +339,9 @@ def test_a_later_profile_follows_an_iterator_an_earlier_one_saw_start() -> None:
     report = _loader_report(second.trace())
     assert [r.batch for r in report.steps] == list(range(6, 14))
     assert [r.worker for r in report.steps] == [logged.worker(k) for k in range(8)]
-    # batches 6-9 were prefetched (2 workers x prefetch_factor 2) before it recorded
-    assert [r.status == "unknown" for r in report.steps] == [True] * 4 + [False] * 4
+    # batches 6-9 may have been made (2 workers x prefetch_factor 2) before it recorded; the
+    # tasks of 10-13 were sent while it did
+    assert not [r for r in report.steps[4:] if r.status == "unknown"]
     del batches
     gc.collect()
     assert not HUB.channels

@@ -20,6 +20,7 @@ import contextlib
 import json
 import os
 import time
+import traceback
 from collections import deque
 from typing import Any
 
@@ -36,6 +37,7 @@ from stepscope.collectors.dataloader_ring import (
     samples_file,
 )
 from stepscope.trace.model import TraceBuilder
+from stepscope.trace.names import is_hidden
 from stepscope.trace.worker_tracks import (
     BATCH_PREFIX,
     COLLATE_SPAN,
@@ -115,7 +117,13 @@ class DataLoaderWorkersCollector(Collector):
         """Append the window's batches, what the loop took, and the workers' samples."""
         taken, self._taken = self._taken, []
         generation, self._generation = self._generation, 0
-        _wait_for_samples([c for c, _, _ in taken], generation)
+        interrupted = _wait_for_samples([c for c, _, _ in taken], generation)
+        if interrupted is not None:
+            ctx.summary.append(
+                "DataLoader: the program's signal handler raised while the workers' samples "
+                f"were awaited ({type(interrupted).__name__}: {interrupted}); the loop gets it "
+                "from its iterator"
+            )
         loaders = []
         for channel, consumed, local in taken:
             entry = self._add_channel(builder, ctx, channel, consumed, local, generation)
@@ -321,8 +329,23 @@ def _add_batch(
     return max(r.start_ns, stop - 1)
 
 
-def _wait_for_samples(channels: list[LoaderChannel], generation: int) -> None:
-    """Wait (bounded) until every live worker that sampled run ``generation`` wrote it."""
+def _wait_for_samples(channels: list[LoaderChannel], generation: int) -> Exception | None:
+    """Wait (bounded) until every live worker that sampled run ``generation`` wrote it.
+
+    A worker that dies while the loop's thread waits here makes torch's SIGCHLD handler raise
+    here; that error is the program's (the loop gets it again from its iterator), so the wait
+    ends and it is returned, not taken for a failure of the collector."""
+    try:
+        _wait(channels, generation)
+    except Exception as exc:
+        frames = traceback.walk_tb(exc.__traceback__)
+        if any(not is_hidden(frame.f_code.co_filename) for frame, _ in frames):
+            return exc  # raised by someone else's code: a signal handler of the program's
+        raise
+    return None
+
+
+def _wait(channels: list[LoaderChannel], generation: int) -> None:
     if not generation:
         return
     deadline = time.monotonic() + ACK_TIMEOUT_S
