@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from stepscope.collectors.annotations import record_function, traced
     from stepscope.integrations.notebook import NotebookReport
     from stepscope.profiler.execution_trace import ExecutionTraceObserver
+    from stepscope.profiler.flight_options import FlightRecorder
     from stepscope.profiler.handlers import tensorboard_trace_handler, trace_handler
     from stepscope.profiler.on_demand import listen
     from stepscope.profiler.profile import profile
@@ -29,6 +30,7 @@ _WHERE = {
     "record_function": "stepscope.collectors.annotations",
     "traced": "stepscope.collectors.annotations",
     "ExecutionTraceObserver": "stepscope.profiler.execution_trace",
+    "FlightRecorder": "stepscope.profiler.flight_options",
     "KeyAverages": "stepscope.profiler.summary",
     "ProfilerAction": "stepscope.profiler.schedule",
     "ProfilerActivity": "stepscope.activity",
@@ -57,6 +59,7 @@ def load_report(
 
 __all__ = [
     "ExecutionTraceObserver",
+    "FlightRecorder",
     "KeyAverages",
     "ProfilerAction",
     "ProfilerActivity",

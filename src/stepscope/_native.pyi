@@ -73,6 +73,15 @@ def remap_column(
     """A column re-based for another builder: mode 0 string ids and 1 pid/tid labels through
     ``table``, 2 times and 3 args refs (-1 stays) plus ``offset``."""
 
+def pack_varints(column: ReadableBuffer, typecode: str, delta: bool, floor: int = ..., /) -> bytes:
+    """A column (typecode B, I, i or q) as LEB128 varints, zigzag for signed or delta-coded;
+    values below ``floor`` are written as ``floor``."""
+
+def unpack_varints(
+    data: ReadableBuffer, offset: int, count: int, typecode: str, delta: bool, /
+) -> tuple[bytes, int]:
+    """``count`` varints from ``offset`` back to the column's bytes, and the end offset."""
+
 def int_args(
     rows: Sequence[object], keys: tuple[bytes, ...], /
 ) -> list[tuple[int | None, ...] | None]:
@@ -308,6 +317,10 @@ class StackSampler:
         """Everything recorded so far."""
     def count(self) -> int:
         """Samples recorded so far."""
+    def forget_before(self, ts_ns: int, /) -> int:
+        """Drop the longest run of oldest samples taken before ``ts_ns``; how many."""
+    def interned(self) -> tuple[int, int, int]:
+        """(code objects, frames, stack nodes) interned so far."""
     def start_signals(self, rate_hz: float, seed: int = 0, /) -> None:
         """Sample busy threads from a SIGPROF handler (RuntimeError saying why it cannot)."""
     def drain(self) -> int:

@@ -886,12 +886,48 @@ static PyObject *sampler_count(Sampler *self, PyObject *unused) {
     return PyLong_FromSize_t(self->sample_ts.len);
 }
 
+static void column_drop_front(Column *c, size_t n) {
+    memmove(c->data, c->data + n * c->item, (c->len - n) * c->item);
+    c->len -= n;
+}
+
+/* Drop the longest run of oldest samples taken before `cutoff` (the flight recorder's ring):
+ * the columns keep their capacity, so a ring that is trimmed as it fills stays the same size.
+ * Samples are in drain order, nearly in time order; one out of order past the run stays. */
+static PyObject *sampler_forget_before(Sampler *self, PyObject *arg) {
+    long long cutoff = PyLong_AsLongLong(arg);
+    if (cutoff == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    const int64_t *ts = (const int64_t *)self->sample_ts.data;
+    size_t len = self->sample_ts.len, n = 0;
+    while (n < len && ts[n] < cutoff) {
+        n++;
+    }
+    if (n > 0) {
+        column_drop_front(&self->sample_tid, n);
+        column_drop_front(&self->sample_ts, n);
+        column_drop_front(&self->sample_stack, n);
+        column_drop_front(&self->sample_idle, n);
+    }
+    return PyLong_FromSize_t(n);
+}
+
+static PyObject *sampler_interned(Sampler *self, PyObject *unused) {
+    return Py_BuildValue("(nnn)", self->codes == NULL ? (Py_ssize_t)0 : PyList_GET_SIZE(self->codes),
+                         (Py_ssize_t)self->frame_code.len, (Py_ssize_t)self->stack_parent.len);
+}
+
 static PyMethodDef sampler_methods[] = {
     {"sample", (PyCFunction)sampler_sample, METH_NOARGS,
      "Take one sample of every wanted thread but the caller; returns how many were recorded."},
     {"export", (PyCFunction)sampler_export, METH_NOARGS,
      "Everything recorded so far: codes, frame/stack/sample columns (bytes) and counters."},
     {"count", (PyCFunction)sampler_count, METH_NOARGS, "Samples recorded so far."},
+    {"forget_before", (PyCFunction)sampler_forget_before, METH_O,
+     "forget_before(ts_ns): drop the oldest samples taken before ts_ns; returns how many."},
+    {"interned", (PyCFunction)sampler_interned, METH_NOARGS,
+     "(code objects, frames, stack nodes) interned so far."},
     {"start_signals", (PyCFunction)sampler_start_signals, METH_VARARGS,
      "start_signals(rate_hz, seed=0): sample busy threads from a SIGPROF handler (Linux, 3.11+); "
      "RuntimeError with the reason when this process cannot."},

@@ -127,7 +127,7 @@ def _facts(
             f"step {cut_numbers} was cut short (the profile stopped inside it: the program ended, "
             "crashed or was stopped): shown, but left out of every statistic"
         )
-    notes += ops.sampler_notes(trace)
+    notes += ops.flight_notes(trace) + ops.sampler_notes(trace)
     optimizers = _optimizers_in_turn(trace)
     if len(optimizers) > 1:
         notes.append(

@@ -237,4 +237,20 @@ def dropped_events(trace: Trace) -> dict[str, int]:
     errors = meta.get("stepscope_collector_errors")
     if isinstance(errors, (list, dict)) and errors:
         out["collector_errors"] = len(errors)
+    flight = meta.get("stepscope_flight")
+    if isinstance(flight, dict):
+        for key in ("spans_dropped", "samples_forgotten_early"):
+            value = flight.get(key)
+            if isinstance(value, int) and not isinstance(value, bool) and value:
+                out[f"flight_{key}"] = value
     return out
+
+
+def flight_notes(trace: Trace) -> list[str]:
+    """Why a flight recorder dump was written, from its ``stepscope_flight`` metadata."""
+    flight = trace.metadata.get("stepscope_flight")
+    if not isinstance(flight, dict) or not isinstance(flight.get("reason"), str):
+        return []
+    first, last = flight.get("first_step"), flight.get("last_step")
+    held = f" (steps {first}-{last})" if first is not None and last is not None else ""
+    return [f"flight recorder dump{held}: {flight['reason']}: {flight.get('detail', '')}"]

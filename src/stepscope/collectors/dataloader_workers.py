@@ -36,6 +36,7 @@ from stepscope.collectors.dataloader_ring import (
     Record,
     samples_file,
 )
+from stepscope.extras import torch_installed
 from stepscope.trace.model import TraceBuilder
 from stepscope.trace.names import is_hidden
 from stepscope.trace.worker_tracks import (
@@ -48,7 +49,7 @@ from stepscope.trace.worker_tracks import (
     WORKER_CATEGORY,
 )
 
-__all__ = ["DataLoaderWorkersCollector"]
+__all__ = ["DataLoaderWorkersCollector", "collectors_for"]
 
 OPEN_FLAG = "stepscope.open_at_window_end"
 ACK_TIMEOUT_S = 2.0
@@ -58,6 +59,11 @@ RECENT_RECORDS = 8192
 FLOW_BASE = 1 << 52
 """Flow ids of batch -> loop arrows start here (clear of Kineto's correlation ids)."""
 _KINDS = {KIND_ERROR: "error", KIND_END: "end"}
+
+
+def collectors_for(on: bool, sampling_rate_hz: float) -> list[Collector]:
+    """What a profile adds: the collector, when asked for and torch is installed."""
+    return [DataLoaderWorkersCollector(sampling_rate_hz)] if on and torch_installed() else []
 
 
 def _alive(pid: int) -> bool:

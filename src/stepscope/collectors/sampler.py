@@ -25,7 +25,7 @@ import random
 import sys
 import threading
 from array import array
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import CodeType
 from typing import Any, Protocol, cast
@@ -78,6 +78,8 @@ class _Backend(Protocol):
     def sample(self) -> int: ...
     def count(self) -> int: ...
     def export(self) -> Mapping[str, Any]: ...
+    def forget_before(self, ts_ns: int, /) -> int: ...
+    def interned(self) -> tuple[int, int, int]: ...
 
 
 class _SignalBackend(_Backend, Protocol):
@@ -252,9 +254,14 @@ class Sampler:
         mode: str | None = None,
         adjust_switch_interval: bool = True,
         seed: int | None = None,
+        drain_interval_s: float = DRAIN_INTERVAL_S,
+        on_drain: Callable[[_Backend], None] | None = None,
     ) -> None:
         """``mode``: ``signal``, ``thread`` or None (signal where it works); see the module.
-        ``implementation``: ``auto`` (default), ``native`` or ``python``."""
+        ``implementation``: ``auto`` (default), ``native`` or ``python``.  ``on_drain`` is
+        called on the sampler's thread with the backend after each drain (signal mode) or
+        sample (thread mode): the flight recorder trims its ring there, where no drain runs
+        at the same time."""
         rate_hz = DEFAULT_RATE_HZ if sampling_rate_hz is None else sampling_rate_hz
         implementation = "auto" if implementation is None else implementation
         if implementation not in IMPLEMENTATIONS:
@@ -276,6 +283,8 @@ class Sampler:
             raise ValueError(f"max_samples must be a non-negative int, got {max_samples!r}")
         if isinstance(max_depth, bool) or not isinstance(max_depth, int) or max_depth < 1:
             raise ValueError(f"max_depth must be a positive int, got {max_depth!r}")
+        if not drain_interval_s > 0:
+            raise ValueError(f"drain_interval_s must be positive, got {drain_interval_s!r}")
         if max_duration_s is not None and not max_duration_s > 0:
             raise ValueError(f"max_duration_s must be positive or None, got {max_duration_s!r}")
         self.rate_hz = float(rate_hz)
@@ -292,6 +301,8 @@ class Sampler:
         self.signal_stats: dict[str, Any] = {}
         self.adjust_switch_interval = adjust_switch_interval
         self.seed = seed
+        self.drain_interval_s = drain_interval_s
+        self.on_drain = on_drain
         self.backend_name = ""
         self.truncated = False
         """True when sampling stopped at ``max_duration_s`` before ``stop()``."""
@@ -361,11 +372,13 @@ class Sampler:
         deadline = self.started_ns + int(self.max_duration_s * 1e9) if self.max_duration_s else None
         self._running.set()
         try:
-            while not self._stop.wait(DRAIN_INTERVAL_S):
+            while not self._stop.wait(self.drain_interval_s):
                 if deadline is not None and clock.now_ns() >= deadline:
                     self.truncated = True
                     return
                 backend.drain()
+                if self.on_drain is not None:
+                    self.on_drain(backend)
         except Exception as exc:  # never let the sampler break the program
             self._failed(exc)
         finally:
@@ -396,6 +409,8 @@ class Sampler:
                 return
             try:
                 backend.sample()
+                if self.on_drain is not None:
+                    self.on_drain(backend)
             except Exception as exc:  # never let the sampler break the program
                 self._failed(exc)
                 return
@@ -416,6 +431,12 @@ class Sampler:
         self._restore_switch_interval()
         if self._thread.is_alive():
             raise TimeoutError(f"the sampler thread did not stop within {timeout} s")
+        return SamplerData.from_export(self._backend.export())
+
+    def recorded(self) -> SamplerData:
+        """What was recorded so far, while it runs (signal mode: up to the last drain)."""
+        if self._backend is None:
+            raise RuntimeError("the Sampler was not started")
         return SamplerData.from_export(self._backend.export())
 
     def _lower_switch_interval(self) -> None:

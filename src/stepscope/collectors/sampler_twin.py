@@ -1,5 +1,5 @@
-"""Pure-Python twin of the C ``StackSampler``: same constructor, ``sample()``, ``count()`` and
-``export()``, built on ``sys._current_frames()``.
+"""Pure-Python twin of the C ``StackSampler``: same constructor, ``sample()``, ``count()``,
+``forget_before()``, ``interned()`` and ``export()``, built on ``sys._current_frames()``.
 
 It interns (code object, line) frames directly (the C sampler keys on the instruction offset and
 resolves lines at export); both export the same columns, so the rest of stepscope cannot tell
@@ -162,6 +162,21 @@ class PyStackSampler:
     def count(self) -> int:
         """Samples recorded so far."""
         return len(self.sample_ts)
+
+    def forget_before(self, ts_ns: int, /) -> int:
+        """Drop the longest run of oldest samples taken before ``ts_ns``; returns how many."""
+        ts = self.sample_ts
+        n = 0
+        while n < len(ts) and ts[n] < ts_ns:
+            n += 1
+        if n:
+            for column in (self.sample_tid, self.sample_ts, self.sample_stack, self.sample_idle):
+                del column[:n]
+        return n
+
+    def interned(self) -> tuple[int, int, int]:
+        """(code objects, frames, stack nodes) interned so far."""
+        return len(self.codes), len(self.frame_code), len(self.stack_parent)
 
     def export(self) -> dict[str, Any]:
         """Everything recorded so far, in the C sampler's export layout."""

@@ -6,7 +6,9 @@ record its next N steps, waits, and prints where the trace is.  ``--all-ranks PI
 a torchrun job on this host) or ``--job DIR`` (the job's ``STEPSCOPE_LISTEN_DIR``) starts every
 rank's window at the same step number; the rank files go where ``stepscope report DIR`` and
 ``stepscope merge`` read them.  A process without stepscope can be sampled with py-spy instead:
-``--sample SECONDS`` (a sampled view, no steps).  Only your own processes can be attached to.
+``--sample SECONDS`` (a sampled view, no steps).  ``--dump`` asks a process's flight recorder
+(``stepscope run --flight-recorder N``) to write its ring of the last steps now.  Only your own
+processes can be attached to.
 """
 
 from __future__ import annotations
@@ -21,7 +23,13 @@ from pathlib import Path
 from typing import Any
 
 from stepscope.commands.command import Command
-from stepscope.profiler.control_client import NotAttachable, Session, find_listener, hello
+from stepscope.profiler.control_client import (
+    NotAttachable,
+    Session,
+    find_listener,
+    hello,
+    request_dump,
+)
 from stepscope.profiler.control_protocol import ControlError, RecordMessage, pid_alive, socket_pid
 from stepscope.profiler.options import RecordingOptions, add_recording_arguments
 from stepscope.values import MAX_SECONDS, at_least, positive_finite
@@ -40,6 +48,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("pid", nargs="?", type=int, help="the process (any rank with --all-ranks)")
     parser.add_argument("--steps", type=int, default=3, help="whole steps to record (default 3)")
     add_recording_arguments(parser)
+    parser.add_argument(
+        "--dump",
+        action="store_true",
+        help="a process with a flight recorder (stepscope run --flight-recorder N): write its "
+        "ring of the last steps now, where the process writes its dumps",
+    )
     ranks = parser.add_mutually_exclusive_group()
     ranks.add_argument(
         "--all-ranks", action="store_true", help="every rank on this host of PID's job"
@@ -159,6 +173,31 @@ def _all_ranks(args: argparse.Namespace, options: RecordingOptions) -> int:
     return status
 
 
+def _dump(args: argparse.Namespace) -> int:
+    """``--dump``: each process's flight recorder writes its ring; the files are printed."""
+    if args.all_ranks or args.job:
+        targets = [(path, int(info["pid"])) for path, info in _rank_listeners(args)]
+    else:
+        try:
+            targets = [(find_listener(args.pid), args.pid)]
+        except NotAttachable:
+            raise ControlError(
+                f"process {args.pid} runs no flight recorder that listens (start it with "
+                "'stepscope run --flight-recorder N' or profile(flight_recorder=N))"
+            ) from None
+    status = 0
+    for path, pid in targets:
+        try:
+            answer = request_dump(path, args.timeout)
+        except ControlError as exc:
+            print(f"stepscope attach: {pid}: {exc}", file=sys.stderr)
+            status = 1
+            continue
+        for written in answer.get("files", []):
+            print(f"{pid}: flight recorder dump at step {answer.get('step')}: {written}")
+    return status
+
+
 def _sample(args: argparse.Namespace, options: RecordingOptions) -> int:
     from stepscope.commands.attach_sample import sample_process
 
@@ -194,6 +233,8 @@ def run(args: argparse.Namespace) -> int:
     if args.pid is not None and args.pid == os.getpid():
         raise ValueError("stepscope attach cannot attach to itself")
     try:
+        if args.dump:
+            return _dump(args)
         if args.all_ranks or args.job:
             return _all_ranks(args, options)
         return _one(args, options)

@@ -19,6 +19,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from stepscope.commands.command import Command
+from stepscope.commands.flight_args import (  # the flight recorder's options (issue 40)
+    add_flight_arguments,
+    flight_options,
+    flight_raised,
+    flight_summary,
+)
 from stepscope.extras import torch_installed
 from stepscope.profiler.options import RecordingOptions, add_recording_arguments
 from stepscope.profiler.sort_keys import SORT_KEYS
@@ -81,6 +87,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="write one row per step (every step) as Parquet into DIR (see stepscope fleet)",
     )
+    add_flight_arguments(parser)
     parser.add_argument("-m", dest="module", metavar="MODULE", help="run a module, as python -m")
     parser.add_argument(
         "program", nargs=argparse.REMAINDER, help="SCRIPT [ARGS...] (or ARGS with -m)"
@@ -149,7 +156,8 @@ def _profile(
 
         return OnDemand(None if in_program else step_on)
     schedule = None
-    if step_on is not None:
+    flight = flight_options(args, options)
+    if step_on is not None and flight is None:
         schedule = stepscope.schedule(
             skip_first=args.skip_first,
             wait=args.wait,
@@ -163,6 +171,7 @@ def _profile(
         on_trace_ready=options.handler(),
         step_on=None if in_program else step_on,
         step_tables=args.step_tables,
+        flight_recorder=flight,
     )
 
 
@@ -178,7 +187,9 @@ def check_values(args: argparse.Namespace) -> RecordingOptions:
         ("top", 0),
     ):
         at_least(f"--{option.replace('_', '-')}", getattr(args, option), minimum)
-    return RecordingOptions.from_args(args)
+    options = RecordingOptions.from_args(args)
+    flight_options(args, options)
+    return options
 
 
 def run(args: argparse.Namespace) -> int:
@@ -200,6 +211,11 @@ def run(args: argparse.Namespace) -> int:
     )
     trigger = None
     status = 0
+    if args.flight_recorder is not None and step_on is None:
+        raise ValueError(
+            "--flight-recorder needs a step source: --step-on module:qualname (the function "
+            "that ends a step), or a torch program's optimizer steps"
+        )
     if args.on_demand and step_on is None:
         raise ValueError(
             "--on-demand needs a step source: --step-on module:qualname (the function that "
@@ -223,12 +239,16 @@ def run(args: argparse.Namespace) -> int:
                 status = code if isinstance(code, int) else 0 if code is None else 1
                 if not isinstance(code, (int, type(None))):
                     print(code, file=sys.stderr)
+                if status:
+                    flight_raised(prof, exc)
             except KeyboardInterrupt as exc:
                 print_program_traceback(exc)
                 status = 130
+                flight_raised(prof, exc)
             except BaseException as exc:  # the program's own error: report it as python would
                 print_program_traceback(exc)
                 status = 1
+                flight_raised(prof, exc)
     if isinstance(prof, profile):
         _summary(prof, program, step_on, args, options.profile_memory, trigger, status, chosen)
     else:
@@ -265,6 +285,8 @@ def _summary(
     name = program.display
     if chosen is not None:
         print(f"stepscope run: {name}: steps: {chosen}", file=out)
+    if flight_summary(prof, name) and not prof.trace_files:
+        return
     if not prof.trace_files:
         if status != 0 and prof.step_num == 0:
             hint = (

@@ -138,6 +138,14 @@ def hello(path: Path) -> dict[str, Any]:
         return _ask(channel, path, {"op": "hello"})
 
 
+def request_dump(path: Path, timeout_s: float) -> dict[str, Any]:
+    """Ask the listener's flight recorder to write its ring now; its answer (``files``)."""
+    channel = _connect(path)
+    with channel.conn:
+        channel.conn.settimeout(max(timeout_s, ANSWER_TIMEOUT_S))
+        return _ask(channel, path, {"op": "dump"})
+
+
 class Session:
     """One ``record`` request to one listener, followed to its end."""
 

@@ -6,7 +6,8 @@ once on the ``listener`` failure log).  Each connection gets its own short-lived
 ``MAX_CONNECTIONS`` at once; one more is refused and closed, and a client that sends no request
 within ``REQUEST_TIMEOUT_S`` is closed, both counted in ``hello``): the peer's uid is checked
 first (same user only), then one request is served — ``hello`` (who and where this process
-is) or ``record`` (a window, reported as it goes: accepted, started, done or failed).  While a
+is), ``record`` (a window, reported as it goes: accepted, started, done or failed) or ``dump``
+(the flight recorder's ring, written now).  While a
 window is pending the thread sleeps in ``select`` on the client's socket and the request's
 wake-up pair, so a client that leaves (or sends ``cancel``) before the window starts withdraws
 it.
@@ -20,7 +21,7 @@ import select
 import socket
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from stepscope._version import __version__
 from stepscope.distributed import rank_info
@@ -41,10 +42,7 @@ from stepscope.profiler.control_protocol import (
 from stepscope.profiler.on_demand import WindowRequest
 from stepscope.trace.names import hide_thread
 
-if TYPE_CHECKING:
-    from stepscope.profiler.on_demand import OnDemand
-
-__all__ = ["Listener"]
+__all__ = ["Listener", "Session", "running_listener"]
 
 _failures = failure_log("listener")
 TERMINAL = ("done", "failed", "cancelled")
@@ -54,10 +52,28 @@ REQUEST_TIMEOUT_S = 10.0
 """How long a connection may wait before sending its request (then it is closed)."""
 
 
-class Listener:
-    """Serves ``stepscope attach`` for one ``OnDemand`` session (see module doc)."""
+class Session(Protocol):
+    """What the listener serves: an ``OnDemand`` session, or a flight recorder (``--dump``)."""
 
-    def __init__(self, session: OnDemand) -> None:
+    @property
+    def current_step(self) -> int: ...
+    def submit(self, request: WindowRequest) -> str: ...
+    def cancel(self, request: WindowRequest) -> bool: ...
+
+
+_running: Listener | None = None
+"""The listener of this process, while one listens (one socket per pid)."""
+
+
+def running_listener() -> Listener | None:
+    """The listener serving this process, if one listens."""
+    return _running
+
+
+class Listener:
+    """Serves ``stepscope attach`` for one session (see module doc)."""
+
+    def __init__(self, session: Session) -> None:
         self.session = session
         self.directory: Path = control_dir()
         self.path: Path | None = None
@@ -71,7 +87,11 @@ class Listener:
         """Connections refused for being one too many, and closed for sending nothing."""
 
     def start(self) -> Listener:
-        """Bind the socket and start the accepting thread; never raises (see module doc)."""
+        """Bind the socket and start the accepting thread; never raises (see module doc).
+        A listener already running here (a flight recorder's) gives way: one socket per pid."""
+        global _running
+        if _running is not None:
+            _running.close()
         try:
             self._listen(open_private_dir(self.directory))
         except ControlError as exc:
@@ -88,6 +108,8 @@ class Listener:
         except RuntimeError as exc:  # no thread can be started now
             self.close()
             self._unattachable(exc)
+            return self
+        _running = self
         return self
 
     def _unattachable(self, exc: BaseException) -> None:
@@ -130,6 +152,9 @@ class Listener:
 
     def close(self) -> None:
         """Stop accepting and remove the socket (only in the process that made it)."""
+        global _running
+        if _running is self:
+            _running = None
         server, self._server = self._server, None
         if server is None or os.getpid() != self._pid:
             return
@@ -222,6 +247,8 @@ class Listener:
             channel.send(self.hello())
         elif op == "record":
             self._record(channel, message)
+        elif op == "dump":
+            self._dump(channel)
         else:
             channel.send({"event": "refused", "reason": f"unknown request {op!r}"[:200]})
 
@@ -243,6 +270,23 @@ class Listener:
             "version": __version__,
             "connections": self._counts_now(),
         }
+
+    def _dump(self, channel: LineChannel) -> None:
+        """Write the flight recorder's ring now (``attach --dump``) and say where."""
+        from stepscope.profiler.flight_recorder import FlightError, active_flight
+
+        flight = active_flight()
+        if flight is None:
+            channel.send({"event": "refused", "reason": (
+                f"process {self._pid} runs no flight recorder (start it with 'stepscope run "
+                "--flight-recorder N' or profile(flight_recorder=N))")})  # fmt: skip
+            return
+        try:
+            path = flight.dump_now()
+        except FlightError as exc:
+            channel.send({"event": "refused", "reason": str(exc)})
+            return
+        channel.send({"event": "done", "files": [path], "step": flight.current_step})
 
     def _record(self, channel: LineChannel, message: dict[str, Any]) -> None:
         try:

@@ -24,7 +24,7 @@ from typing import Any, ClassVar, Literal
 from stepscope import clock, forks, steps, steptables
 from stepscope._version import __version__
 from stepscope.activity import ProfilerActivity, coerce_activities
-from stepscope.collectors import import_watch
+from stepscope.collectors import dataloader_workers, import_watch
 from stepscope.collectors.annotations import AnnotationCollector, emit_span, record_function
 from stepscope.collectors.base import Collector, WindowContext
 from stepscope.collectors.compiled import register_profile_with_dynamo
@@ -47,6 +47,8 @@ from stepscope.profiler.arguments import (
 )
 from stepscope.profiler.events import EventList, function_events
 from stepscope.profiler.execution_trace import ExecutionTraceCollector, ExecutionTraceObserver
+from stepscope.profiler.flight_options import FlightRecorder, never_record
+from stepscope.profiler.flight_recorder import Flight, flight_of
 from stepscope.profiler.ranks import RankSync
 from stepscope.profiler.schedule import ProfilerAction, Schedule, action_at, default_schedule
 from stepscope.profiler.step_trigger import StepTrigger
@@ -121,6 +123,7 @@ class profile:
         tracer_options: Mapping[str, Any] | None = None,
         strict: bool | None = None,
         step_tables: str | os.PathLike[str] | steptables.StepTables | None = None,
+        flight_recorder: int | FlightRecorder | None = None,
         dataloader_workers: bool = True,
     ) -> None:
         plain, self.activity_filters = split_activity_filters(activities)
@@ -152,6 +155,10 @@ class profile:
             raise TypeError(f"schedule must be callable (step -> ProfilerAction), got {schedule!r}")
         if on_trace_ready is not None and not callable(on_trace_ready):
             raise TypeError(f"on_trace_ready must be callable, got {on_trace_ready!r}")
+        self.flight: Flight | None = flight_of(flight_recorder, strict)
+        """The always-on flight recorder (``flight_recorder=``), or None."""
+        if schedule is None and self.flight is not None:
+            schedule = never_record  # a flight recorder without a schedule: only the ring
         self.schedule: Schedule = schedule or default_schedule
         self._step_zero_at: int | None = None
         """Without a schedule, when step 0 began: its span is kept only once ``step()`` is
@@ -189,8 +196,7 @@ class profile:
         ``event_budget``, ``include``, ``exclude``, ``max_depth``, ``min_duration_ns``, ...)."""
         self.sampling_rate_hz = sampling_rate_hz
         """Mean samples per second of ``ProfilerActivity.SAMPLING`` (exponentially jittered)."""
-        self.dataloader_workers = dataloader_workers
-        """Record torch DataLoader workers' batches and stacks (with torch installed)."""
+        self.dataloader_workers = dataloader_workers  # follow torch DataLoaders' workers
         trigger = StepTrigger(step_on, self.step, strict=strict) if step_on is not None else None
         self._step_trigger = trigger
         self.step_tables = steptables.step_tables_of(step_tables, strict)
@@ -286,10 +292,7 @@ class profile:
             from stepscope.collectors.sampler import SamplerCollector
 
             found.append(SamplerCollector(self.sampling_rate_hz))
-        if self.dataloader_workers and torch_installed():
-            from stepscope.collectors.dataloader_workers import DataLoaderWorkersCollector
-
-            found.append(DataLoaderWorkersCollector(self.sampling_rate_hz))
+        found += dataloader_workers.collectors_for(self.dataloader_workers, self.sampling_rate_hz)
         return found
 
     def _build_action_map(self) -> ActionMap:
@@ -313,6 +316,8 @@ class profile:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        if exc is not None and self.flight is not None:  # flight recorder: dumps, never raises
+            self.flight.program_raised(exc)
         self.stop()
 
     def start(self) -> None:
@@ -349,6 +354,8 @@ class profile:
             self.step_tables.follow(self.step_times, lambda: self.step_num)
             self._transit(ProfilerAction.NONE, self.current_action)
             self._open_step_span()
+            if self.flight is not None:
+                self.flight.start(self)
         except BaseException:
             # a start that fails (a strict collector, a bad schedule) leaves no profile running
             with contextlib.suppress(Exception):
@@ -367,8 +374,13 @@ class profile:
         self._close_step_span(stepping=True)
         self._mark_steps_from_start = True
         previous = self.current_action
+        flight = self.flight
+        if flight is not None:
+            flight.step_ended(self.step_num, previous._value_)
         self.step_num += 1
         action = action_at(self.schedule, self.step_num)
+        if flight is not None:  # a trigger's armed window overrides NONE steps
+            action = flight.action(self.step_num, action)
         self.current_action = action
         steps.set_step(self.step_num)
         self._ranks.publish(self.step_num)
@@ -381,6 +393,8 @@ class profile:
                     self._guarded(collector, "on_step", on_step)
         self._transit(previous, action)
         self._open_step_span()
+        if flight is not None:
+            flight.step_began()
 
     def stop(self) -> None:
         """End profiling: closes the window in progress (see ``flush_on_exit``)."""
@@ -392,6 +406,8 @@ class profile:
             self._close_step_span()
             self._transit(self.current_action, None)
         finally:
+            if self.flight is not None:
+                self.flight.stop()
             for collector in self.collectors:
                 self._guarded(collector, "close", collector.close)
             self._ranks.close()
@@ -492,6 +508,8 @@ class profile:
         ctx = self._ctx if self._ctx is not None else self._new_window()
         clock.refine()
         self._window_first_step = self.step_num
+        if self.flight is not None:  # the window's collectors take annotations (and samples)
+            self.flight.window_starts(any(c.name == "sampler" for c in self.collectors))
         ctx.start_ns = clock.now_ns()
         for collector in self.collectors:
             self._guarded(collector, "start", functools.partial(collector.start, ctx))
@@ -504,6 +522,8 @@ class profile:
         ctx.stopping_ns = clock.now_ns()
         for collector in reversed(self.collectors):
             self._guarded(collector, "stop", functools.partial(collector.stop, ctx))
+        if self.flight is not None:
+            self.flight.window_stopped()
         ctx.end_ns = clock.now_ns()
         if self._window_index == 0:  # clocks compared once, after the first window stopped
             record = self._ranks.first_window_end(self._window_first_step, self.step_num)
@@ -548,6 +568,8 @@ class profile:
             self._ctx.metadata["stepscope_window_note"] = "the loop ended during warmup"
 
     def _trace_ready(self) -> None:
+        if self.flight is not None and self.flight.window_ready(self):  # a trigger's window
+            return
         if self.on_trace_ready is not None:
             self.on_trace_ready(self)
 

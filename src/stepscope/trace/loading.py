@@ -2,7 +2,9 @@
 
 Every reader of traces loads them here (``stepscope report``, ``diff``, ``merge``, the
 notebook's ``load_report``), so a path means the same everywhere: a file, or every
-``*.json``/``*.json.gz`` under a directory, memory timeline files beside them left out.  What
+``*.json``/``*.json.gz``/``*.sstrace`` under a directory, memory timeline files beside them
+left out; a file is read as the compact form when it starts with its signature, else as Chrome
+JSON.  What
 goes wrong is a one-line ``ValueError``.  A progress display is the caller's to pass in
 (:class:`ReadProgress`; the commands pass a rich bar on a terminal): the model knows no
 renderer.
@@ -18,6 +20,8 @@ from typing import Protocol, TextIO
 
 from stepscope.text import printable
 from stepscope.trace.chrome_reader import read_chrome_trace
+from stepscope.trace.compact_format import COMPACT_SUFFIX
+from stepscope.trace.compact_reader import is_compact_trace, read_compact_trace
 from stepscope.trace.model import Trace
 
 __all__ = [
@@ -30,7 +34,8 @@ __all__ = [
     "trace_inputs",
 ]
 
-TRACE_SUFFIXES = (".json", ".json.gz")
+PERFETTO_SUFFIX = ".pftrace"
+TRACE_SUFFIXES = (".json", ".json.gz", COMPACT_SUFFIX)
 
 _TIMELINE_START = re.compile(rb"^\s*\[\s*\[")
 """A memory timeline file (``export_memory_timeline``): a JSON array of arrays, never a trace."""
@@ -53,8 +58,8 @@ class ReadProgress(Protocol):
 
 
 def trace_files(path: Path) -> list[Path]:
-    """The trace files at ``path`` (a file, or every .json/.json.gz under a directory); a link
-    that leads nowhere (a loop, a missing target) is kept so that reading it reports why."""
+    """The trace files at ``path`` (a file, or every .json/.json.gz/.sstrace under a directory);
+    a link that leads nowhere (a loop, a missing target) is kept so that reading it reports why."""
     if not path.exists():
         if path.is_symlink():
             raise ValueError(f"{path}: a symbolic link that leads nowhere (a loop or no target)")
@@ -69,7 +74,7 @@ def trace_files(path: Path) -> list[Path]:
         if p.name.endswith(TRACE_SUFFIXES) and (p.is_file() or (p.is_symlink() and not p.exists()))
     )
     if not found:
-        raise ValueError(f"{path}: no trace files (*.json, *.json.gz) in this directory")
+        raise ValueError(f"{path}: no trace files (*.json, *.json.gz, *.sstrace) in this directory")
     return found
 
 
@@ -85,8 +90,16 @@ def is_memory_timeline(path: Path) -> bool:
 
 
 def read_trace_file(path: Path) -> Trace:
-    """Read one trace file; what goes wrong is a one-line ``ValueError``."""
+    """Read one trace file (compact or Chrome JSON); what goes wrong is a one-line
+    ``ValueError``."""
+    if path.name.endswith(PERFETTO_SUFFIX):
+        raise ValueError(
+            f"{path}: a Perfetto protobuf trace: stepscope writes these for Perfetto's UI but "
+            "reads its compact form (.sstrace) and Chrome JSON; read the file it was made from"
+        )
     try:
+        if is_compact_trace(path):
+            return read_compact_trace(path)
         return read_chrome_trace(path)
     except OSError as exc:
         raise ValueError(f"{path}: cannot read: {exc.strerror or exc}") from None
