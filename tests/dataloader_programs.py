@@ -38,20 +38,23 @@ def mark_worker(worker_id: int) -> None:
     _init_marker = 100 + worker_id
 
 
-def _item(index: int, work: int) -> torch.Tensor:
+def _item(index: int, work: int, sleep_s: float = 0.0) -> torch.Tensor:
     start, cpu0 = time.monotonic_ns(), time.thread_time_ns()
     spin(work)
     cpu = time.thread_time_ns() - cpu0
+    if sleep_s:
+        time.sleep(sleep_s)  # waiting on something (a file, the network): busy, not on a CPU
     info = get_worker_info()
     worker = info.id if info is not None else -1
     return torch.tensor([index, worker, cpu, start, time.monotonic_ns(), _init_marker])
 
 
 class TimedDataset(Dataset[torch.Tensor]):
-    """``n`` items of ``work`` spins each; item ``kill_at`` kills the worker that makes it."""
+    """``n`` items of ``work`` spins (and ``sleep_s`` of waiting) each; item ``kill_at`` kills
+    the worker that makes it."""
 
-    def __init__(self, n: int, work: int, kill_at: int | None = None) -> None:
-        self.n, self.work, self.kill_at = n, work, kill_at
+    def __init__(self, n: int, work: int, kill_at: int | None = None, sleep_s: float = 0.0) -> None:
+        self.n, self.work, self.kill_at, self.sleep_s = n, work, kill_at, sleep_s
 
     def __len__(self) -> int:
         return self.n
@@ -59,7 +62,7 @@ class TimedDataset(Dataset[torch.Tensor]):
     def __getitem__(self, index: int) -> torch.Tensor:
         if index == self.kill_at and get_worker_info() is not None:
             os.kill(os.getpid(), signal.SIGKILL)
-        return _item(index, self.work)
+        return _item(index, self.work, self.sleep_s)
 
 
 class TimedStream(IterableDataset[torch.Tensor]):

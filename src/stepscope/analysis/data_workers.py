@@ -14,9 +14,11 @@ asked for it.  For each one:
   the loop had it, pinning left out;
 - ``ready_ahead``: the loader's batches done and not yet taken when the step asked.
 
-Each worker's busy share is its time making batches (clipped to the analysed steps' wall
-time) over that wall time.  The workers' stack samples taken inside the dataset part of a
-batch name the slowest dataset functions (self samples at the innermost frame).
+Each worker's busy share is its time making batches over its active time in the analysed
+steps: from its first batch (a process's start-up makes no batch; more workers would not
+shorten it) to its exit, when its loop returned in them.  The workers' stack samples taken
+inside the dataset part of a batch name the slowest dataset functions (self samples at the
+innermost frame).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from stepscope.trace.names import sample_frame_label
 from stepscope.trace.worker_tracks import (
     BATCH_PREFIX,
     CONSUMED_INSTANT,
+    EXITED_INSTANT,
     METADATA_KEY,
     WORKER_CATEGORY,
 )
@@ -199,7 +202,7 @@ def _loader(
         key = _key(args)
         waiting = bisect_right(ends.get(key[0], []), t) - bisect_left(taken_at.get(key[0], []), t)
         rows.append(_row(step, t, args, mine.get(key), pids.get(key[:2]), waiting))
-    workers = _shares(mine, span, pids, exited)
+    workers = _shares(mine, span, pids, exited, _exits(trace))
     functions, in_dataset = _functions(trace, mine, span, top)
     counts = {s: sum(1 for r in rows if r.status == s) for s in ("ahead", "just_in_time", "late")}
     ahead_counts = [r.ready_ahead for r in rows if r.ready_ahead is not None]
@@ -285,37 +288,58 @@ def _row(
     )
 
 
+def _exits(trace: Trace) -> dict[int, int]:
+    """Worker track (tid) -> when its loop returned (``worker exited`` instants)."""
+    strings = trace.strings
+    if EXITED_INSTANT not in strings:
+        return {}
+    name, instants = strings.index(EXITED_INSTANT), trace.instants
+    return {
+        instants["tid"][i]: instants["ts_ns"][i]
+        for i in range(len(instants))
+        if instants["name"][i] == name
+    }
+
+
 def _shares(
     mine: dict[tuple[int, int, int, int], _Batch],
     span: tuple[int, int],
     pids: dict[tuple[int, int], int],
     exited: set[int],
+    exits: dict[int, int],
 ) -> list[WorkerShare]:
+    """Each worker's time making batches over its active time in ``span``: from its first
+    batch (its process's start-up is not a batch) to its exit, summed over its processes."""
     lo, hi = span
-    found: dict[int, list[int]] = {}  # worker -> [batches, busy, dataset, collate]
-    for (_, worker, _, _), b in mine.items():
+    found: dict[int, list[int]] = {}  # worker -> [batches, busy, dataset, collate, active]
+    lives: dict[tuple[int, int], list[int]] = {}  # (iterator, worker) -> [first, exit]
+    for (iterator, worker, _, _), b in mine.items():
         if worker < 0:
             continue
-        row = found.setdefault(worker, [0, 0, 0, 0])
+        row = found.setdefault(worker, [0, 0, 0, 0, 0])
+        life = lives.setdefault((iterator, worker), [b.start_ns, exits.get(b.tid, hi)])
+        life[0] = min(life[0], b.start_ns)
         overlap = min(b.end_ns, hi) - max(b.start_ns, lo)
         if overlap > 0:
             row[0] += 1
             row[1] += overlap
             row[2] += b.dataset_ns
             row[3] += max(0, b.collate_ns or 0)
+    for (_, worker), (first, end) in lives.items():
+        found[worker][4] += max(0, min(end, hi) - max(first, lo))
     for (_, worker), _pid in pids.items():
-        found.setdefault(worker, [0, 0, 0, 0])
-    width = max(1, hi - lo)
+        found.setdefault(worker, [0, 0, 0, 0, 0])
     return [
         WorkerShare(
             worker=w,
             pids=sorted({p for (_, pw), p in pids.items() if pw == w and p}),
             batches=row[0],
             busy_ns=row[1],
-            busy_pct=100.0 * row[1] / width,
+            busy_pct=100.0 * row[1] / row[4] if row[4] else 0.0,
             dataset_ns=row[2],
             collate_ns=row[3],
             exited=w in exited,
+            active_ns=row[4],
         )
         for w, row in sorted(found.items())
     ]

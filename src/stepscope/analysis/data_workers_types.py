@@ -51,11 +51,14 @@ class WorkerShare:
     batches: int
     busy_ns: int
     busy_pct: float
-    """Time making batches over the analysed steps' wall time (0-100)."""
+    """Time making batches over ``active_ns`` (0-100)."""
     dataset_ns: int
     collate_ns: int
     exited: bool = False
     """A process of this worker had exited when the window was collected."""
+    active_ns: int = 0
+    """Its active time in the analysed steps: from its first batch to its exit (or their
+    end), over all its processes."""
 
 
 @dataclass(frozen=True)
@@ -101,4 +104,4 @@ class DataWorkersSummary:
 
     loaders: list[LoaderReport]
     span_ns: int
-    """The analysed steps' wall time (first start to last end) the busy shares are of."""
+    """The analysed steps' wall time (first start to last end)."""

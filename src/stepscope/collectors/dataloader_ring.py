@@ -9,7 +9,7 @@ forkserver).  Everything is int64 words:
   sampling rate, the number of workers and of ring slots;
 - one region per worker: its pid, the count of batches recorded, the batch in progress (a
   record and a busy flag), the sampling generation it samples and the last one whose samples
-  it wrote (``ack``), and a ring of ``slots`` records.
+  it wrote (``ack``), when torch's loop returned (its exit), and a ring of ``slots`` records.
 
 A worker is the only writer of its region: it fills a slot, then raises the count, so a reader
 that reads the count first sees whole records; records overwritten before the main process
@@ -35,7 +35,7 @@ MAGIC = 0x3157_4C44_5353  # "SSDLW1"
 HEADER_WORDS = 16
 H_MAGIC, H_ARMED, H_SAMPLING, H_RATE_MHZ, H_WORKERS, H_SLOTS = range(6)
 REGION_HEADER_WORDS = 24
-R_PID, R_COUNT, R_BUSY, R_SAMPLING, R_ACK, R_ERRORS = range(6)
+R_PID, R_COUNT, R_BUSY, R_SAMPLING, R_ACK, R_ERRORS, R_EXITED = range(7)
 R_CURRENT = 8
 RECORD_WORDS = 11
 (

@@ -34,6 +34,7 @@ from stepscope.collectors.dataloader_ring import (
     KIND_END,
     KIND_ERROR,
     R_ACK,
+    R_EXITED,
     R_SAMPLING,
     WorkerSlot,
     samples_file,
@@ -231,6 +232,8 @@ class WorkerRecorder:
 
     def close(self) -> None:
         """torch's loop returned (or raised): write the samples of a run in progress."""
+        with contextlib.suppress(Exception):
+            self.slot.set_word(R_EXITED, now_ns())
         self._leaving.set()
         watcher = self._watcher
         if watcher is not None and watcher is not threading.current_thread():

@@ -31,6 +31,7 @@ from stepscope.collectors.dataloader_ring import (
     KIND_ERROR,
     R_ACK,
     R_ERRORS,
+    R_EXITED,
     R_PID,
     R_SAMPLING,
     Record,
@@ -44,6 +45,7 @@ from stepscope.trace.worker_tracks import (
     COLLATE_SPAN,
     CONSUMED_INSTANT,
     DATASET_SPAN,
+    EXITED_INSTANT,
     LOOP_TRACK_BASE,
     METADATA_KEY,
     WORKER_CATEGORY,
@@ -220,6 +222,9 @@ class DataLoaderWorkersCollector(Collector):
                 errors = ring.worker_word(worker, R_ERRORS)
                 if errors:
                     info["recorder_errors"] = errors
+                left = ring.worker_word(worker, R_EXITED)
+                if start <= left < end:
+                    builder.instant(EXITED_INSTANT, WORKER_CATEGORY, pid, tracks[worker], left)
                 sampled = _add_samples(
                     builder, ring, worker, worker_pid, pid, generation, start, end
                 )

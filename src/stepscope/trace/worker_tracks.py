@@ -2,7 +2,8 @@
 
 Each batch a DataLoader worker made is a ``batch N`` span (category ``dataloader_worker``) on
 the worker's own track — the stepscope process's pid, the worker's pid as the thread id — with
-``dataset`` and ``collate`` spans inside it; a loader without workers (``num_workers=0``) has
+``dataset`` and ``collate`` spans inside it, and a ``worker exited`` instant when its loop
+returned; a loader without workers (``num_workers=0``) has
 one track for the batches the loop made itself (``LOOP_TRACK_BASE + loader``).  Each batch the
 loop took is a ``DataLoader batch`` instant on the thread that asked, at the moment it asked.
 The loaders' settings are in the metadata under ``stepscope_dataloaders``.  Worker tracks are
@@ -18,6 +19,7 @@ __all__ = [
     "COLLATE_SPAN",
     "CONSUMED_INSTANT",
     "DATASET_SPAN",
+    "EXITED_INSTANT",
     "LOOP_TRACK_BASE",
     "METADATA_KEY",
     "WORKER_CATEGORY",
@@ -32,6 +34,8 @@ DATASET_SPAN = "dataset"
 COLLATE_SPAN = "collate"
 CONSUMED_INSTANT = "DataLoader batch"
 """The loop took a batch: an instant at the moment it asked, on the asking thread."""
+EXITED_INSTANT = "worker exited"
+"""A worker's loop returned (its epoch ended, or the loader shut down): on its track."""
 METADATA_KEY = "stepscope_dataloaders"
 LOOP_TRACK_BASE = 1 << 30
 """Thread id of the track of a loader without workers: this plus the loader's number."""
