@@ -18,6 +18,7 @@ from itertools import compress
 
 from stepscope.analysis import device as dev
 from stepscope.analysis import host, ops, steps
+from stepscope.analysis.data_workers import combine_data_workers, data_workers_summary
 from stepscope.analysis.flames import merge_flames, trace_flames
 from stepscope.analysis.memory import combine_memory, memory_summary
 from stepscope.analysis.overhead import pick_overhead, trace_overhead
@@ -497,6 +498,7 @@ def analyze_file(
     facts = _facts(trace, label, step_range, found, flames)
     summary = _summarize(facts.source, [facts], top)
     summary.memory = memory_summary(trace, top, step_range, found.complete)
+    summary.data_workers = data_workers_summary(trace, label, step_range, top, found.complete)
     summary.overhead = trace_overhead(trace)
     summary.recommendations = recommend(summary)
     ranks = rank_facts(label, trace, step_range, found) if with_ranks else None
@@ -513,6 +515,7 @@ def combine(parts: Sequence[FileAnalysis]) -> Report:
     combined = per_file[0] if len(facts) == 1 else _summarize("all files", facts, top)
     if len(facts) > 1:
         combined.memory = combine_memory([s.memory for s in per_file])
+        combined.data_workers = combine_data_workers([s.data_workers for s in per_file])
         combined.overhead = pick_overhead(per_file)
         combined.recommendations = recommend(combined)
     rank_parts = [p.ranks for p in parts if p.ranks is not None]

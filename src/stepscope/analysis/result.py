@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from stepscope.analysis.ranks import RanksReport
 
+from stepscope.analysis.data_workers_types import DataWorkersSummary
 from stepscope.analysis.memory_types import MemorySummary
 from stepscope.text import clean_text, valid_text
 
@@ -344,6 +345,9 @@ class TraceSummary:
     trace says (stepscope's ``stepscope_window``)."""
     overhead: Overhead | None = None
     """Recorded against unrecorded steps, and each collector's cost (stepscope's own traces)."""
+    data_workers: DataWorkersSummary | None = None
+    """DataLoader workers: each step's batch and worker, the workers' busy shares and slowest
+    dataset functions (``analysis.data_workers``), when the trace recorded a DataLoader."""
     flames: FlameStacks | None = field(default=None, metadata=_NOT_IN_JSON)
     """The flame graphs' stacks, when ``analyze(..., flames=True)`` kept them (not in the JSON:
     the HTML report draws them)."""

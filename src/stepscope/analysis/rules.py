@@ -9,7 +9,13 @@ rule                        fires when
 ``data_loading``            data loading takes > 5 % of the step time (host breakdown); the
                             DataLoader options only when the trace shows a DataLoader, and
                             ``num_workers>0`` only when its iterator is the single-process one
-                            (a loader with worker processes is told its workers cannot keep up)
+                            (a loader with worker processes is told its workers cannot keep up).
+                            With the loader's workers recorded (``TraceSummary.data_workers``):
+                            nothing when no batch was late; else more workers when every
+                            worker is busy ≥ 80 % (naming each with its share), a cheaper
+                            ``__getitem__`` when one function has ≥ 50 % of the workers'
+                            dataset samples, and otherwise what gets batches to the loop
+                            sooner (prefetch_factor, persistent_workers, smaller batches)
 ``gpu_idle``                the device is idle > 30 % of the steps' wall time
 ``host_bound``              the device is idle > 10 % of the steps and more than half of that
                             idle time is spent waiting for the host to launch the next kernel
@@ -35,12 +41,20 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable
 
+from stepscope.analysis.data_workers_types import LoaderReport, WorkerShare
 from stepscope.analysis.ranks import RanksReport
 from stepscope.analysis.result import Recommendation, StepTime, TraceSummary
 
 __all__ = ["RULES", "recommend", "straggler_recommendations"]
 
 DATA_LOADING_PCT = 5.0
+IN_THE_LOOP = (
+    "The DataLoader loads batches in the training process (num_workers=0): load them ahead "
+    "of the step with DataLoader(num_workers>0, pin_memory=True, persistent_workers=True, "
+    "prefetch_factor=2+), and keep per-batch work out of the loop."
+)
+WORKERS_BUSY_PCT = 80.0
+DOMINANT_FUNCTION_PCT = 50.0
 GPU_IDLE_PCT = 30.0
 HOST_BOUND_IDLE_PCT = 10.0
 HOST_WAIT_SHARE = 0.5
@@ -67,6 +81,9 @@ def _category_pct(summary: TraceSummary, name: str) -> float:
 def data_loading(summary: TraceSummary) -> Recommendation | None:
     """Data loading over 5 % of the step."""
     pct = _category_pct(summary, "data_loading")
+    recorded = summary.data_workers
+    if recorded is not None and any(x.steps for x in recorded.loaders):
+        return _recorded_loader(summary, recorded.loaders, pct)
     if pct <= DATA_LOADING_PCT:
         return None
     loader = summary.measures.get("dataloader_spans", 0.0) > 0
@@ -79,12 +96,7 @@ def data_loading(summary: TraceSummary) -> Recommendation | None:
             "collate cheaper (profile one worker's dataset code)."
         )
     elif loader:
-        advice = (
-            "The DataLoader loads batches in the training process (num_workers=0): load "
-            "them ahead of the step with DataLoader(num_workers>0, pin_memory=True, "
-            "persistent_workers=True, prefetch_factor=2+), and keep per-batch work out of "
-            "the loop."
-        )
+        advice = IN_THE_LOOP
     else:
         advice = (
             "Prepare the next batch while the step runs (a background thread or process, or "
@@ -99,6 +111,90 @@ def data_loading(summary: TraceSummary) -> Recommendation | None:
         evidence["worker_processes"] = workers
     return Recommendation(
         "data_loading", f"Data loading takes {pct:.1f}% of the step time", advice, evidence
+    )
+
+
+def _share_words(workers: list[WorkerShare]) -> str:
+    """``workers 0 and 1 are busy 97.0 % and 96.1 % of the time`` (pids in brackets)."""
+    names = [f"{w.worker} (pid {', '.join(map(str, w.pids))})" if w.pids else str(w.worker)
+             for w in workers]  # fmt: skip
+    shares = [f"{w.busy_pct:.1f} %" for w in workers]
+
+    def joined(items: list[str]) -> str:
+        return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+    if len(workers) == 1:
+        return f"worker {names[0]} is busy {shares[0]} of the time"
+    return f"workers {joined(names)} are busy {joined(shares)} of the time"
+
+
+def _recorded_loader(
+    summary: TraceSummary, loaders: list[LoaderReport], host_pct: float
+) -> Recommendation | None:
+    """The data-loading advice from the recorded loader the loop waited for most."""
+    loader = max(loaders, key=lambda x: (x.wait_ns, len(x.steps)))
+    total = summary.host_total.total_ns or sum(s.dur_ns for s in summary.steps)
+    wait_pct = 100.0 * loader.wait_ns / total if total else 0.0
+    pct = max(host_pct, wait_pct)
+    late = loader.late + loader.in_loop
+    if pct <= DATA_LOADING_PCT or not late:
+        return None  # batches were ready when the steps asked (or the wait is small)
+    settings = loader.settings
+    workers = int(settings.get("num_workers") or 0)
+    name = f"DataLoader {loader.loader}"
+    evidence: dict[str, object] = {
+        "loader": loader.loader,
+        "data_loading_pct": round(pct, 2),
+        "threshold_pct": DATA_LOADING_PCT,
+        "steps": len(loader.steps),
+        "late_steps": late,
+        **{k: settings.get(k) for k in ("num_workers", "prefetch_factor", "pin_memory")},
+        "persistent_workers": settings.get("persistent_workers"),
+    }
+    if not workers:
+        return Recommendation(
+            "data_loading",
+            f"Data loading takes {pct:.1f}% of the step time: {name} makes every batch in "
+            "the loop (num_workers=0)",
+            IN_THE_LOOP,
+            evidence,
+        )
+    shares = _share_words(loader.workers)
+    evidence["workers_busy_pct"] = {str(w.worker): round(w.busy_pct, 1) for w in loader.workers}
+    busy = bool(loader.workers) and all(w.busy_pct >= WORKERS_BUSY_PCT for w in loader.workers)
+    top = loader.functions[0] if loader.functions else None
+    dominant = top if top is not None and top.self_pct >= DOMINANT_FUNCTION_PCT else None
+    advice = []
+    if busy:
+        advice.append(
+            f"Its {shares}: raise num_workers from {workers} to {2 * workers} (up to the "
+            "free cores)."
+        )
+    if dominant is not None:
+        evidence["top_function"] = dominant.name
+        evidence["top_function_pct"] = round(dominant.self_pct, 1)
+        advice.append(
+            f"Make __getitem__ cheaper: {dominant.name} takes {dominant.self_pct:.0f}% of the "
+            "workers' samples in the dataset."
+        )
+    if not busy:
+        transfers = sorted(r.transfer_ns or 0 for r in loader.steps)
+        evidence["transfer_median_ms"] = _ms(transfers[len(transfers) // 2]) if transfers else 0
+        more = [f"raise prefetch_factor (now {settings.get('prefetch_factor')})"]
+        if not settings.get("persistent_workers"):
+            more.append("keep the workers between epochs (persistent_workers=True)")
+        more.append("send smaller batches (the median batch took "
+                    f"{evidence['transfer_median_ms']} ms to reach the loop)")  # fmt: skip
+        advice.append(
+            f"Its {shares}, so more workers will not help: batches are late in bursts or "
+            f"slow to arrive — {', '.join(more)}."
+        )
+    return Recommendation(
+        "data_loading",
+        f"The step waits for {name}'s batches: {late} of {len(loader.steps)} late, "
+        f"{pct:.1f}% of the step time",
+        " ".join(advice),
+        evidence,
     )
 
 

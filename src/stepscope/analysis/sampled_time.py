@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from stepscope.trace.model import Trace
 from stepscope.trace.names import is_hidden, sample_frame_label
 from stepscope.trace.nesting import innermost_spans_at
+from stepscope.trace.worker_tracks import worker_tracks
 
 __all__ = ["SampledFunction", "SampledTime", "sampled_time"]
 
@@ -83,7 +84,12 @@ def sampled_time(trace: Trace, self_ns: array[int]) -> SampledTime:
     for key, rows in by_thread.items():
         first, last = min(times[r] for r in rows), max(times[r] for r in rows)
         interval[key] = (last - first) / (len(rows) - 1) if len(rows) > 2 else nominal
-    busy = [i for i in range(len(samples)) if not idle[i] and functions_of(stack_col[i])]
+    workers = worker_tracks(trace)  # DataLoader worker processes: their own section
+    busy = [
+        i
+        for i in range(len(samples))
+        if not idle[i] and functions_of(stack_col[i]) and (pids[i], tids[i]) not in workers
+    ]
     holder = innermost_spans_at(trace, [(pids[i], tids[i], times[i]) for i in busy])
     cats, strings_of = trace.spans["cat"], trace.strings
     claims: dict[int, list[int]] = {}

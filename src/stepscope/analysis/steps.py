@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from stepscope.analysis.result import StepStats, StepTime
 from stepscope.trace.model import Trace
 from stepscope.trace.nesting import DEVICE_CATEGORIES
+from stepscope.trace.worker_tracks import WORKER_CATEGORY
 
 __all__ = [
     "StepWindow",
@@ -38,7 +39,13 @@ __all__ = [
 ]
 
 _STEP = re.compile(r"^ProfilerStep#(\d{1,4000})$")  # int() refuses 4,300 digits and more
-_NOT_HOST = DEVICE_CATEGORIES | {"gpu_user_annotation", "cuda_profiler_range", "Trace"}
+# (DataLoader workers' spans are other processes' time, on tracks of their own)
+_NOT_HOST = DEVICE_CATEGORIES | {
+    "gpu_user_annotation",
+    "cuda_profiler_range",
+    "Trace",
+    WORKER_CATEGORY,
+}
 
 
 @dataclass(frozen=True)

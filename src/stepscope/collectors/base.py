@@ -35,6 +35,8 @@ class WindowContext:
 class Collector:
     """Base class of collectors: each records one kind of data inside RECORD windows.
 
+    ``begin`` is called once when the profile starts (for what must see the program from its
+    start, before any window: a DataLoader's workers are started long before the first one).
     Lifecycle per window: ``prepare`` (WARMUP, or just before start), ``start`` (RECORD begins),
     ``on_step`` (each step boundary while recording), ``stop`` (window ends), ``collect``
     (append the window's events to the trace), ``window_built`` (the finished trace).
@@ -46,6 +48,9 @@ class Collector:
     strict: bool | None = None
     """Re-raise this collector's own failures: None follows ``config.strict`` (the profile that
     builds a collector sets its own ``strict=`` here)."""
+
+    def begin(self) -> None:
+        """The profile started (``close`` undoes what this installs)."""
 
     def prepare(self, ctx: WindowContext) -> None:
         """Get ready to record (allocate, warm caches) without recording yet."""

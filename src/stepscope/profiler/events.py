@@ -25,6 +25,7 @@ from stepscope.jsonenc import json_bytes
 from stepscope.trace.model import Trace
 from stepscope.trace.nesting import DEVICE_CATEGORIES, Nesting, group_name, nest_spans
 from stepscope.trace.raw_args import arg_rows
+from stepscope.trace.worker_tracks import WORKER_CATEGORY
 
 if TYPE_CHECKING:
     from stepscope.profiler.summary import KeyAverages, RowAverage
@@ -48,7 +49,7 @@ __all__ = [
 ]
 
 PYTHON_CATEGORY = "python_function"
-SKIPPED_CATEGORIES = frozenset({"Trace"})  # Kineto's whole-session span
+SKIPPED_CATEGORIES = frozenset({"Trace", WORKER_CATEGORY})  # Kineto's session; worker processes
 USER_CATEGORIES = frozenset({"user_annotation", "gpu_user_annotation"})
 USER_SCOPE = 7  # torch's at::RecordScope::USER_SCOPE
 MEMORY_EVENT = "[memory]"

@@ -201,6 +201,12 @@ class RecordingOptions:
         check=_at_least(0),
         help="deepest call level kept",
     )
+    dataloader_workers: bool = option(
+        True,
+        "--no-dataloader-workers",
+        help="do not follow torch DataLoader worker processes (by default each worker records "
+        "its batches and samples its stacks inside windows)",
+    )
 
     def __post_init__(self) -> None:
         for name, spec in _specs():
@@ -295,6 +301,8 @@ def add_recording_arguments(parser: argparse.ArgumentParser) -> None:
                 spec.group, parser.add_argument_group(spec.group)
             )
         how = dict(_KINDS[_HINTS[f.name]].cli)
+        if how.get("action") == "store_true" and f.default is True:
+            how["action"] = "store_false"  # on by default: its flag turns it off
         if spec.parse is not None:
             how = {"type": spec.parse}
         how.setdefault("default", f.default)

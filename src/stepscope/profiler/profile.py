@@ -24,7 +24,7 @@ from typing import Any, ClassVar, Literal
 from stepscope import clock, forks, steps, steptables
 from stepscope._version import __version__
 from stepscope.activity import ProfilerActivity, coerce_activities
-from stepscope.collectors import import_watch
+from stepscope.collectors import dataloader_workers, import_watch
 from stepscope.collectors.annotations import AnnotationCollector, emit_span, record_function
 from stepscope.collectors.base import Collector, WindowContext
 from stepscope.collectors.compiled import register_profile_with_dynamo
@@ -124,6 +124,7 @@ class profile:
         strict: bool | None = None,
         step_tables: str | os.PathLike[str] | steptables.StepTables | None = None,
         flight_recorder: int | FlightRecorder | None = None,
+        dataloader_workers: bool = True,
     ) -> None:
         plain, self.activity_filters = split_activity_filters(activities)
         self.activities = coerce_activities(plain) if plain is not None else default_activities()
@@ -195,6 +196,7 @@ class profile:
         ``event_budget``, ``include``, ``exclude``, ``max_depth``, ``min_duration_ns``, ...)."""
         self.sampling_rate_hz = sampling_rate_hz
         """Mean samples per second of ``ProfilerActivity.SAMPLING`` (exponentially jittered)."""
+        self.dataloader_workers = dataloader_workers  # follow torch DataLoaders' workers
         trigger = StepTrigger(step_on, self.step, strict=strict) if step_on is not None else None
         self._step_trigger = trigger
         self.step_tables = steptables.step_tables_of(step_tables, strict)
@@ -290,6 +292,7 @@ class profile:
             from stepscope.collectors.sampler import SamplerCollector
 
             found.append(SamplerCollector(self.sampling_rate_hz))
+        found += dataloader_workers.collectors_for(self.dataloader_workers, self.sampling_rate_hz)
         return found
 
     def _build_action_map(self) -> ActionMap:
@@ -341,6 +344,8 @@ class profile:
             joined = self.step_num if self._paused else self._ranks.join(self.step_num)
             if joined != self.step_num:  # a rank that started late takes the leader's numbering
                 self.step_num, self.current_action = joined, action_at(self.schedule, joined)
+            for collector in self.collectors:  # what must see the program before any window
+                self._guarded(collector, "begin", collector.begin)
             if self._step_trigger is not None:
                 self._step_trigger.install()
             if not self._paused:

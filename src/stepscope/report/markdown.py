@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 
 from stepscope.analysis.result import DiffResult, Report, TraceSummary
+from stepscope.report.data_workers import data_workers_markdown
 from stepscope.report.labels import fit_label, steps_across_ranks
 from stepscope.report.overhead import overhead_lines
 
@@ -75,6 +76,7 @@ def _summary(s: TraceSummary, top: int, per_rank: list[int] | None = None) -> li
             ["kernel", "calls", "total ms"],
             [[escape(r.name[:80]), str(r.calls), _ms(r.total_ns)] for r in s.kernels[:top]],
         )
+    out += data_workers_markdown(s.data_workers, escape)
     out.append("")
     out += [line for line in overhead_lines(s.overhead)]
     if s.recommendations:

@@ -25,6 +25,7 @@ from stepscope.analysis.result import (
     StepDiff,
     TraceSummary,
 )
+from stepscope.report.data_workers import data_workers_renderables
 from stepscope.report.labels import fit_label, source_label, steps_across_ranks
 from stepscope.report.memory import human_bytes, memory_renderables
 from stepscope.report.overhead import overhead_lines
@@ -302,6 +303,7 @@ def render_summary(s: TraceSummary, per_rank: list[int] | None = None) -> Render
             )
         )
     parts += memory_renderables(s.memory)
+    parts += data_workers_renderables(s.data_workers)
     if s.counters:
         listed = ", ".join(
             f"{c.name} ({c.events} events, last {_counter_value(c)})" for c in s.counters

@@ -10,6 +10,7 @@ from collections.abc import Callable, Collection, Sequence
 from stepscope.trace.model import Trace
 from stepscope.trace.names import frame_label, sample_frame_label
 from stepscope.trace.nesting import DEVICE_CATEGORIES, Nesting, group_name, nest_spans
+from stepscope.trace.worker_tracks import WORKER_CATEGORY
 
 __all__ = ["collapsed_from_samples", "span_stacks_ns"]
 
@@ -118,7 +119,7 @@ def span_stacks_ns(
     totals_ns: dict[str, int] = {}
     for i in range(len(spans)):
         cat = strings[cats[i]]
-        if cat == "Trace" or (cat in DEVICE_CATEGORIES) != on_device:
+        if cat in ("Trace", WORKER_CATEGORY) or (cat in DEVICE_CATEGORIES) != on_device:
             continue
         weight = self_ns[i]
         if weight <= 0 or (keep is not None and not keep(i)):

@@ -704,6 +704,54 @@
     return [section("memory", "Memory", parts)];
   }
 
+  // ---- DataLoader workers ------------------------------------------------------------------
+  function dataWorkersSection(s) {
+    const dw = s.data_workers;
+    if (!dw || !dw.loaders.length) return [];  // spread into the page: nothing, never "null"
+    const parts = [];
+    const keys = ["num_workers", "prefetch_factor", "pin_memory", "persistent_workers", "start_method"];
+    dw.loaders.forEach((x, n) => {
+      const settings = keys.filter((k) => k in x.settings).map((k) => `${k}=${x.settings[k]}`);
+      parts.push(h("h3", {}, `DataLoader ${x.loader} (${x.settings.dataset || "?"}; ${settings.join(", ")})`));
+      const counts = [[x.ahead, "ahead"], [x.just_in_time, "just in time"], [x.late, "late"],
+        [x.in_loop, "made in the loop"], [x.unknown, "made before recording"]].filter((c) => c[0]);
+      parts.push(h("p", {}, `Batches taken by ${x.steps.length} steps: ` +
+        (counts.map((c) => `${c[0]} ${c[1]}`).join(", ") || "none") + `; the loop waited ${ms(x.wait_ns)} ms` +
+        (x.ready_ahead_median === null ? "" : `; batches ready when a step asked: median ${x.ready_ahead_median}`)));
+      if (x.workers.length) {
+        parts.push(sortableTable(`table-workers-${n}`, [
+          { title: "worker", value: (r) => r.worker, num: true },
+          { title: "pids", value: (r) => r.pids.join(", ") + (r.exited ? " (exited)" : "") },
+          { title: "batches", value: (r) => r.batches, num: true },
+          { title: "busy", value: (r) => r.busy_pct, text: (r) => pct(r.busy_pct), num: true },
+          { title: "dataset ms", value: (r) => r.dataset_ns, text: (r) => ms(r.dataset_ns), num: true },
+          { title: "collate ms", value: (r) => r.collate_ns, text: (r) => ms(r.collate_ns), num: true },
+        ], x.workers, "Workers"));
+      }
+      const timed = (title, key) => ({ title: title, value: (r) => r[key], text: (r) => ms(r[key]), num: true });
+      parts.push(sortableTable(`table-worker-steps-${n}`, [
+        { title: "step", value: (r) => r.step, num: true },
+        { title: "batch", value: (r) => r.batch, text: (r) => (r.epoch ? `${r.epoch}:${r.batch}` : String(r.batch)), num: true },
+        { title: "worker", value: (r) => r.worker, text: (r) => (r.worker < 0 ? "loop" : String(r.worker)), num: true },
+        { title: "ready", value: (r) => prettyName(r.status) },
+        timed("margin ms", "margin_ns"), timed("wait ms", "wait_ns"), timed("dataset ms", "dataset_ns"),
+        timed("dataset cpu ms", "dataset_cpu_ns"), timed("collate ms", "collate_ns"), timed("pin ms", "pin_ns"),
+        timed("transfer ms", "transfer_ns"),
+        { title: "waiting", value: (r) => r.ready_ahead, text: (r) => (r.ready_ahead === null ? "–" : String(r.ready_ahead)), num: true },
+      ], x.steps, "Batch per step"));
+      if (x.functions.length) {
+        parts.push(sortableTable(`table-worker-functions-${n}`, [
+          { title: "function", value: (r) => r.name },
+          { title: "self samples", value: (r) => r.self_samples, num: true },
+          { title: "self", value: (r) => r.self_pct, text: (r) => pct(r.self_pct), num: true },
+          { title: "total samples", value: (r) => r.total_samples, num: true },
+        ], x.functions, `Slowest dataset functions (${x.dataset_samples} worker samples)`));
+      }
+      for (const note of x.notes) parts.push(h("p", { class: "dim" }, note));
+    });
+    return [section("data-workers", "DataLoader workers", parts)];
+  }
+
   // ---- across ranks: stragglers, per-rank table, ranks x steps heat map --------------------
   function ranksSection() {
     const r = DATA.ranks;
@@ -786,6 +834,7 @@
       topsSection(s),
       flameSection(view, after),
       ...memorySection(s, after),
+      ...dataWorkersSection(s),
       extrasSection(s),
       h(
         "footer",
