@@ -35,6 +35,7 @@ __all__ = [
     "ENDS_WITH_ITS_STEP",
     "WATCH_LIMIT_NS",
     "ExitWatch",
+    "LeftOpen",
     "blocks_left_open",
 ]
 
@@ -63,6 +64,30 @@ def blocks_left_open(path: str, trace: Trace, tid: int) -> list[str]:
         if args is not None and args.get("finished") is False:
             names.append(strings[spans["name"][i]])
     return names
+
+
+class LeftOpen:
+    """The blocks a stopped session left open, as its ``collect`` finds them in Kineto's file.
+
+    When the window is saved off the loop, the answer comes from the writer thread after the
+    stop; the loop takes it before it starts the next session (``wait``)."""
+
+    def __init__(self, tid: int, step: int | None) -> None:
+        self.tid = tid
+        """Native id of the thread that stopped the session (the one the blocks are on)."""
+        self.step = step
+        """The step at the stop."""
+        self.names: list[str] = []
+        self._ready = threading.Event()
+
+    def found(self, names: list[str]) -> None:
+        """The blocks left open (called once, by ``collect``, also when it failed: none)."""
+        self.names = names
+        self._ready.set()
+
+    def wait(self, timeout: float | None) -> bool:
+        """Whether the answer is known (after waiting up to ``timeout`` seconds for it)."""
+        return self._ready.wait(timeout)
 
 
 class ExitWatch:

@@ -4,6 +4,11 @@ Each step asks the schedule for an action; the transition between the previous a
 action runs torch's action list (prepare on WARMUP, start on RECORD, stop and ``on_trace_ready``
 after RECORD_AND_SAVE).  Every recording window yields one ``Trace``.  Beyond torch,
 ``flush_on_exit=True`` also hands a window to ``on_trace_ready`` when the loop ends during warmup.
+
+At a window's end the loop stops the collectors; the trace is then built on the loop (no
+handler, or a handler of the program's own: it is called with the window's results ready, as
+torch calls it), or, for stepscope's ``trace_handler``, on the profile's writer thread
+(``writer.py``, ``window_end.py``), and the results wait for it when asked for.
 """
 
 from __future__ import annotations
@@ -13,8 +18,6 @@ import functools
 import inspect
 import logging
 import os
-import socket
-import threading
 import uuid
 import warnings
 from collections.abc import Callable, Iterable, Mapping
@@ -22,7 +25,6 @@ from types import TracebackType
 from typing import Any, ClassVar, Literal
 
 from stepscope import clock, forks, steps, steptables
-from stepscope._version import __version__
 from stepscope.activity import ProfilerActivity, coerce_activities
 from stepscope.collectors import dataloader_workers, import_watch
 from stepscope.collectors.annotations import AnnotationCollector, emit_span, record_function
@@ -33,10 +35,10 @@ from stepscope.collectors.torch import (
     advance_kineto_step,
     install_torch_profiler_hooks,
 )
-from stepscope.distributed import distributed_info
+from stepscope.config import config
 from stepscope.extras import torch_installed
 from stepscope.failures import failure_log
-from stepscope.gcpause import gc_paused
+from stepscope.profiler import window_end
 from stepscope.profiler.activity import default_activities, split_activity_filters
 from stepscope.profiler.arguments import (
     checked_experimental_config,
@@ -54,9 +56,9 @@ from stepscope.profiler.schedule import ProfilerAction, Schedule, action_at, def
 from stepscope.profiler.step_trigger import StepTrigger
 from stepscope.profiler.summary import KeyAverages, key_averages
 from stepscope.profiler.transitions import ActionMap, action_map
+from stepscope.profiler.writer import WindowWriter, release_sigterm
 from stepscope.report.collapsed import collapsed_from_spans, write_collapsed
 from stepscope.trace.chrome_writer import WriteStats, write_chrome_trace
-from stepscope.trace.kineto import number_events
 from stepscope.trace.model import Trace, TraceBuilder
 from stepscope.trace.names import OWN_WORK_FRAME
 
@@ -125,6 +127,7 @@ class profile:
         step_tables: str | os.PathLike[str] | steptables.StepTables | None = None,
         flight_recorder: int | FlightRecorder | None = None,
         dataloader_workers: bool = True,
+        max_pending_windows: int = 4,
     ) -> None:
         plain, self.activity_filters = split_activity_filters(activities)
         self.activities = coerce_activities(plain) if plain is not None else default_activities()
@@ -233,6 +236,13 @@ class profile:
             (prev._value_, cur._value_ if cur is not None else None): actions
             for (prev, cur), actions in self._build_action_map().items()
         }
+        self._edge_keys = {key for key, actions in self._action_map.items() if actions}
+        """Transitions that are window edges (they prepare, start or stop a window)."""
+        self._writer = WindowWriter(max_pending_windows)
+        """Saves windows off the loop (``writer.py``), at most ``max_pending_windows`` waiting."""
+        self._stopped: window_end.StoppedWindow | None = None
+        self._edge = -1
+        self._skipping = False
 
     # -- configuration -------------------------------------------------------------------------
     def _requested_collectors(self) -> list[Collector]:
@@ -257,6 +267,7 @@ class profile:
                     experimental_config=self.experimental_config,
                     activity_filters=self.activity_filters,
                     post_processing_timeout_s=self.post_processing_timeout_s,
+                    torch_events=not window_end.saves_off_loop(self),
                 )
             )
         else:
@@ -351,6 +362,7 @@ class profile:
             if not self._paused:
                 steps.set_step(self.step_num)
                 advance_kineto_step("start")
+            self.step_times.first_step = self.step_num
             self.step_tables.follow(self.step_times, lambda: self.step_num)
             self._transit(ProfilerAction.NONE, self.current_action)
             self._open_step_span()
@@ -391,10 +403,16 @@ class profile:
                 for collector in self.collectors:
                     on_step = functools.partial(collector.on_step, ctx, step)
                     self._guarded(collector, "on_step", on_step)
-        self._transit(previous, action)
+        key = (previous._value_, action._value_)
+        if key in self._edge_keys:
+            self._edge = self.step_times.mark_edge()
+            self._transit(previous, action)
+        elif self._writer.pending == 0:
+            release_sigterm()
         self._open_step_span()
         if flight is not None:
             flight.step_began()
+        self._raise_save_error()
 
     def stop(self) -> None:
         """End profiling: closes the window in progress (see ``flush_on_exit``)."""
@@ -404,10 +422,12 @@ class profile:
             if self._step_trigger is not None:
                 self._step_trigger.remove()
             self._close_step_span()
+            self._edge = self.step_times.mark_edge()
             self._transit(self.current_action, None)
         finally:
             if self.flight is not None:
                 self.flight.stop()
+            self._writer.drain("the profile stopped")
             for collector in self.collectors:
                 self._guarded(collector, "close", collector.close)
             self._ranks.close()
@@ -415,6 +435,19 @@ class profile:
                 steps.set_step(None)
                 advance_kineto_step("stop")
             _release(self)
+            release_sigterm()
+        self._raise_save_error()
+
+    def _raise_save_error(self) -> None:
+        """Re-raise, on the loop's thread, a strict failure of a save off the loop."""
+        error = self._writer.take_error()
+        if error is not None:
+            raise error
+
+    @property
+    def windows_skipped(self) -> int:
+        """Windows not recorded because ``max_pending_windows`` windows were being saved."""
+        return self._writer.skipped
 
     def _pause(self) -> None:
         """Give way to the program's own profile: a window in progress ends here (its owner,
@@ -443,12 +476,16 @@ class profile:
 
     def _transit(self, previous: ProfilerAction, current: ProfilerAction | None) -> None:
         key = (previous._value_, current._value_ if current is not None else None)
-        for action in self._action_map.get(key, ()):
-            action()
+        try:
+            for action in self._action_map.get(key, ()):
+                action()
+        finally:
+            if self._stopped is not None:  # stopped without on_trace_ready: built, kept
+                self._finish_window(call_handler=False)
 
     def _open_step_span(self) -> None:
-        self.step_times.begin(self.current_action._value_)
-        if self.current_action not in RECORDING:
+        self.step_times.begin(0 if self._skipping else self.current_action._value_)
+        if self.current_action not in RECORDING or self._skipping:
             return
         if not self._mark_steps_from_start:
             self._step_zero_at = clock.now_ns()
@@ -467,12 +504,21 @@ class profile:
             emit_span(f"{STEP_SPAN_PREFIX}{self.step_num}", started, clock.now_ns())
 
     # -- window actions ------------------------------------------------------------------------
-    def _guarded(self, collector: Collector, phase: str, fn: Callable[[], Any]) -> None:
-        """Run a collector hook; a failure is logged once and counted (raised only if strict)."""
-        if id(collector) in self._broken and phase != "close":
+    def _guarded(
+        self,
+        collector: Collector,
+        phase: str,
+        fn: Callable[[], Any],
+        window: window_end.StoppedWindow | None = None,
+        suffix: str = "",
+    ) -> None:
+        """Run a collector hook (of a stopped ``window`` when given); a failure is logged once
+        and counted (raised only if strict), and switches the collector off for the window."""
+        broken, ctx = (self._broken, self._ctx) if window is None else (window.broken, window.ctx)
+        if id(collector) in broken and phase != "close":
             return
         try:
-            self.step_times.timed(collector.name, fn)
+            self.step_times.timed(collector.name + suffix, fn)
         except Exception as exc:
             _failures.report(
                 "collector_error",
@@ -482,14 +528,24 @@ class profile:
                 then="it is off for this window",
                 once=(id(self), collector.name, phase),
             )
-            self._broken.add(id(collector))
-            if self._ctx is not None:
-                errors = self._ctx.metadata.setdefault("stepscope_collector_errors", {})
+            broken.add(id(collector))
+            if ctx is not None:
+                errors = ctx.metadata.setdefault("stepscope_collector_errors", {})
                 errors[f"{collector.name}.{phase}"] = f"{type(exc).__name__}: {exc}"
 
     def prepare_trace(self) -> None:
         """Create the next window and let collectors get ready (WARMUP)."""
-        self._new_window()
+        if not self._skip_window():
+            self._new_window()
+
+    def _skip_window(self) -> bool:
+        """Leave the next window out when ``max_pending_windows`` windows are being saved
+        (counted, in later windows' metadata and the log)."""
+        if not (window_end.saves_off_loop(self) and self._writer.full()):
+            return False
+        self._skipping = True
+        self._writer.skip(f"window {self._window_index + 1} (from step {self.step_num})")
+        return True
 
     def _new_window(self) -> WindowContext:
         self._broken.clear()
@@ -505,6 +561,8 @@ class profile:
 
     def start_trace(self) -> None:
         """Start recording the window (RECORD)."""
+        if self._skipping or (self._ctx is None and self._skip_window()):
+            return
         ctx = self._ctx if self._ctx is not None else self._new_window()
         clock.refine()
         self._window_first_step = self.step_num
@@ -515,7 +573,11 @@ class profile:
             self._guarded(collector, "start", functools.partial(collector.start, ctx))
 
     def stop_trace(self) -> None:
-        """Stop recording and build the window's ``Trace``."""
+        """Stop recording; the window's ``Trace`` is built next (see ``_finish_window``)."""
+        if self._skipping:  # a window left out: nothing was recorded
+            self._skipping = False
+            self._window_index += 1
+            return
         ctx = self._ctx
         if ctx is None:
             return
@@ -529,34 +591,14 @@ class profile:
             record = self._ranks.first_window_end(self._window_first_step, self.step_num)
             if record is not None:
                 ctx.metadata["stepscope_rank_sync"] = record
-        with gc_paused():  # the window's trace is built from many small containers
-            builder = TraceBuilder()
-            for collector in self.collectors:
-                self._guarded(
-                    collector, "collect", functools.partial(collector.collect, builder, ctx)
-                )
-            self._finish_metadata(builder, ctx)
-            if experimental_flag(self.experimental_config, "expose_kineto_event_metadata"):
-                number_events(builder)
-            trace = builder.build()
-            for collector in self.collectors:
-                self._guarded(
-                    collector, "window_built", functools.partial(collector.window_built, trace)
-                )
-        if self.acc_events:
-            self._traces.append(trace)
-        else:
-            self._traces = [trace]
+        self._stopped = window_end.stopped(self, ctx, self._edge)
         self._window_index += 1
         self._ctx = None
-        label = steps.window_label(ctx.window, self._window_first_step, self.step_num)
-        summary = f"stepscope: {label}: "
-        summary += f"{len(trace.spans)} spans"
-        if ctx.summary:
-            summary += "; " + "; ".join(ctx.summary)
-            log.warning(summary)
-        else:
-            log.info(summary)
+
+    def _take_window_metadata(self) -> dict[str, Any]:
+        """What ``add_metadata`` gave the window that stops now (later calls: the next one)."""
+        taken, self._window_metadata = self._window_metadata, {}
+        return taken
 
     def _mark_ended_early(self) -> None:
         if self._ctx is not None:
@@ -568,47 +610,28 @@ class profile:
             self._ctx.metadata["stepscope_window_note"] = "the loop ended during warmup"
 
     def _trace_ready(self) -> None:
-        if self.flight is not None and self.flight.window_ready(self):  # a trigger's window
+        if self._skipping:
+            self._skipping = False
             return
-        if self.on_trace_ready is not None:
+        if self.flight is not None and self.flight.window_ready(self):  # a trigger's window
+            return  # (its file asked for the trace: the window was built for it)
+        if self._stopped is not None:
+            self._finish_window(call_handler=True)
+        elif self.on_trace_ready is not None:
             self.on_trace_ready(self)
 
-    def _finish_metadata(self, builder: TraceBuilder, ctx: WindowContext) -> None:
-        pid = ctx.pid
-        named_processes, named_threads = builder.named_tracks()
-        if pid not in named_processes:
-            builder.process_name(pid, "python")
-        names = {t.native_id: t.name for t in threading.enumerate() if t.native_id is not None}
-        for track_pid, tid in sorted(builder.span_tracks()):
-            if track_pid == pid and (pid, tid) not in named_threads:
-                label = names.get(tid, "python")
-                builder.thread_name(pid, tid, f"thread {tid} ({label})")
-        meta = builder.metadata
-        meta["host_name"] = socket.gethostname()
-        for flag in ("record_shapes", "profile_memory", "with_stack", "with_flops", "with_modules"):
-            if getattr(self, flag):
-                meta[flag] = 1
-        meta["stepscope_version"] = __version__
-        meta["stepscope_clock"] = clock.clock_info()
-        meta["stepscope_window"] = {
-            "index": ctx.window,
-            "first_step": self._window_first_step,
-            "last_step": self.step_num,
-            "start_ns": ctx.start_ns,
-            "end_ns": ctx.end_ns,
-        }
-        meta["stepscope_activities"] = sorted(a.name for a in self.activities)
-        if self._step_trigger is not None:
-            source: dict[str, Any] = {"on": self._step_trigger.spec}
-            if self._step_trigger.spec == "optimizer":
-                source["optimizers"] = self._step_trigger.optimizers()
-            meta["stepscope_step_source"] = source
-        meta["stepscope_overhead"] = self.step_times.summary()
-        meta.update(ctx.metadata)
-        meta.update(self.preset_metadata)
-        meta.update(self._window_metadata)
-        self._window_metadata = {}
-        builder.distributed_info = distributed_info()
+    def _finish_window(self, call_handler: bool) -> None:
+        """Build the stopped window's trace and hand it to ``on_trace_ready``: on the loop for a
+        handler of the program's own (as torch does), else on the writer thread."""
+        window, self._stopped = self._stopped, None
+        if window is not None:
+            window_end.finish(self, window, self.on_trace_ready if call_handler else None)
+
+    def _keep(self, trace: Trace) -> None:
+        if self.acc_events:
+            self._traces.append(trace)
+        else:
+            self._traces = [trace]
 
     def _make_trace_id(self) -> str:
         if self.custom_trace_id_callback is None:
@@ -645,9 +668,17 @@ class profile:
     @property
     def traces(self) -> list[Trace]:
         """Recorded windows: the last one, or all of them with ``acc_events=True``."""
+        self._saved()
         return list(self._traces)
 
+    def _saved(self) -> None:
+        """Wait for the windows being saved off the loop (their traces are the results)."""
+        if self._writer.pending:
+            self._writer.wait(config.save_wait_s)
+        self._raise_save_error()
+
     def _require_traces(self, what: str) -> list[Trace]:
+        self._saved()
         if not self._traces:
             raise RuntimeError(
                 f"{what}: no window has been recorded yet (the schedule has not reached a RECORD "
@@ -724,6 +755,7 @@ class profile:
         """Write the memory timeline: ``.html``, ``.json``, ``.json.gz`` or ``.raw.json.gz``."""
         from stepscope.profiler.memory_timeline import export_memory_timeline
 
+        self._saved()
         return export_memory_timeline(self, path, device)
 
     def export_stacks(
