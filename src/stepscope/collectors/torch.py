@@ -33,6 +33,7 @@ from typing import Any
 
 from stepscope import clock, steps
 from stepscope.activity import ProfilerActivity
+from stepscope.atomic import scratch
 from stepscope.collectors import import_watch
 from stepscope.collectors.annotations import OPEN_FLAG, default_backend
 from stepscope.collectors.base import Collector, WindowContext
@@ -455,9 +456,10 @@ class TorchCollector(Collector):
             fd, tmp = tempfile.mkstemp(prefix="stepscope-kineto-", suffix=".json")
             os.close(fd)
             try:
-                prof.kineto_results.save(tmp)
-                trace = read_chrome_trace(tmp, drop_kineto_bookkeeping=True)
-                names = blocks_left_open(tmp, trace, stopped.left_open.tid)
+                with scratch(tmp):
+                    prof.kineto_results.save(tmp)
+                    trace = read_chrome_trace(tmp, drop_kineto_bookkeeping=True)
+                    names = blocks_left_open(tmp, trace, stopped.left_open.tid)
             finally:
                 os.unlink(tmp)
         finally:

@@ -548,6 +548,7 @@ class profile:
         return True
 
     def _new_window(self) -> WindowContext:
+        self._skipping = False
         self._broken.clear()
         ctx = self._ctx = WindowContext(window=self._window_index)
         self._trace_id = self._make_trace_id()
@@ -574,8 +575,7 @@ class profile:
 
     def stop_trace(self) -> None:
         """Stop recording; the window's ``Trace`` is built next (see ``_finish_window``)."""
-        if self._skipping:  # a window left out: nothing was recorded
-            self._skipping = False
+        if self._skipping:  # a window left out: nothing was recorded, nothing is handed over
             self._window_index += 1
             return
         ctx = self._ctx

@@ -27,6 +27,7 @@ from collections import deque
 from collections.abc import Callable
 from types import FrameType
 
+from stepscope.atomic import remove_scratch
 from stepscope.config import config
 from stepscope.forks import after_fork_in_child
 from stepscope.trace.names import hide_thread
@@ -202,6 +203,8 @@ def wait_for_all(why: str, timeout: float | None = None) -> list[str]:
     left = [label for w in writers for label in w.wait(max(0.0, deadline - time.monotonic()))]
     for label in left:
         _say(f"{label} was not written: {why} and its save did not end within {wait_s:g} s")
+    if left:
+        remove_scratch()  # the process ends before they are complete: no file is left behind
     return left
 
 
