@@ -27,7 +27,9 @@ SRC = str(HERE.parent / "src")
 pytestmark = pytest.mark.filterwarnings("ignore:Profiler won't be using warmup")
 
 
-def _run_job(out: Path, how: str, implementation: str, **env: str) -> subprocess.CompletedProcess:
+def _run_job(
+    out: Path, how: str, implementation: str, **env: str
+) -> subprocess.CompletedProcess[str]:
     environ = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([SRC, str(HERE)]),
@@ -229,21 +231,20 @@ def test_the_edge_figure_agrees_with_an_outside_clock(tmp_path: Path, implementa
 
 
 # -- the optimizer's span ends where its work did, not after our stop ------------------------------
-class PlainSGD(torch.optim.Optimizer):
-    """SGD without momentum; each step stamps when its update ended (the program's own stamp,
-    read on the trace's clock: ``clock.to_unix_ns``)."""
+def _plain_sgd(params: Any, lr: float, ends: list[int]) -> Any:
+    """SGD without momentum whose steps stamp when their update ended (the program's own
+    stamp, read on the trace's clock: ``clock.to_unix_ns``)."""
 
-    def __init__(self, params: Any, lr: float, ends: list[int]) -> None:
-        super().__init__(params, {"lr": lr})
-        self.ends = ends
+    def step(self: Any, closure: Any = None) -> None:
+        with torch.no_grad():
+            for group in self.param_groups:
+                for p in group["params"]:
+                    if p.grad is not None:
+                        p.add_(p.grad, alpha=-group["lr"])
+        ends.append(clock.to_unix_ns(clock.now_ns()))
 
-    @torch.no_grad()
-    def step(self, closure: Any = None) -> None:  # type: ignore[override]
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is not None:
-                    p.add_(p.grad, alpha=-group["lr"])
-        self.ends.append(clock.to_unix_ns(clock.now_ns()))
+    plain = type("PlainSGD", (torch.optim.Optimizer,), {"step": step})
+    return plain(params, {"lr": lr})
 
 
 def test_the_last_optimizer_step_ends_where_its_work_did(tmp_path: Path) -> None:
@@ -253,7 +254,7 @@ def test_the_last_optimizer_step_ends_where_its_work_did(tmp_path: Path) -> None
     ends: list[int] = []
     returned: list[int] = []
     model = torch.nn.Sequential(*[torch.nn.Linear(8, 8) for _ in range(200)])
-    opt = PlainSGD(model.parameters(), 0.01, ends)
+    opt = _plain_sgd(model.parameters(), 0.01, ends)
     with stepscope.profile(
         schedule=stepscope.schedule(wait=1, warmup=1, active=3, repeat=1),
         on_trace_ready=stepscope.trace_handler(tmp_path),

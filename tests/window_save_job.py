@@ -1,4 +1,4 @@
-"""A program whose window is still being saved off the loop when it ends (tests/test_window_save.py).
+"""A program whose window is still being saved when it ends (tests/test_window_save.py).
 
 Usage: python tests/window_save_job.py OUT_DIR HOW
 

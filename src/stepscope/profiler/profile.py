@@ -238,11 +238,9 @@ class profile:
         }
         self._edge_keys = {key for key, actions in self._action_map.items() if actions}
         """Transitions that are window edges (they prepare, start or stop a window)."""
-        self._writer = WindowWriter(max_pending_windows)
-        """Saves windows off the loop (``writer.py``), at most ``max_pending_windows`` waiting."""
+        self._writer = WindowWriter(max_pending_windows)  # saves windows off the loop
         self._stopped: window_end.StoppedWindow | None = None
-        self._edge = -1
-        self._skipping = False
+        self._edge, self._skipping = -1, False
 
     # -- configuration -------------------------------------------------------------------------
     def _requested_collectors(self) -> list[Collector]:
@@ -422,7 +420,8 @@ class profile:
             if self._step_trigger is not None:
                 self._step_trigger.remove()
             self._close_step_span()
-            self._edge = self.step_times.mark_edge()
+            if (self.current_action._value_, None) in self._edge_keys:
+                self._edge = self.step_times.mark_edge()
             self._transit(self.current_action, None)
         finally:
             if self.flight is not None:
@@ -440,14 +439,11 @@ class profile:
 
     def _raise_save_error(self) -> None:
         """Re-raise, on the loop's thread, a strict failure of a save off the loop."""
-        error = self._writer.take_error()
-        if error is not None:
+        if (error := self._writer.take_error()) is not None:
             raise error
 
-    @property
-    def windows_skipped(self) -> int:
-        """Windows not recorded because ``max_pending_windows`` windows were being saved."""
-        return self._writer.skipped
+    windows_skipped = property(lambda self: self._writer.skipped)
+    """Windows not recorded because ``max_pending_windows`` windows were being saved."""
 
     def _pause(self) -> None:
         """Give way to the program's own profile: a window in progress ends here (its owner,

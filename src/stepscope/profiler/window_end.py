@@ -12,6 +12,7 @@ given: that window's trace, written the profile's way.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import socket
@@ -99,7 +100,7 @@ def collect(
     """Each collector's events into ``builder`` (a failure switches it off for the window);
     ``suffix`` is added to the collectors' names in ``collector_ns`` (``OFF_LOOP``)."""
     for collector in collectors:
-        hook: Callable[[], None] = lambda c=collector: c.collect(builder, window.ctx)  # noqa: E731
+        hook = functools.partial(collector.collect, builder, window.ctx)
         prof._guarded(collector, "collect", hook, window, suffix)
 
 
@@ -111,7 +112,7 @@ def build(prof: profile, window: StoppedWindow, builder: TraceBuilder, suffix: s
         number_events(builder)
     trace = builder.build()
     for collector in prof.collectors:
-        hook: Callable[[], None] = lambda c=collector: c.window_built(trace)  # noqa: E731
+        hook = functools.partial(collector.window_built, trace)
         prof._guarded(collector, "window_built", hook, window, suffix)
     summary = f"stepscope: {window.label}: {len(trace.spans)} spans"
     if ctx.summary:
