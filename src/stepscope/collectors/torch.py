@@ -4,7 +4,8 @@ Kineto is prepared at WARMUP and started at RECORD, like torch.profiler does; th
 ends the session on the loop's thread (torch's ``_disable_profiler``, which torch.profiler pays
 too) and hands it to ``collect``, which may run on the profile's writer thread: there Kineto's
 result is saved (by Kineto's C++ writer: torch offers no other whole form of it than a file)
-and read back as a ``Trace``, which is merged into the window's trace on stepscope's clock.
+and read back as a ``Trace``, which is merged into the window's trace on stepscope's clock
+(off the loop, Kineto's writer runs in a forked child: ``kineto_save.py``).
 When the profile saves off the loop (``torch_events=False``) and nothing needs torch's own event
 list (``profile_memory``'s timeline, FLOPs, module frames), the session is ``trace_only``: torch
 skips building that list at the stop, about a third of the stop's time.
@@ -38,10 +39,12 @@ from stepscope.collectors import import_watch
 from stepscope.collectors.annotations import OPEN_FLAG, default_backend
 from stepscope.collectors.base import Collector, WindowContext
 from stepscope.collectors.compiled import torch_args
+from stepscope.collectors.kineto_save import save_kineto
 from stepscope.collectors.open_blocks import (
     ENDS_WITH_ITS_STEP,
     ExitWatch,
     LeftOpen,
+    any_left_open,
     blocks_left_open,
 )
 from stepscope.extras import torch_available
@@ -457,9 +460,14 @@ class TorchCollector(Collector):
             os.close(fd)
             try:
                 with scratch(tmp):
-                    prof.kineto_results.save(tmp)
+                    off_loop = threading.get_native_id() != stopped.left_open.tid
+                    save_kineto(prof.kineto_results, tmp, self.use_device, off_loop)
+                    unfinished = any_left_open(tmp)
+                    if not unfinished:  # the usual answer, given before the file is read
+                        stopped.left_open.found([])
                     trace = read_chrome_trace(tmp, drop_kineto_bookkeeping=True)
-                    names = blocks_left_open(tmp, trace, stopped.left_open.tid)
+                    if unfinished:
+                        names = blocks_left_open(trace, stopped.left_open.tid)
             finally:
                 os.unlink(tmp)
         finally:
