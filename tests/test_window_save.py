@@ -329,3 +329,52 @@ def test_a_thousand_windows_hold_the_memory_flat(tmp_path: Path, implementation:
     assert found["files"] >= 100  # the writer kept up with many of them
     grown = found["rss"]["999"] - found["rss"]["9"]
     assert grown < 5 * (1 << 20), f"{grown / (1 << 20):.1f} MiB over 990 windows: {found}"
+
+
+# -- back-to-back windows ending in the optimizer's block, saved off the loop ----------------------
+_BACK_TO_BACK = """
+import faulthandler, sys
+faulthandler.enable()
+import torch
+import stepscope
+
+for n in range(int(sys.argv[2])):
+    model = torch.nn.Linear(4, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with stepscope.profile(
+        profile_memory=True,
+        schedule=stepscope.schedule(wait=0, warmup=0, active=2),
+        step_on="optimizer",
+        on_trace_ready=stepscope.trace_handler(f"{sys.argv[1]}/{n}"),
+        max_pending_windows=100,
+    ):
+        for _ in range(5):
+            opt.zero_grad()
+            model(torch.randn(8, 4)).sum().backward()
+            opt.step()
+"""
+
+
+@pytest.mark.slow
+def test_back_to_back_windows_saved_off_the_loop_record_torch_in_full(tmp_path: Path) -> None:
+    """issue 37's loop with its windows saved off the loop: each next session waits for the
+    last one's answer about the torch blocks it left open (torch's ``Optimizer.step#``), never
+    crashes, and every window records torch's ops in full."""
+    script = tmp_path / "loop.py"
+    script.write_text(_BACK_TO_BACK)
+    profiles = 4
+    done = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "out"), str(profiles)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": SRC},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    for n in range(profiles):
+        files = sorted((tmp_path / "out" / str(n)).glob("*.json"))
+        assert len(files) == 3  # steps 0-1, 2-3, then 4 cut short by the exit
+        for path in files:
+            meta = read_chrome_trace(path).metadata
+            assert meta.get("stepscope_torch_open_blocks") is None
+            assert meta["stepscope_torch_events"] > 50

@@ -106,6 +106,8 @@ class WindowWriter:
 
     def take_error(self) -> BaseException | None:
         """The first error a save raised since the last call (strict failures), if any."""
+        if not self._errors:  # every step asks: no lock for the usual answer
+            return None
         with self._cond:
             errors, self._errors = self._errors, []
         return errors[0] if errors else None
