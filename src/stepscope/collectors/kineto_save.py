@@ -4,10 +4,11 @@ torch's ``kineto_results.save`` holds the GIL while Kineto writes its JSON: abou
 second for 100,000 events, in which a training loop on another thread cannot run a line of
 Python.  Called off the loop (the profile's writer thread) for a session that recorded the CPU
 only, it runs in a child forked for it, which only saves and leaves (``os._exit``); this process
-waits for it without the GIL.  The parent's copy of the result is untouched, so if the child fails, is reaped
-by someone else with no file, or takes longer than ``CHILD_WAIT_S``, the result is saved here
-after all.  A session that recorded a device saves here (a forked child cannot use the device),
-and so does every session when ``STEPSCOPE_FORK_SAVE=0`` is set.
+waits for it without the GIL.  The parent's copy of the result is untouched, so if the child
+fails, is reaped by someone else with no file, or takes longer than ``CHILD_WAIT_S``, the result
+is saved here after all.  A session that recorded a device saves here (a forked child cannot
+use the device), and so does every session of a distributed job (a fork can upset memory
+registered with a network adapter) or when ``STEPSCOPE_FORK_SAVE=0`` is set.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import sys
 import time
 import warnings
 from typing import Any
+
+from stepscope.distributed import rank_and_world_size
 
 __all__ = ["CHILD_WAIT_S", "ENV_FORK_SAVE", "save_kineto"]
 
@@ -43,7 +46,10 @@ def save_kineto(results: Any, path: str, device: str | None, off_loop: bool) -> 
 
 
 def _may_fork() -> bool:
-    return hasattr(os, "fork") and os.environ.get(ENV_FORK_SAVE, "1") != "0"
+    if not hasattr(os, "fork") or os.environ.get(ENV_FORK_SAVE, "1") == "0":
+        return False
+    _, world = rank_and_world_size()
+    return world is None or world < 2
 
 
 def _save_in_child(results: Any, path: str) -> bool:
