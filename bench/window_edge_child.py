@@ -9,7 +9,7 @@ each iteration (its body and ``step()``) timed with ``perf_counter_ns``.  SUBJEC
 with ``tensorboard_trace_handler``), on the same schedule (``wait=WAIT, warmup=1, active=12``).
 
 Prints one JSON line: ``unprofiled_ms`` (the loop's iterations before the profile started),
-``times_ms`` (every profiled iteration), ``ends`` (the iterations whose ``step()`` ended a
+``times_ms`` (every profiled iteration), ``cpu_ms`` (the loop thread's CPU time in each), ``ends`` (the iterations whose ``step()`` ended a
 window), ``kinds`` (each iteration's part of the schedule), the trace files, and for stepscope
 the edge figure its last trace states (``stated``) with the iterations it covers.
 """
@@ -24,7 +24,7 @@ import time
 import warnings
 from typing import Any
 
-WAIT, WARMUP, ACTIVE = 24, 1, 12
+WAIT, WARMUP, ACTIVE = 64, 1, 12
 LAYERS, WIDTH = 400, 8
 
 
@@ -69,17 +69,19 @@ def main() -> int:
             schedule=stepscope.schedule(wait=WAIT, warmup=WARMUP, active=ACTIVE, repeat=repeat),
             on_trace_ready=stepscope.trace_handler(out),
         )
-    times = []
+    times, cpu = [], []
     prof.start()
     for _ in range(iterations):
-        began = time.perf_counter_ns()
+        began, began_cpu = time.perf_counter_ns(), time.thread_time_ns()
         body()
         prof.step()
         times.append(time.perf_counter_ns() - began)
+        cpu.append(time.thread_time_ns() - began_cpu)
     prof.stop()
     found: dict[str, Any] = {
         "unprofiled_ms": [t / 1e6 for t in unprofiled],
         "times_ms": [t / 1e6 for t in times],
+        "cpu_ms": [t / 1e6 for t in cpu],
         "ends": [r * period + period - 1 for r in range(repeat)],
         "kinds": [_kind(n % period) if n < period * repeat else "none" for n in range(iterations)],
         "files": sorted(os.listdir(out)),
