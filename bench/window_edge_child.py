@@ -9,9 +9,10 @@ each iteration (its body and ``step()``) timed with ``perf_counter_ns``.  SUBJEC
 with ``tensorboard_trace_handler``), on the same schedule (``wait=WAIT, warmup=1, active=12``).
 
 Prints one JSON line: ``unprofiled_ms`` (the loop's iterations before the profile started),
-``times_ms`` (every profiled iteration), ``cpu_ms`` (the loop thread's CPU time in each), ``ends`` (the iterations whose ``step()`` ended a
-window), ``kinds`` (each iteration's part of the schedule), the trace files, and for stepscope
-the edge figure its last trace states (``stated``) with the iterations it covers.
+``times_ms`` (every profiled iteration), ``cpu_ms`` (the loop thread's CPU time in each),
+``ends`` (the iterations whose ``step()`` ended a window), ``kinds`` (each iteration's part of
+the schedule), the trace files, and for stepscope the edge figure its last trace states
+(``stated``) with the iterations it covers.
 """
 
 from __future__ import annotations
