@@ -378,3 +378,54 @@ def test_back_to_back_windows_saved_off_the_loop_record_torch_in_full(tmp_path: 
             meta = read_chrome_trace(path).metadata
             assert meta.get("stepscope_torch_open_blocks") is None
             assert meta["stepscope_torch_events"] > 50
+
+
+# -- Kineto's result saved in a forked child -------------------------------------------------------
+def _kineto_result() -> Any:
+    import torch.autograd.profiler as autograd_profiler
+
+    prof = autograd_profiler.profile(use_kineto=True)
+    prof._prepare_trace()
+    prof._start_trace()
+    torch.randn(8, 8).mm(torch.randn(8, 8))
+    prof.__exit__(None, None, None)
+    return prof.kineto_results
+
+
+def test_kineto_s_result_is_saved_in_a_child_off_the_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Off the loop a CPU session's result is saved by a forked child (this process's copy is
+    left unsaved: it can still be saved here); on the loop, with a device, or with
+    ``STEPSCOPE_FORK_SAVE=0``, here."""
+    from stepscope.collectors.kineto_save import save_kineto
+
+    results = _kineto_result()
+    assert save_kineto(results, str(tmp_path / "a.json"), None, off_loop=True) == "child"
+    assert "aten::mm" in (tmp_path / "a.json").read_text()
+    assert save_kineto(results, str(tmp_path / "b.json"), None, off_loop=False) == "here"
+    assert "aten::mm" in (tmp_path / "b.json").read_text()
+    results = _kineto_result()
+    assert save_kineto(results, str(tmp_path / "c.json"), "cuda", off_loop=True) == "here"
+    monkeypatch.setenv("STEPSCOPE_FORK_SAVE", "0")
+    results = _kineto_result()
+    assert save_kineto(results, str(tmp_path / "d.json"), None, off_loop=True) == "here"
+
+
+def test_a_child_that_cannot_save_leaves_the_save_to_this_process(tmp_path: Path) -> None:
+    """A child that fails (here: the result's save raises in it) is waited for, and the result
+    is saved in this process."""
+    from stepscope.collectors.kineto_save import save_kineto
+
+    class Once:
+        def __init__(self, results: Any) -> None:
+            self.results, self.parent = results, os.getpid()
+
+        def save(self, path: str) -> None:
+            if os.getpid() != self.parent:
+                raise RuntimeError("no disk in the child")
+            self.results.save(path)
+
+    path = tmp_path / "k.json"
+    assert save_kineto(Once(_kineto_result()), str(path), None, off_loop=True) == "here"
+    assert "aten::mm" in path.read_text()

@@ -16,9 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import sys
 import time
-import warnings
 from typing import Any
 
 from stepscope.distributed import rank_and_world_size
@@ -39,8 +37,10 @@ def save_kineto(results: Any, path: str, device: str | None, off_loop: bool) -> 
         try:
             if _save_in_child(results, path):
                 return "child"
-        except OSError:
-            pass  # no fork here (limits, memory): save in this process
+        except (OSError, DeprecationWarning):
+            # no fork here (limits, memory), or 3.12's warning about forking a threaded process
+            # made an error by the program's warning filters: save in this process
+            pass
     results.save(path)
     return "here"
 
@@ -55,10 +55,7 @@ def _may_fork() -> bool:
 def _save_in_child(results: Any, path: str) -> bool:
     """Whether a forked child saved ``results`` to ``path`` (Kineto renames the file into
     place when complete, so a non-empty ``path`` is a whole file)."""
-    with warnings.catch_warnings():
-        if sys.version_info >= (3, 12):  # "use of fork() may lead to deadlocks": it only saves
-            warnings.simplefilter("ignore", DeprecationWarning)
-        pid = os.fork()
+    pid = os.fork()  # (3.12 warns "may lead to deadlocks": the child only saves, then leaves)
     if pid == 0:  # the child: save, then leave without running anything of the parent's
         code = 1
         try:
