@@ -384,7 +384,7 @@ def test_back_to_back_windows_saved_off_the_loop_record_torch_in_full(tmp_path: 
 def _kineto_result() -> Any:
     import torch.autograd.profiler as autograd_profiler
 
-    prof = autograd_profiler.profile(use_kineto=True)
+    prof: Any = autograd_profiler.profile(use_kineto=True)
     prof._prepare_trace()
     prof._start_trace()
     torch.randn(8, 8).mm(torch.randn(8, 8))

@@ -4,11 +4,7 @@ Each step asks the schedule for an action; the transition between the previous a
 action runs torch's action list (prepare on WARMUP, start on RECORD, stop and ``on_trace_ready``
 after RECORD_AND_SAVE).  Every recording window yields one ``Trace``.  Beyond torch,
 ``flush_on_exit=True`` also hands a window to ``on_trace_ready`` when the loop ends during warmup.
-
-At a window's end the loop stops the collectors; the trace is then built on the loop (no
-handler, or a handler of the program's own: it is called with the window's results ready, as
-torch calls it), or, for stepscope's ``trace_handler``, on the profile's writer thread
-(``writer.py``, ``window_end.py``), and the results wait for it when asked for.
+A window's trace is built on the loop, or for ``trace_handler`` off it (``window_end.py``).
 """
 
 from __future__ import annotations
@@ -236,8 +232,7 @@ class profile:
             (prev._value_, cur._value_ if cur is not None else None): actions
             for (prev, cur), actions in self._build_action_map().items()
         }
-        self._edge_keys = {key for key, actions in self._action_map.items() if actions}
-        """Transitions that are window edges (they prepare, start or stop a window)."""
+        self._edge_keys = {key for key, actions in self._action_map.items() if actions}  # edges
         self._writer = WindowWriter(max_pending_windows)  # saves windows off the loop
         self._stopped: window_end.StoppedWindow | None = None
         self._edge, self._skipping = -1, False
@@ -410,7 +405,7 @@ class profile:
         self._open_step_span()
         if flight is not None:
             flight.step_began()
-        self._raise_save_error()
+        self._writer.raise_error()
 
     def stop(self) -> None:
         """End profiling: closes the window in progress (see ``flush_on_exit``)."""
@@ -435,12 +430,7 @@ class profile:
                 advance_kineto_step("stop")
             _release(self)
             release_sigterm()
-        self._raise_save_error()
-
-    def _raise_save_error(self) -> None:
-        """Re-raise, on the loop's thread, a strict failure of a save off the loop."""
-        if (error := self._writer.take_error()) is not None:
-            raise error
+        self._writer.raise_error()
 
     windows_skipped = property(lambda self: self._writer.skipped)
     """Windows not recorded because ``max_pending_windows`` windows were being saved."""
@@ -531,17 +521,8 @@ class profile:
 
     def prepare_trace(self) -> None:
         """Create the next window and let collectors get ready (WARMUP)."""
-        if not self._skip_window():
+        if not window_end.skip_window(self):
             self._new_window()
-
-    def _skip_window(self) -> bool:
-        """Leave the next window out when ``max_pending_windows`` windows are being saved
-        (counted, in later windows' metadata and the log)."""
-        if not (window_end.saves_off_loop(self) and self._writer.full()):
-            return False
-        self._skipping = True
-        self._writer.skip(f"window {self._window_index + 1} (from step {self.step_num})")
-        return True
 
     def _new_window(self) -> WindowContext:
         self._skipping = False
@@ -558,7 +539,7 @@ class profile:
 
     def start_trace(self) -> None:
         """Start recording the window (RECORD)."""
-        if self._skipping or (self._ctx is None and self._skip_window()):
+        if self._skipping or (self._ctx is None and window_end.skip_window(self)):
             return
         ctx = self._ctx if self._ctx is not None else self._new_window()
         clock.refine()
@@ -591,11 +572,6 @@ class profile:
         self._window_index += 1
         self._ctx = None
 
-    def _take_window_metadata(self) -> dict[str, Any]:
-        """What ``add_metadata`` gave the window that stops now (later calls: the next one)."""
-        taken, self._window_metadata = self._window_metadata, {}
-        return taken
-
     def _mark_ended_early(self) -> None:
         if self._ctx is not None:
             self._ctx.metadata["stepscope_window_complete"] = False
@@ -617,17 +593,13 @@ class profile:
             self.on_trace_ready(self)
 
     def _finish_window(self, call_handler: bool) -> None:
-        """Build the stopped window's trace and hand it to ``on_trace_ready``: on the loop for a
-        handler of the program's own (as torch does), else on the writer thread."""
+        """Build the stopped window's trace, hand it to ``on_trace_ready`` (``window_end``)."""
         window, self._stopped = self._stopped, None
         if window is not None:
             window_end.finish(self, window, self.on_trace_ready if call_handler else None)
 
     def _keep(self, trace: Trace) -> None:
-        if self.acc_events:
-            self._traces.append(trace)
-        else:
-            self._traces = [trace]
+        self._traces = [*self._traces, trace] if self.acc_events else [trace]
 
     def _make_trace_id(self) -> str:
         if self.custom_trace_id_callback is None:
@@ -668,10 +640,13 @@ class profile:
         return list(self._traces)
 
     def _saved(self) -> None:
-        """Wait for the windows being saved off the loop (their traces are the results)."""
+        """The windows stopped and being saved off the loop built (their traces are the
+        results): a stopped window not handed over yet is built now."""
+        if self._stopped is not None:
+            self._finish_window(call_handler=False)
         if self._writer.pending:
             self._writer.wait(config.save_wait_s)
-        self._raise_save_error()
+        self._writer.raise_error()
 
     def _require_traces(self, what: str) -> list[Trace]:
         self._saved()

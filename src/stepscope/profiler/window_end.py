@@ -45,6 +45,7 @@ __all__ = [
     "finish",
     "save_job",
     "saves_off_loop",
+    "skip_window",
     "stopped",
 ]
 
@@ -79,15 +80,17 @@ class StoppedWindow:
 def stopped(prof: profile, ctx: WindowContext, edge: int) -> StoppedWindow:
     """Keep what the window needs from the loop's side (on the loop's thread, at the stop)."""
     names = {t.native_id: t.name for t in threading.enumerate() if t.native_id is not None}
-    return StoppedWindow(
+    window = StoppedWindow(
         ctx=ctx,
         first_step=prof._window_first_step,
         end_step=prof.step_num,
-        metadata={**prof.preset_metadata, **prof._take_window_metadata()},
+        metadata={**prof.preset_metadata, **prof._window_metadata},
         edge=edge,
         thread_names=names,
         broken=set(prof._broken),
     )
+    prof._window_metadata = {}  # what ``add_metadata`` gives from now on: the next window
+    return window
 
 
 def collect(
@@ -120,6 +123,16 @@ def build(prof: profile, window: StoppedWindow, builder: TraceBuilder, suffix: s
     else:
         log.info(summary)
     return trace
+
+
+def skip_window(prof: profile) -> bool:
+    """Whether the window about to begin is left out: ``max_pending_windows`` windows are being
+    saved (counted, in later windows' metadata and the log; its steps are not recorded ones)."""
+    if not (saves_off_loop(prof) and prof._writer.full()):
+        return False
+    prof._skipping = True
+    prof._writer.skip(f"window {prof._window_index + 1} (from step {prof.step_num})")
+    return True
 
 
 def saves_off_loop(prof: profile) -> bool:

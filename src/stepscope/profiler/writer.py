@@ -104,13 +104,15 @@ class WindowWriter:
                 self._cond.wait(left)
             return [job.label for job in self._jobs]
 
-    def take_error(self) -> BaseException | None:
-        """The first error a save raised since the last call (strict failures), if any."""
+    def raise_error(self) -> None:
+        """Raise (on the loop's thread) the first error a save raised since the last call: a
+        strict failure off the loop."""
         if not self._errors:  # every step asks: no lock for the usual answer
-            return None
+            return
         with self._cond:
             errors, self._errors = self._errors, []
-        return errors[0] if errors else None
+        if errors:
+            raise errors[0]
 
     def skip(self, label: str) -> None:
         """Count a window left out because ``max_pending`` windows wait (logged once)."""
