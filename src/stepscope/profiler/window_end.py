@@ -237,13 +237,16 @@ class WindowTrace:
 
     def __init__(self, prof: profile, trace: Trace) -> None:
         self._prof = prof
-        self.trace = trace
-        """The window's trace."""
+        self._trace = trace
         self.strict = prof.strict
         """The profile's ``strict`` (whether a failed write is re-raised)."""
 
+    def trace(self) -> Trace:
+        """The window's trace."""
+        return self._trace
+
     def export_chrome_trace(self, path: str | os.PathLike[str]) -> WriteStats:
         """Write the window's trace as a Chrome/Perfetto JSON file (gzip if ``.gz``)."""
-        stats = write_chrome_trace(self.trace, path)
+        stats = write_chrome_trace(self._trace, path)
         self._prof.trace_files.append(stats.path)
         return stats
