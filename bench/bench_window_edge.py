@@ -143,5 +143,7 @@ def run(report: Report) -> None:
         )
     worst = max(abs(s - o) / o for s, o in stated)
     report.target("stated edge figure vs outside clock, worst relative difference", worst, 0.2)
-    report.note("GPU goals (edge <= 1.0x torch's, window cost per recorded step <= torch's): ")
-    report.note("unmeasured here (no GPU lent); bench/cuda_window_cost.py measures them on one")
+    report.note(
+        "GPU goals (edge <= 1.0x torch's, window cost per recorded step <= torch's): unmeasured "
+        "here (no GPU lent); bench/cuda_window_cost.py measures them on one"
+    )
