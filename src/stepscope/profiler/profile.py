@@ -396,8 +396,7 @@ class profile:
                 for collector in self.collectors:
                     on_step = functools.partial(collector.on_step, ctx, step)
                     self._guarded(collector, "on_step", on_step)
-        key = (previous._value_, action._value_)
-        if key in self._edge_keys:
+        if (previous._value_, action._value_) in self._edge_keys:
             self._edge = self.step_times.mark_edge()
             self._transit(previous, action)
         elif self._writer.pending == 0:
@@ -432,8 +431,9 @@ class profile:
             release_sigterm()
         self._writer.raise_error()
 
-    windows_skipped = property(lambda self: self._writer.skipped)
-    """Windows not recorded because ``max_pending_windows`` windows were being saved."""
+    windows_skipped = property(
+        lambda self: self._writer.skipped, doc="Windows left out: ``max_pending_windows`` waited."
+    )
 
     def _pause(self) -> None:
         """Give way to the program's own profile: a window in progress ends here (its owner,
@@ -465,9 +465,8 @@ class profile:
         try:
             for action in self._action_map.get(key, ()):
                 action()
-        finally:
-            if self._stopped is not None:  # stopped without on_trace_ready: built, kept
-                self._finish_window(call_handler=False)
+        finally:  # stopped without on_trace_ready: built, kept
+            self._finish_window(call_handler=False)
 
     def _open_step_span(self) -> None:
         self.step_times.begin(0 if self._skipping else self.current_action._value_)
@@ -598,9 +597,6 @@ class profile:
         if window is not None:
             window_end.finish(self, window, self.on_trace_ready if call_handler else None)
 
-    def _keep(self, trace: Trace) -> None:
-        self._traces = [*self._traces, trace] if self.acc_events else [trace]
-
     def _make_trace_id(self) -> str:
         if self.custom_trace_id_callback is None:
             return f"{uuid.uuid4().int:032X}"
@@ -640,8 +636,7 @@ class profile:
         return list(self._traces)
 
     def _saved(self) -> None:
-        """The windows stopped and being saved off the loop built (their traces are the
-        results): a stopped window not handed over yet is built now."""
+        """Wait for the windows being saved off the loop (a stopped one is handed over now)."""
         if self._stopped is not None:
             self._finish_window(call_handler=False)
         if self._writer.pending:

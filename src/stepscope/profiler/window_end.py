@@ -155,7 +155,7 @@ def finish(prof: profile, window: StoppedWindow, handler: Callable[[Any], Any] |
         builder = TraceBuilder()
         collect(prof, window, builder, prof.collectors)
         trace = build(prof, window, builder)
-    prof._keep(trace)
+    _keep(prof, trace)
     if handler is not None:
         handler(prof)
 
@@ -174,7 +174,7 @@ def save_job(prof: profile, window: StoppedWindow, handler: Callable[[Any], Any]
             with gc_paused():
                 collect(prof, window, builder, off_loop, OFF_LOOP)
                 trace = build(prof, window, builder, OFF_LOOP)
-            prof._keep(trace)
+            _keep(prof, trace)
             if handler is not None:
                 handler(WindowTrace(prof, trace))
         except Exception as exc:
@@ -190,6 +190,11 @@ def save_job(prof: profile, window: StoppedWindow, handler: Callable[[Any], Any]
             prof.step_times.settle_edge(window.edge)
 
     return SaveJob(window.label, save)
+
+
+def _keep(prof: profile, trace: Trace) -> None:
+    """The profile's results: the last window's trace, or every one with ``acc_events``."""
+    prof._traces = [*prof._traces, trace] if prof.acc_events else [trace]
 
 
 def finish_metadata(prof: profile, window: StoppedWindow, builder: TraceBuilder) -> None:
