@@ -1,6 +1,11 @@
 """Where a profiled GPU loop's extra time goes: cProfile of 40 training steps (20 recorded,
 traces written) under stepscope and under torch.profiler, on a machine with a CUDA GPU.
 
+cProfile sees the loop's thread only: stepscope's window end there is its stop (torch's
+``_disable_profiler``); the merge, build and write run on the profile's writer thread (a CUDA
+session's Kineto result is saved there too, not in a forked child), and their effect on the
+loop is in the edge figure printed after each stepscope run (the trace's ``Window edges``).
+
     python bench/cuda_window_cost.py
 """
 
@@ -35,6 +40,9 @@ def main() -> int:
             on_trace_ready=stepscope.trace_handler(out / "stepscope"),
         ) as prof:
             train(40, prof.step)
+        edges = prof.trace().metadata["stepscope_overhead"]["edges"]
+        extra = edges["extra_ns"] / 1e6 if edges["extra_ns"] is not None else float("nan")
+        print(f"== stepscope window edges: {extra:.1f} ms over {edges['count']} edges")
 
     def torchs() -> None:
         with torch.profiler.profile(

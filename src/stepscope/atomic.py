@@ -18,8 +18,36 @@ __all__ = [
     "atomic_outputs",
     "ensure_parent",
     "make_directory",
+    "remove_scratch",
+    "scratch",
     "write_text",
 ]
+
+_scratch: set[str] = set()
+"""Temporary files being written now (a process that must die before they are complete
+removes them: ``remove_scratch``)."""
+
+
+@contextlib.contextmanager
+def scratch(path: str) -> Iterator[str]:
+    """Mark ``path`` as a temporary file for the block (see ``remove_scratch``)."""
+    _scratch.add(path)
+    try:
+        yield path
+    finally:
+        _scratch.discard(path)
+
+
+def remove_scratch() -> int:
+    """Remove every temporary file still being written (the process is about to die before
+    they are complete); returns how many were removed."""
+    removed = 0
+    for path in list(_scratch):
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+            removed += 1
+        _scratch.discard(path)
+    return removed
 
 
 def ensure_parent(path: str | os.PathLike[str], what: str = "file") -> Path:
@@ -110,7 +138,7 @@ def _staged(target: Path, what: str) -> Iterator[tuple[IO[bytes], Path]]:
         except FileNotFoundError:
             mode = 0o666 & ~_process_umask()
         os.chmod(fd, mode)
-        with os.fdopen(fd, "wb", buffering=1 << 20) as fh:
+        with os.fdopen(fd, "wb", buffering=1 << 20) as fh, scratch(tmp):
             yield fh, Path(tmp)
     except BaseException as exc:
         with contextlib.suppress(FileNotFoundError):

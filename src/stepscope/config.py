@@ -8,6 +8,8 @@ Environment variables:
 - ``STEPSCOPE_METRIC_TABLES``: comma-separated metric tables to enable (see ``stepscope.tables``).
 - ``STEPSCOPE_TABLES_DIR``: directory the ``metric_table_<name>.csv`` files are written to.
 - ``STEPSCOPE_RUN_NAME``: the run / benchmark name written as each table row's first column.
+- ``STEPSCOPE_SAVE_WAIT_S``: seconds a profile's stop, the exit or a SIGTERM waits for windows
+  still being saved off the loop (default 60).
 """
 
 from __future__ import annotations
@@ -23,12 +25,15 @@ __all__ = ["Config", "config"]
 ENV_METRIC_TABLES = "STEPSCOPE_METRIC_TABLES"
 ENV_TABLES_DIR = "STEPSCOPE_TABLES_DIR"
 ENV_RUN_NAME = "STEPSCOPE_RUN_NAME"
+ENV_SAVE_WAIT_S = "STEPSCOPE_SAVE_WAIT_S"
+DEFAULT_SAVE_WAIT_S = 60.0
 
 _TYPES: dict[str, tuple[type, ...]] = {
     "metric_tables": (str,),
     "tables_dir": (str, os.PathLike),
     "run_name": (str, type(None)),
     "strict": (bool,),
+    "save_wait_s": (int, float),
 }
 
 
@@ -44,6 +49,15 @@ def _env_run_name() -> str | None:
     return os.environ.get(ENV_RUN_NAME) or None
 
 
+def _env_save_wait_s() -> float:
+    text = os.environ.get(ENV_SAVE_WAIT_S, "")
+    try:
+        value = float(text) if text else DEFAULT_SAVE_WAIT_S
+    except ValueError:
+        return DEFAULT_SAVE_WAIT_S  # a bad value must not stop the program's import
+    return value if value >= 0 else DEFAULT_SAVE_WAIT_S
+
+
 @dataclass
 class Config:
     """Typed settings; every assignment is checked and announced to subscribers."""
@@ -56,6 +70,9 @@ class Config:
     """Run / benchmark name for the first column of table rows (None: empty)."""
     strict: bool = False
     """Re-raise failures inside instruments instead of counting and logging them (for tests)."""
+    save_wait_s: float = field(default_factory=_env_save_wait_s)
+    """Seconds a profile's stop, the interpreter's exit or a SIGTERM waits for the windows still
+    being saved off the training loop (each one not saved by then is named on stderr)."""
     _listeners: list[Callable[[str], None]] = field(
         default_factory=list, init=False, repr=False, compare=False
     )
@@ -98,6 +115,7 @@ class Config:
         self.metric_tables = _env_metric_tables()
         self.tables_dir = _env_tables_dir()
         self.run_name = _env_run_name()
+        self.save_wait_s = _env_save_wait_s()
 
     @contextlib.contextmanager
     def patch(self, **changes: Any) -> Iterator[Config]:

@@ -9,6 +9,15 @@ last ``capacity`` steps; older ones are dropped and counted.  ``begin`` and ``en
 a clock reading each (the C ``StepRing`` of ``_csrc/step_times.c``, or its twin
 ``PyStepRing``): everything else is worked out when a summary is asked for.
 
+The profile marks each *window edge* (a step boundary at which a window was prepared, started
+or stopped, ``mark_edge``) and, when a stopped window's save ran off the loop, when that save
+ended (``settle_edge``).  ``summary`` states what the edges cost the loop as an outside clock
+sees it: for each edge, the steps around it — the step before, the step that ended at it, and
+the steps after it up to the end of its save (at least one, at most ``MAX_AFTER``) — each
+taken from its start to the next step's start (the loop body and the profiler's time at its
+end), less the median of the ordinary steps of its kind (those near no edge).  That includes
+the profile's stop, and a save's effect on the steps it overlapped (the GIL, the CPU).
+
 A ring made with ``phases=True`` (for the step tables) also keeps, per step, the time spent in
 each of ``PHASES`` (bracketed by ``enter``/``leave`` from the tables' hooks) and the CPU time of
 the thread calling ``step()``, stored by the same ``end`` with the same clock reading; ``take``
@@ -27,6 +36,7 @@ import statistics
 import threading
 import time
 from array import array
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -52,6 +62,13 @@ first half took more than this times their second half's median."""
 
 _Columns = tuple["array[int]", "array[int]", bytes, range]
 """The ring's starts, ends and kinds, and the step numbers it keeps."""
+
+MAX_AFTER = 64
+"""The most steps after an edge counted as the edge's while its window is being saved."""
+MAX_EDGES = 256
+"""Edges kept (the oldest are forgotten; their steps have usually left the ring too)."""
+LISTED_EDGES = 32
+"""Edges listed one by one in a summary (the last ones; all are in its totals)."""
 
 CPU_READ_NS = 1_000_000
 """The least wall time between two readings of the thread's CPU clock (phases only)."""
@@ -215,7 +232,7 @@ class StepTimes:
     """The step hook (``begin``/``end``: the C ``StepRing`` or its twin, whichever the
     process-wide implementation choice gives) and what the ring holds, summarised."""
 
-    __slots__ = ("begin", "capacity", "collector_ns", "end", "ring")
+    __slots__ = ("_edges", "begin", "capacity", "collector_ns", "end", "first_step", "ring")
 
     def __init__(
         self, capacity: int = 8192, implementation: str | None = "auto", phases: bool = False
@@ -230,6 +247,28 @@ class StepTimes:
         self.end: Callable[[], None] = self.ring.end
         """The open step ends now (nothing happens when none is open)."""
         self.collector_ns: dict[str, int] = {}  # each collector's time in its hooks
+        self.first_step = 0
+        """The step number of the ring's first step (the profile's step at its start)."""
+        self._edges: OrderedDict[int, int | None] = OrderedDict()
+        """Window edges by the index of the step that ended at them: when their save ended
+        (0: nothing was saved off the loop; None: still saving)."""
+
+    def mark_edge(self, saving: bool = False) -> int:
+        """A window edge right after the last ended step; returns that step's index (-1 before
+        the first step).  ``saving``: a window stopped there is being saved off the loop."""
+        index = self.ring.export()[3] - 1
+        if index >= 0:
+            self._edges[index] = None if saving else 0
+            self._edges.move_to_end(index)
+            while len(self._edges) > MAX_EDGES:
+                self._edges.popitem(last=False)
+        return index
+
+    def settle_edge(self, index: int, saving: bool = False) -> None:
+        """The save of the window stopped at edge ``index`` ended now (``saving``: it begins,
+        so the edge counts the steps after it until then)."""
+        if index in self._edges:
+            self._edges[index] = None if saving else now_ns()
 
     @property
     def dropped(self) -> int:
@@ -340,7 +379,62 @@ class StepTimes:
         return {
             "steps": kinds,
             "slowdown_pct": slowdown,
+            "edges": self._edge_cost(columns, cold),
             "edge_ns": self.edges(),
             "collector_ns": dict(self.collector_ns),
             "dropped": self.dropped,
+        }
+
+    def _edge_cost(self, columns: _Columns, cold: int) -> dict[str, Any]:
+        """What the window edges cost the loop (see the module docstring): their count, the
+        extra ns of their steps, how many are still being saved, the last ones listed as
+        ``[step, first step, last step, extra ns]``."""
+        starts, ends, kinds, kept = columns
+        count, capacity = kept.stop, self.capacity
+
+        def iteration(n: int) -> int:  # start to the next start (to its end for the last)
+            following = starts[(n + 1) % capacity] if n + 1 < count else ends[n % capacity]
+            return following - starts[n % capacity]
+
+        def after_end(k: int, settled: int | None) -> int:
+            if settled is None:  # still saving: every step so far
+                return min(count - 1, k + MAX_AFTER)
+            n = k + 1
+            while (
+                n + 1 < count
+                and n < k + MAX_AFTER
+                and settled > 0
+                and (starts[(n + 1) % capacity] < settled)
+            ):
+                n += 1
+            return min(n, count - 1)
+
+        marks = [(k, v) for k, v in list(self._edges.items()) if kept.start <= k < count]
+        spans = [(k, max(k - 1, kept.start), after_end(k, v)) for k, v in marks]
+        near = {n for _, lo, hi in spans for n in range(lo, hi + 1)}
+        ordinary: dict[int, list[int]] = {0: [], 1: [], 2: []}
+        for n in kept[cold:]:
+            if n not in near and n + 1 < count:
+                ordinary[kinds[n % capacity]].append(iteration(n))
+        everything = [t for values in ordinary.values() for t in values]
+        base: dict[int, int | None] = {}
+        for kind, fallbacks in ((0, (0, 2, 1)), (1, (1, 0, 2)), (2, (2, 0, 1))):
+            found = next((ordinary[f] for f in fallbacks if ordinary[f]), everything)
+            base[kind] = int(statistics.median(found)) if found else None
+        if not marks or base[0] is None:
+            return {"count": len(marks), "extra_ns": None, "saving": 0, "listed": []}
+
+        def extra(n: int) -> int:
+            return iteration(n) - (base[kinds[n % capacity]] or 0)
+
+        listed = [
+            [self.first_step + k, self.first_step + lo, self.first_step + hi,
+             sum(extra(n) for n in range(lo, hi + 1))]
+            for k, lo, hi in spans[-LISTED_EDGES:]
+        ]  # fmt: skip
+        return {
+            "count": len(marks),
+            "extra_ns": sum(extra(n) for n in near),
+            "saving": sum(1 for _, v in marks if v is None),
+            "listed": listed,
         }

@@ -55,6 +55,8 @@ def trace_overhead(trace: Trace) -> Overhead | None:
         if recorded is not None and unrecorded and enough and settled and not in_turn
         else None
     )
+    edges = found.get("edges")
+    edges = edges if isinstance(edges, Mapping) else {}
     return Overhead(
         recorded_steps=stat("recorded", "count") or 0,
         unrecorded_steps=stat("unrecorded", "count") or 0,
@@ -69,6 +71,9 @@ def trace_overhead(trace: Trace) -> Overhead | None:
         cold_steps=stat("unrecorded", "cold") or 0,
         settled=settled,
         optimizers_in_turn=len(turn) if in_turn and isinstance(turn, list) else 0,
+        edges=_int_or_none(edges.get("count")) or 0,
+        edge_extra_ns=_int_or_none(edges.get("extra_ns")),
+        edges_saving=_int_or_none(edges.get("saving")) or 0,
     )
 
 

@@ -269,7 +269,8 @@ class Overhead:
     From the step times the profile keeps for every step (``stepscope.step_times``), up to the
     end of the window the trace holds.  ``slowdown_pct`` is the recorded steps' median over the
     unrecorded steps' median, minus one (None without both kinds); ``edge_ns`` the time spent
-    between steps (window starts and stops, trace writing) by the kind of step that ended;
+    between steps (window starts and stops) by the kind of step that ended; ``edge_extra_ns``
+    what the window edges cost the loop as an outside clock sees it (``step_times``);
     ``collector_ns`` each collector's time in its hooks; ``in_steps_ns`` what collectors
     measured of their own cost inside the steps.  The unrecorded steps compared are warm ones:
     the run's first, cold steps are left out (``cold_steps``).
@@ -295,6 +296,15 @@ class Overhead:
     optimizers_in_turn: int = 0
     """How many optimizers end steps in turn (0 or 1: one); with two or more, steps of
     different kinds mix in the medians and no comparison is stated."""
+    edges: int = 0
+    """Window edges (a window prepared, started or stopped at a step boundary) so far."""
+    edge_extra_ns: int | None = None
+    """What the steps around the edges took over the median step of their kinds: the step
+    before, the step that ended at the edge (the profiler's stop and start included), and the
+    steps after it until the window's save off the loop ended (None: not stated)."""
+    edges_saving: int = 0
+    """Edges whose window was still being saved when the trace was written (their count of
+    steps after the edge ends there)."""
 
 
 @dataclass(frozen=True)

@@ -336,6 +336,7 @@ class AnnotationCollector(Collector):
     """Collects ``record_function`` spans (category ``user_annotation``) from every thread."""
 
     name = "annotations"
+    collects_off_loop = True
 
     def __init__(
         self,
@@ -371,6 +372,7 @@ class AnnotationCollector(Collector):
             return
         self._recording = False
         closed, dropped = self.backend.stop()
+        ctx.held[id(self)], self._sink = self._sink, []
         if closed:
             ctx.metadata["stepscope_annotations_open_at_end"] = closed
         if dropped:
@@ -382,9 +384,9 @@ class AnnotationCollector(Collector):
         pid = ctx.pid
         span = builder.span
         shapes = self.record_shapes
-        for name, args, start, end, tid in self._sink:
+        spans: list[SpanTuple] = ctx.held.pop(id(self), [])
+        for name, args, start, end, tid in spans:
             span(name, "user_annotation", pid, tid, start, end - start, _span_args(args, shapes))
-        self._sink = []
 
     def close(self) -> None:
         """Stop recording if a window is still open."""

@@ -30,6 +30,9 @@ class WindowContext:
     """Entries collectors add to the window's trace metadata (drop counts, settings)."""
     summary: list[str] = field(default_factory=list)
     """Short lines for the window's closing summary (e.g. what was dropped)."""
+    held: dict[int, Any] = field(default_factory=dict)
+    """What each collector recorded, handed over at ``stop`` (keyed by ``id(collector)``) for
+    a ``collect`` that may run after the next window has started (``collects_off_loop``)."""
 
 
 class Collector:
@@ -42,9 +45,18 @@ class Collector:
     (append the window's events to the trace), ``window_built`` (the finished trace).
     ``close`` is called once when the profiler exits.  Nothing may be installed before
     ``start`` or left installed after ``stop``.
+
+    Everything up to ``stop`` runs on the training loop's thread.  When the profile saves off
+    the loop, ``collect`` of a collector with ``collects_off_loop`` and every ``window_built``
+    run on the profile's writer thread, possibly after the next window has started: such a
+    collector hands its window's data over at ``stop`` (``ctx.held[id(self)]``) and reads only
+    that in ``collect``.  The others collect on the loop's thread right after the stop.
     """
 
     name = "collector"
+    collects_off_loop = False
+    """Whether ``collect`` may run on the writer thread after the next window has started (it
+    reads only what ``stop`` left in ``ctx.held``)."""
     strict: bool | None = None
     """Re-raise this collector's own failures: None follows ``config.strict`` (the profile that
     builds a collector sets its own ``strict=`` here)."""

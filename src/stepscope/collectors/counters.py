@@ -26,6 +26,7 @@ class CounterCollector(Collector):
     """Samples counter sets at window start, each step boundary and window stop."""
 
     name = "counters"
+    collects_off_loop = True
 
     def __init__(
         self, sets: Iterable[CounterSet] | None = None, max_samples: int = 100_000
@@ -81,6 +82,7 @@ class CounterCollector(Collector):
             changes = {k: v - before.get(k, 0) for k, v in values.items() if v != before.get(k, 0)}
             if changes:
                 gained[set_name] = changes
+        ctx.held[id(self)], self._samples = self._samples, []
         if gained:
             ctx.metadata["stepscope_counters"] = gained
         if self._dropped:
@@ -92,11 +94,10 @@ class CounterCollector(Collector):
     def collect(self, builder: TraceBuilder, ctx: WindowContext) -> None:
         """Append one counter event per set and sample."""
         pid = ctx.pid
-        for ts, per_set in self._samples:
+        for ts, per_set in ctx.held.pop(id(self), []):
             for set_name, values in per_set.items():
                 if values:
                     builder.counter(TRACK_PREFIX + set_name, pid, ts, values)
-        self._samples = []
 
     def close(self) -> None:
         """Forget any samples not collected."""

@@ -19,6 +19,7 @@ class GcCollector(Collector):
     """Records each collection of the window as a ``Python GC`` span on the collecting thread."""
 
     name = "gc"
+    collects_off_loop = True  # nothing to collect: its spans go through emit_span
 
     def __init__(self) -> None:
         self._starts: dict[int, int] = {}

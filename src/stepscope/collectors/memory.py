@@ -263,6 +263,7 @@ class MemoryCollector(Collector):
     """Per-step memory of the Python heap, torch's tensors and the process (``profile_memory``)."""
 
     name = "memory"
+    collects_off_loop = True
 
     def __init__(
         self, torch_collector: Any = None, poll_interval_s: float = 0.005, exact: bool = False
@@ -277,6 +278,9 @@ class MemoryCollector(Collector):
         self._stop_watch = threading.Event()
         self._watcher: threading.Thread | None = None
         self._watcher_id: int | None = None
+        self._unhide: list[int] = []
+        """Watcher threads of stopped windows, shown again once their window is built (until
+        then the sampler and the tracer leave them out)."""
         self._optimizer_hook = False
         optimizer_hook.ensure_registered()  # now: no hook loop runs while a profile is built
         self.optimizers: dict[int, Any] = {}
@@ -548,6 +552,10 @@ class MemoryCollector(Collector):
         if self._watcher is not None:
             self._watcher.join()
             self._watcher = None
+        self._window, ctx.held[id(self)] = None, w
+        if self._watcher_id is not None:
+            self._unhide.append(self._watcher_id)
+            self._watcher_id = None
         self._unhook_optimizers()
         try:
             self._end_step(w, clock.now_ns(), last=True)
@@ -577,7 +585,7 @@ class MemoryCollector(Collector):
     # -- results -------------------------------------------------------------------------------
     def collect(self, builder: TraceBuilder, ctx: WindowContext) -> None:
         """Per-step rows, the peak table, the leak hint and counter tracks into the trace."""
-        w, self._window = self._window, None
+        w = ctx.held.pop(id(self), None)
         if w is None:
             return
         self.torch_result = getattr(self.torch_collector, "last_result", None)
@@ -690,9 +698,9 @@ class MemoryCollector(Collector):
             builder.counter_series(f"Memory {device}", ctx.pid, "Total Allocated", points)
 
     def window_built(self, trace: Trace) -> None:
-        """Every collector has read the window: the watcher's thread id is free again."""
-        hide_thread(self._watcher_id, hidden=False)
-        self._watcher_id = None
+        """Every collector has read the window: its watcher's thread id is free again."""
+        if self._unhide:  # windows are built in the order they stopped
+            hide_thread(self._unhide.pop(0), hidden=False)
 
     def after_fork_in_child(self) -> None:
         """A forked child keeps nothing of the parent's window (its watcher did not survive)."""
@@ -709,6 +717,8 @@ class MemoryCollector(Collector):
         if self._window is not None:
             self.stop(WindowContext(window=-1))
             self._window = None
+        while self._unhide:  # windows never built (the profile is done)
+            hide_thread(self._unhide.pop(), hidden=False)
 
 
 def _tracemalloc_state(w: _Window) -> str:

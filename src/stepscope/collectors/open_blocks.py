@@ -35,6 +35,8 @@ __all__ = [
     "ENDS_WITH_ITS_STEP",
     "WATCH_LIMIT_NS",
     "ExitWatch",
+    "LeftOpen",
+    "any_left_open",
     "blocks_left_open",
 ]
 
@@ -45,15 +47,18 @@ ENDS_WITH_ITS_STEP = ("Optimizer.step#", "Optimizer.zero_grad#")
 _UNFINISHED = b'"finished": false'
 
 
-def blocks_left_open(path: str, trace: Trace, tid: int) -> list[str]:
-    """Names of the blocks on thread ``tid`` that were still open when the session stopped
-    (Kineto's ``"finished": false``), read from Kineto's file ``path`` and its ``trace``."""
+def any_left_open(path: str) -> bool:
+    """Whether Kineto's file ``path`` marks any block ``"finished": false`` (one scan in C)."""
     with open(path, "rb") as f:
         if os.fstat(f.fileno()).st_size == 0:
-            return []
+            return False
         with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
-            if data.find(_UNFINISHED) < 0:  # the usual case: one scan in C, no Python loop
-                return []
+            return data.find(_UNFINISHED) >= 0
+
+
+def blocks_left_open(trace: Trace, tid: int) -> list[str]:
+    """Names of the blocks on thread ``tid`` that were still open when the session stopped
+    (Kineto's ``"finished": false``), read from its ``trace``."""
     spans, strings = trace.spans, trace.strings
     names = []
     for i in range(len(spans)):
@@ -63,6 +68,32 @@ def blocks_left_open(path: str, trace: Trace, tid: int) -> list[str]:
         if args is not None and args.get("finished") is False:
             names.append(strings[spans["name"][i]])
     return names
+
+
+class LeftOpen:
+    """The blocks a stopped session left open, as its ``collect`` finds them in Kineto's file.
+
+    When the window is saved off the loop, the answer comes from the writer thread after the
+    stop; the loop takes it before it starts the next session (``wait``)."""
+
+    def __init__(self, tid: int, step: int | None) -> None:
+        self.tid = tid
+        """Native id of the thread that stopped the session (the one the blocks are on)."""
+        self.step = step
+        """The step at the stop."""
+        self.names: list[str] = []
+        self._ready = threading.Event()
+
+    def found(self, names: list[str]) -> None:
+        """The blocks left open (by ``collect``, also when it failed: none); the first answer
+        is the one the loop takes."""
+        if not self._ready.is_set():
+            self.names = names
+            self._ready.set()
+
+    def wait(self, timeout: float | None) -> bool:
+        """Whether the answer is known (after waiting up to ``timeout`` seconds for it)."""
+        return self._ready.wait(timeout)
 
 
 class ExitWatch:

@@ -176,7 +176,12 @@ def code_label(code: CodeType | None) -> tuple[str, str]:
 
 
 def add_samples(
-    builder: TraceBuilder, data: SamplerData, pid: int, *, keep_own_frames: bool = False
+    builder: TraceBuilder,
+    data: SamplerData,
+    pid: int,
+    *,
+    keep_own_frames: bool = False,
+    own_threads: frozenset[int] | None = None,
 ) -> int:
     """Append a run's frames, stacks and samples to ``builder``; returns the sample count.
 
@@ -185,7 +190,8 @@ def add_samples(
     taken in stepscope's own code ends in one ``OWN_WORK_FRAME`` below the program's frames
     that called it, also when stepscope's frame had called into the standard library or torch's
     profiler (``trace.names.is_helper``: its sampler's start waiting in ``Condition.wait``):
-    a profiler's own work is never the program's time."""
+    a profiler's own work is never the program's time.  ``own_threads``: stepscope's own
+    threads whose samples are left out (default: those running now)."""
     labels = [code_label(code) for code in data.codes]
     hidden = [not keep_own_frames and is_hidden(file) for _, file in labels]  # once per code
     own = [h and f.startswith(STEPSCOPE_ROOT) for h, (_, f) in zip(hidden, labels, strict=True)]
@@ -200,7 +206,10 @@ def add_samples(
     own_work = -1
     parents, frame_of = data.stack_parent, data.stack_frame
     stacks: dict[int, int] = {-1: -1}
-    own_threads = hidden_threads() if not keep_own_frames else frozenset()
+    if keep_own_frames:
+        own_threads = frozenset()
+    elif own_threads is None:
+        own_threads = hidden_threads()
     kept = 0
     for tid, ts, stack, idle in zip(
         data.sample_tid, data.sample_ts, data.sample_stack, data.sample_idle, strict=True
@@ -504,6 +513,7 @@ class SamplerCollector(Collector):
     """Statistical stacks of every (or chosen) thread, as the window's samples table."""
 
     name = "sampler"
+    collects_off_loop = True
 
     def __init__(
         self,
@@ -528,11 +538,9 @@ class SamplerCollector(Collector):
         self.rate_hz = rate_hz
         self.stop_timeout_s = stop_timeout_s
         self._sampler: Sampler | None = None
-        self._data: SamplerData | None = None
 
     def start(self, ctx: WindowContext) -> None:
         """Start the timing thread."""
-        self._data = None
         self._sampler = Sampler(self.rate_hz, **self._options)
         self._sampler.start()
 
@@ -541,25 +549,27 @@ class SamplerCollector(Collector):
         sampler, self._sampler = self._sampler, None
         if sampler is None:
             return
-        self._data = sampler.stop(self.stop_timeout_s)
-        ctx.metadata["stepscope_sampler"] = sampler.describe(self._data)
-        if self._data.dropped:
+        data = sampler.stop(self.stop_timeout_s)
+        # stepscope's own threads as they are now (the memory watcher stops after this)
+        ctx.held[id(self)] = (data, hidden_threads())
+        ctx.metadata["stepscope_sampler"] = sampler.describe(data)
+        if data.dropped:
             ctx.summary.append(
-                f"{self._data.dropped} stack samples dropped (max_samples={sampler.max_samples})"
+                f"{data.dropped} stack samples dropped (max_samples={sampler.max_samples})"
             )
         if sampler.errors:
             ctx.summary.append(f"stack sampler stopped early: {sampler.error}")
 
     def collect(self, builder: TraceBuilder, ctx: WindowContext) -> None:
         """Append the window's samples to the trace."""
-        data, self._data = self._data, None
-        if data is not None:
-            add_samples(builder, data, ctx.pid)
+        held = ctx.held.pop(id(self), None)
+        if held is not None:
+            data, own_threads = held
+            add_samples(builder, data, ctx.pid, own_threads=own_threads)
 
     def after_fork_in_child(self) -> None:
         """In a child forked during a window: no sampling there, the parent's samples dropped."""
         sampler, self._sampler = self._sampler, None
-        self._data = None
         if sampler is not None:
             sampler.forget_in_child()
 

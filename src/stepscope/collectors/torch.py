@@ -1,10 +1,18 @@
 """The torch collector: torch's own profiler (Kineto) run inside stepscope's windows.
 
-Kineto is prepared at WARMUP and started at RECORD, like torch.profiler does; at the end of the
-window its result is saved (by Kineto's C++ writer) and read back as a ``Trace``, which is merged
-into the window's trace on stepscope's clock.  Kineto stamps events with the wall clock
-(``CLOCK_REALTIME``); the offset between that and stepscope's clock is measured when recording
-starts, so torch ops land inside the stepscope spans that enclosed them.
+Kineto is prepared at WARMUP and started at RECORD, like torch.profiler does; the window's stop
+ends the session on the loop's thread (torch's ``_disable_profiler``, which torch.profiler pays
+too) and hands it to ``collect``, which may run on the profile's writer thread: there Kineto's
+result is saved (by Kineto's C++ writer: torch offers no other whole form of it than a file)
+and read back as a ``Trace``, which is merged into the window's trace on stepscope's clock
+(off the loop, Kineto's writer runs in a forked child: ``kineto_save.py``).
+When the profile saves off the loop (``torch_events=False``) and nothing needs torch's own event
+list (``profile_memory``'s timeline, FLOPs, module frames), the session is ``trace_only``: torch
+skips building that list at the stop, about a third of the stop's time.
+
+Kineto stamps events with the wall clock (``CLOCK_REALTIME``); the offset between that and
+stepscope's clock is measured when recording starts, so torch ops land inside the stepscope spans
+that enclosed them.
 
 While torch records with a device activity, or torch's own profiler or execution trace observer
 records, ``stepscope.record_function`` also opens torch's ``record_function`` (the bridge), so
@@ -21,15 +29,24 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from stepscope import clock, steps
 from stepscope.activity import ProfilerActivity
+from stepscope.atomic import scratch
 from stepscope.collectors import import_watch
 from stepscope.collectors.annotations import OPEN_FLAG, default_backend
 from stepscope.collectors.base import Collector, WindowContext
 from stepscope.collectors.compiled import torch_args
-from stepscope.collectors.open_blocks import ENDS_WITH_ITS_STEP, ExitWatch, blocks_left_open
+from stepscope.collectors.kineto_save import save_kineto
+from stepscope.collectors.open_blocks import (
+    ENDS_WITH_ITS_STEP,
+    ExitWatch,
+    LeftOpen,
+    any_left_open,
+    blocks_left_open,
+)
 from stepscope.extras import torch_available
 from stepscope.failures import failure_log
 from stepscope.trace.chrome_reader import read_chrome_trace
@@ -98,6 +115,21 @@ def _flops_by_id(results: Any) -> dict[str, int]:
     return out
 
 
+ANSWER_WAIT_S = 120.0
+"""How long the next session's start waits for the last window's save to say which torch
+blocks it left open (past it, torch is held back for that window, and the trace says so)."""
+
+
+@dataclass
+class _Stopped:
+    """A window's stopped session, handed from ``stop`` to ``collect``."""
+
+    prof: Any
+    offset_ns: int
+    bridged: frozenset[str]
+    left_open: LeftOpen
+
+
 def _wall_offset_ns() -> int:
     """CLOCK_REALTIME minus stepscope's Unix time, from the tightest of a few paired readings."""
     readings = []
@@ -118,6 +150,7 @@ class TorchCollector(Collector):
     """
 
     name = "torch"
+    collects_off_loop = True
 
     def __init__(
         self,
@@ -132,10 +165,14 @@ class TorchCollector(Collector):
         bridge_annotations: bool | None = None,
         activity_filters: dict[str, list[str]] | None = None,
         post_processing_timeout_s: float | None = None,
+        torch_events: bool = True,
     ) -> None:
         """``module_frames``: torch's Python tracer runs too, for its ``nn.Module: X_n`` frames
         (TensorBoard's Module view); its other frames are dropped (stepscope's tracer has them).
+        ``torch_events=False``: torch's own event list (``last_result.events()``) is not built
+        at the stop unless FLOPs, the memory timeline or module frames need it (``trace_only``).
         """
+        self.torch_events = torch_events
         self._autograd_profiler: Any = None
         acts = set(activities)
         devices = [DEVICE_NAMES[a] for a in acts if a in DEVICE_NAMES]
@@ -174,6 +211,8 @@ class TorchCollector(Collector):
         """This window's session waits for ``_open`` to exit."""
         self._held_back = False
         """This window's session was held back (waiting, or not started at all)."""
+        self._left_open: LeftOpen | None = None
+        """What the last stopped session left open, until the loop has taken the answer."""
 
     def prepare(self, ctx: WindowContext) -> None:
         """Create and prepare torch's profiler (Kineto warms up here), once torch is imported."""
@@ -191,6 +230,15 @@ class TorchCollector(Collector):
             if not self._waiting:
                 self._waiting = True
                 import_watch.when_imported("torch", self._torch_imported)
+            return
+        if not self._take_left_open(wait=self._phase == "recording" and not self._started):
+            if not self._held_back:
+                self._held_back = True
+                self._note_open_blocks(
+                    "not started in this window",
+                    f"the last window's save had not said within {ANSWER_WAIT_S:.0f} s which "
+                    "torch record_function blocks it left open",
+                )
             return
         if self._blocks_still_open() and not self._can_wait():
             if self._phase == "recording" and not self._held_back:
@@ -226,6 +274,7 @@ class TorchCollector(Collector):
             "post_processing_timeout_s": self.post_processing_timeout_s,
             "activity_filters": self._torch_filters(),
         }
+        options = {**self.options, "experimental_config": self._experimental_config()}
         self._prof = self._autograd_profiler.profile(
             use_cpu=self.use_cpu,
             use_device=self.use_device,
@@ -234,9 +283,23 @@ class TorchCollector(Collector):
             with_stack=self.module_frames,
             acc_events=False,
             **{name: value for name, value in newer.items() if value is not None},
-            **self.options,
+            **options,
         )
         self._prof._prepare_trace()
+
+    def _experimental_config(self) -> Any:
+        """The program's experimental config, else ``trace_only`` where nothing needs torch's
+        own event list (it is built at the stop, on the loop: about a third of the stop)."""
+        given = self.options["experimental_config"]
+        needs_events = self.options["profile_memory"] or self.options["with_flops"]
+        if given is not None or needs_events or self.module_frames or self.torch_events:
+            return given
+        try:
+            from torch._C._profiler import _ExperimentalConfig
+
+            return _ExperimentalConfig(trace_only=True)
+        except (ImportError, TypeError):  # a torch without trace_only
+            return None
 
     def _torch_filters(self) -> dict[Any, set[str]] | None:
         if not self.activity_filters:
@@ -246,6 +309,22 @@ class TorchCollector(Collector):
         return {getattr(TorchActivity, k): set(v) for k, v in self.activity_filters.items()}
 
     # -- blocks left open by the last session (open_blocks.py) ------------------------------
+    def _take_left_open(self, wait: bool) -> bool:
+        """Take the last session's answer (on the loop's thread, which the watch watches);
+        False if it was needed now and did not come."""
+        left_open = self._left_open
+        if left_open is None:
+            return True
+        if not left_open.wait(ANSWER_WAIT_S if wait else 0):
+            return not wait
+        self._left_open = None
+        self._end_watch()
+        self._open = Counter(left_open.names)
+        if left_open.names:
+            self._open_since_step = left_open.step
+            self._watch_open_blocks()
+        return True
+
     def _blocks_still_open(self) -> bool:
         """Whether blocks the last session left open may still be open."""
         if not self._open:
@@ -298,11 +377,14 @@ class TorchCollector(Collector):
                 then="this window has no torch events",
             )
 
-    def _note_open_blocks(self, what: str) -> None:
+    def _note_open_blocks(self, what: str, why: str | None = None) -> None:
         names = ", ".join(sorted(self._open))
+        why = why or (
+            f"torch record_function blocks the last window left open ({names}) had not ended "
+            "where stepscope could see them"
+        )
         note = (
-            f"torch's profiler {what}: torch record_function blocks the last window left open "
-            f"({names}) had not ended where stepscope could see them, and torch writes a block's "
+            f"torch's profiler {what}: {why}, and torch writes a block's "
             "end into the session that records then (freed memory if it is not the one that "
             "began it); end the steps outside such blocks, or leave a step between windows"
         )
@@ -357,39 +439,58 @@ class TorchCollector(Collector):
         errors = take_bridge_errors()
         if errors:
             ctx.metadata["stepscope_torch_bridge_errors"] = errors
-        if self._prof is not None:
-            self._prof.__exit__(None, None, None)
+        prof, self._prof = self._prof, None
+        prof.__exit__(None, None, None)
+        # (the answer of the window before was taken when this window's session started)
+        left_open = self._left_open = LeftOpen(threading.get_native_id(), steps.current_step())
+        ctx.held[id(self)] = _Stopped(prof, self._offset_ns, frozenset(bridged_names), left_open)
 
     def collect(self, builder: TraceBuilder, ctx: WindowContext) -> None:
         """Merge torch's events into the window's trace on stepscope's clock."""
-        prof, self._prof = self._prof, None
-        if prof is None or prof.kineto_results is None:
+        stopped = ctx.held.pop(id(self), None)
+        if stopped is None:
             return
-        self.last_result = prof
-        fd, tmp = tempfile.mkstemp(prefix="stepscope-kineto-", suffix=".json")
-        os.close(fd)
+        names: list[str] = []
         try:
-            prof.kineto_results.save(tmp)
-            trace = read_chrome_trace(tmp, drop_kineto_bookkeeping=True)
-            left_open = blocks_left_open(tmp, trace, threading.get_native_id())
+            prof = stopped.prof
+            if prof.kineto_results is None:
+                return
+            self.last_result = prof
+            fd, tmp = tempfile.mkstemp(prefix="stepscope-kineto-", suffix=".json")
+            os.close(fd)
+            try:
+                with scratch(tmp):
+                    off_loop = threading.get_native_id() != stopped.left_open.tid
+                    save_kineto(prof.kineto_results, tmp, self.use_device, off_loop)
+                    unfinished = any_left_open(tmp)
+                    if not unfinished:  # the usual answer, given before the file is read
+                        stopped.left_open.found([])
+                    trace = read_chrome_trace(tmp, drop_kineto_bookkeeping=True)
+                    if unfinished:
+                        names = blocks_left_open(trace, stopped.left_open.tid)
+            finally:
+                os.unlink(tmp)
         finally:
-            os.unlink(tmp)
-        self._end_watch()
-        self._open = Counter(left_open)
-        if left_open:
-            self._open_since_step = steps.current_step()
-            ctx.metadata[OPEN_BLOCKS_KEY + "_at_end"] = sorted(left_open)
-            self._watch_open_blocks()
-        skip_spans = self._duplicate_annotations(trace) if bridged_names else set()
+            stopped.left_open.found(names)
+            if threading.get_native_id() == stopped.left_open.tid:
+                self._take_left_open(wait=False)  # on the loop: watch the blocks from now
+        if names:
+            ctx.metadata[OPEN_BLOCKS_KEY + "_at_end"] = sorted(names)
+        self._merge(builder, ctx, stopped, trace)
+
+    def _merge(
+        self, builder: TraceBuilder, ctx: WindowContext, stopped: _Stopped, trace: Trace
+    ) -> None:
+        """Add torch's events, less stepscope's own annotations' copies, on stepscope's clock."""
+        offset = stopped.offset_ns
+        skip_spans = self._duplicate_annotations(trace, stopped.bridged)
         if skip_spans:
-            self._take_torch_ids(builder, trace, skip_spans)
+            self._take_torch_ids(builder, trace, skip_spans, offset)
         if self.module_frames:
-            skip_spans |= self._add_module_frames(builder, trace)
+            skip_spans |= self._add_module_frames(builder, trace, offset)
         skip_meta = self._own_names(trace, ctx.pid)
         first = builder.span_rows
-        builder.add_trace(
-            trace, time_offset_ns=-self._offset_ns, skip_spans=skip_spans, skip_meta=skip_meta
-        )
+        builder.add_trace(trace, time_offset_ns=-offset, skip_spans=skip_spans, skip_meta=skip_meta)
         if ctx.stopping_ns:
             # a window ended from inside a span of the program's (the optimizer's post-hook
             # runs inside torch's ``Optimizer.step#...``): torch ends that span after our
@@ -399,19 +500,22 @@ class TorchCollector(Collector):
             builder.metadata.pop(key, None)
         builder.metadata["stepscope_torch_events"] = trace.event_count()
         if self.options["with_flops"]:
-            builder.metadata[FLOPS_KEY] = _flops_by_id(prof.kineto_results)
+            builder.metadata[FLOPS_KEY] = _flops_by_id(stopped.prof.kineto_results)
 
-    def _duplicate_annotations(self, trace: Trace) -> set[int]:
+    @staticmethod
+    def _duplicate_annotations(trace: Trace, bridged: frozenset[str]) -> set[int]:
         """CPU-side copies of bridged stepscope annotations (stepscope's own spans stay)."""
+        if not bridged:
+            return set()
         names, cats = trace.spans["name"], trace.spans["cat"]
         strings = trace.strings
         return {
             i
             for i in range(len(trace.spans))
-            if strings[cats[i]] == "user_annotation" and strings[names[i]] in bridged_names
+            if strings[cats[i]] == "user_annotation" and strings[names[i]] in bridged
         }
 
-    def _add_module_frames(self, builder: TraceBuilder, trace: Trace) -> set[int]:
+    def _add_module_frames(self, builder: TraceBuilder, trace: Trace, offset: int) -> set[int]:
         """Add torch's ``nn.Module`` frames, each the child of the module that called it (the
         tree TensorBoard's Module view walks); returns every torch Python frame to leave out.
 
@@ -430,7 +534,7 @@ class TorchCollector(Collector):
             if strings[spans["name"][i]].startswith(MODULE_PREFIX):
                 modules.append((i, args))
         module_ids = {args["Python id"] for _, args in modules}
-        shift = trace.base_time_ns - builder.base_time_ns - self._offset_ns
+        shift = trace.base_time_ns - builder.base_time_ns - offset
         for i, args in modules:
             above = parent.get(args["Python id"])
             while above is not None and above not in module_ids:
@@ -450,10 +554,11 @@ class TorchCollector(Collector):
             )
         return set(frames)
 
-    def _take_torch_ids(self, builder: TraceBuilder, trace: Trace, copies: set[int]) -> None:
+    @staticmethod
+    def _take_torch_ids(builder: TraceBuilder, trace: Trace, copies: set[int], offset: int) -> None:
         """Give each stepscope annotation the args of torch's copy of it (``Record function id``,
         ``External id``, shapes): the ids the execution trace and torch's events know it by."""
-        shift = trace.base_time_ns - builder.base_time_ns - self._offset_ns
+        shift = trace.base_time_ns - builder.base_time_ns - offset
         annotation = builder.intern("user_annotation")
         own: dict[tuple[int, int], list[int]] = {}
         cats, names, tids = (builder.column("spans", c) for c in ("cat", "name", "tid"))
@@ -510,6 +615,7 @@ class TorchCollector(Collector):
         """Stop torch's profiler if a window was left open."""
         self._stop_waiting()
         self._end_watch()
+        self._left_open = None
         self._deferred = False
         self._phase = "idle"
         if self._held_back and self._prof is not None and not self._started:

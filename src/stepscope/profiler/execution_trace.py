@@ -253,6 +253,7 @@ class ExecutionTraceCollector(Collector):
     """Drives an execution-trace observer from the profile's windows, like any collector."""
 
     name = "execution_trace"
+    collects_off_loop = True  # collects nothing
 
     def __init__(self, observer: Any) -> None:
         for method in ("start", "stop", "cleanup"):

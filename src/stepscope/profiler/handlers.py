@@ -1,4 +1,8 @@
-"""Trace handlers for ``on_trace_ready``: write each window to a directory of trace files."""
+"""Trace handlers for ``on_trace_ready``: write each window to a directory of trace files.
+
+A ``trace_handler`` only writes a file: its ``saves_off_loop`` lets the profile build and write
+each window on its writer thread, while the training loop goes on (``writer.py``).
+"""
 
 from __future__ import annotations
 
@@ -14,7 +18,13 @@ from stepscope.distributed import rank_and_world_size
 from stepscope.failures import failure_log
 from stepscope.trace.model import Trace
 
-__all__ = ["default_worker_name", "tensorboard_trace_handler", "trace_handler", "write_failures"]
+__all__ = [
+    "TraceHandler",
+    "default_worker_name",
+    "tensorboard_trace_handler",
+    "trace_handler",
+    "write_failures",
+]
 
 _failures = failure_log("handlers")
 
@@ -40,6 +50,48 @@ class TraceSource(Protocol):
     def trace(self) -> Trace: ...
 
 
+class TraceHandler:
+    """``on_trace_ready`` writing ``{worker}.{unix_ns}.pt.trace<suffix>`` into a directory."""
+
+    saves_off_loop = True
+    """It only writes a file: the profile may call it on its writer thread, off the loop."""
+
+    def __init__(
+        self, directory: Path, worker_name: str | None, use_gzip: bool, format: str
+    ) -> None:
+        self.directory = directory
+        self.worker_name = worker_name
+        self.use_gzip = use_gzip
+        self.format = format
+
+    def __call__(self, prof: TraceSource) -> str | None:
+        """Write the window's trace; its path, or None if the write failed (counted, logged)."""
+        from stepscope.trace.formats import SUFFIXES, write_trace
+
+        worker = self.worker_name or default_worker_name()
+        stamp = clock.to_unix_ns(clock.now_ns())
+        suffix = SUFFIXES[self.format] + (".gz" if self.use_gzip else "")
+        path = self.directory / f"{worker}.{stamp}.pt.trace{suffix}"
+        try:
+            make_directory(self.directory, "trace_handler", "trace directory")
+            if self.format == "chrome":
+                prof.export_chrome_trace(path)
+            else:
+                write_trace(prof.trace(), path, self.format)
+        except OSError as exc:
+            # A full disk or a vanished directory must not end a long training run; the
+            # profile's own strict= (None: config.strict) decides whether it is re-raised.
+            _failures.report(
+                "trace_write_error",
+                str(self.directory),
+                exc,
+                strict=getattr(prof, "strict", None),
+                then="the window is not saved",
+            )
+            return None
+        return str(path)
+
+
 def trace_handler(
     dir_name: str | os.PathLike[str],
     worker_name: str | None = None,
@@ -48,7 +100,7 @@ def trace_handler(
 ) -> Callable[[TraceSource], str | None]:
     """``on_trace_ready`` writing ``{worker}.{unix_ns}.pt.trace.json[.gz]`` into ``dir_name``;
     ``format="compact"`` writes ``.pt.trace.sstrace``, ``"perfetto"`` ``.pt.trace.pftrace``."""
-    from stepscope.trace.formats import SUFFIXES, check_format, write_trace
+    from stepscope.trace.formats import check_format
 
     check_format(format)
     if use_gzip and format != "chrome":
@@ -59,32 +111,7 @@ def trace_handler(
     make_directory(directory, "trace_handler", "trace directory")
     if worker_name is not None and (not worker_name or "/" in worker_name):
         raise ValueError(f"worker_name must be a non-empty file name part, got {worker_name!r}")
-
-    def handler(prof: TraceSource) -> str | None:
-        worker = worker_name or default_worker_name()
-        stamp = clock.to_unix_ns(clock.now_ns())
-        name = f"{worker}.{stamp}.pt.trace{SUFFIXES[format]}" + (".gz" if use_gzip else "")
-        path = directory / name
-        try:
-            make_directory(directory, "trace_handler", "trace directory")
-            if format == "chrome":
-                prof.export_chrome_trace(path)
-            else:
-                write_trace(prof.trace(), path, format)
-        except OSError as exc:
-            # A full disk or a vanished directory must not end a long training run; the
-            # profile's own strict= (None: config.strict) decides whether it is re-raised.
-            _failures.report(
-                "trace_write_error",
-                str(directory),
-                exc,
-                strict=getattr(prof, "strict", None),
-                then="the window is not saved",
-            )
-            return None
-        return str(path)
-
-    return handler
+    return TraceHandler(directory, worker_name, use_gzip, format)
 
 
 tensorboard_trace_handler = trace_handler

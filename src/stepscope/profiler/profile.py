@@ -4,6 +4,7 @@ Each step asks the schedule for an action; the transition between the previous a
 action runs torch's action list (prepare on WARMUP, start on RECORD, stop and ``on_trace_ready``
 after RECORD_AND_SAVE).  Every recording window yields one ``Trace``.  Beyond torch,
 ``flush_on_exit=True`` also hands a window to ``on_trace_ready`` when the loop ends during warmup.
+A window's trace is built on the loop, or for ``trace_handler`` off it (``window_end.py``).
 """
 
 from __future__ import annotations
@@ -13,8 +14,6 @@ import functools
 import inspect
 import logging
 import os
-import socket
-import threading
 import uuid
 import warnings
 from collections.abc import Callable, Iterable, Mapping
@@ -22,7 +21,6 @@ from types import TracebackType
 from typing import Any, ClassVar, Literal
 
 from stepscope import clock, forks, steps, steptables
-from stepscope._version import __version__
 from stepscope.activity import ProfilerActivity, coerce_activities
 from stepscope.collectors import dataloader_workers, import_watch
 from stepscope.collectors.annotations import AnnotationCollector, emit_span, record_function
@@ -33,10 +31,10 @@ from stepscope.collectors.torch import (
     advance_kineto_step,
     install_torch_profiler_hooks,
 )
-from stepscope.distributed import distributed_info
+from stepscope.config import config
 from stepscope.extras import torch_installed
 from stepscope.failures import failure_log
-from stepscope.gcpause import gc_paused
+from stepscope.profiler import window_end
 from stepscope.profiler.activity import default_activities, split_activity_filters
 from stepscope.profiler.arguments import (
     checked_experimental_config,
@@ -54,9 +52,9 @@ from stepscope.profiler.schedule import ProfilerAction, Schedule, action_at, def
 from stepscope.profiler.step_trigger import StepTrigger
 from stepscope.profiler.summary import KeyAverages, key_averages
 from stepscope.profiler.transitions import ActionMap, action_map
+from stepscope.profiler.writer import WindowWriter, release_sigterm
 from stepscope.report.collapsed import collapsed_from_spans, write_collapsed
 from stepscope.trace.chrome_writer import WriteStats, write_chrome_trace
-from stepscope.trace.kineto import number_events
 from stepscope.trace.model import Trace, TraceBuilder
 from stepscope.trace.names import OWN_WORK_FRAME
 
@@ -125,6 +123,7 @@ class profile:
         step_tables: str | os.PathLike[str] | steptables.StepTables | None = None,
         flight_recorder: int | FlightRecorder | None = None,
         dataloader_workers: bool = True,
+        max_pending_windows: int = 4,
     ) -> None:
         plain, self.activity_filters = split_activity_filters(activities)
         self.activities = coerce_activities(plain) if plain is not None else default_activities()
@@ -233,6 +232,10 @@ class profile:
             (prev._value_, cur._value_ if cur is not None else None): actions
             for (prev, cur), actions in self._build_action_map().items()
         }
+        self._edge_keys = {key for key, actions in self._action_map.items() if actions}  # edges
+        self._writer = WindowWriter(max_pending_windows)  # saves windows off the loop
+        self._stopped: window_end.StoppedWindow | None = None
+        self._edge, self._skipping = -1, False
 
     # -- configuration -------------------------------------------------------------------------
     def _requested_collectors(self) -> list[Collector]:
@@ -257,6 +260,7 @@ class profile:
                     experimental_config=self.experimental_config,
                     activity_filters=self.activity_filters,
                     post_processing_timeout_s=self.post_processing_timeout_s,
+                    torch_events=not window_end.saves_off_loop(self),
                 )
             )
         else:
@@ -351,6 +355,7 @@ class profile:
             if not self._paused:
                 steps.set_step(self.step_num)
                 advance_kineto_step("start")
+            self.step_times.first_step = self.step_num
             self.step_tables.follow(self.step_times, lambda: self.step_num)
             self._transit(ProfilerAction.NONE, self.current_action)
             self._open_step_span()
@@ -391,10 +396,15 @@ class profile:
                 for collector in self.collectors:
                     on_step = functools.partial(collector.on_step, ctx, step)
                     self._guarded(collector, "on_step", on_step)
-        self._transit(previous, action)
+        if (previous._value_, action._value_) in self._edge_keys:
+            self._edge = self.step_times.mark_edge()
+            self._transit(previous, action)
+        elif self._writer.pending == 0:
+            release_sigterm()
         self._open_step_span()
         if flight is not None:
             flight.step_began()
+        self._writer.raise_error()
 
     def stop(self) -> None:
         """End profiling: closes the window in progress (see ``flush_on_exit``)."""
@@ -404,10 +414,13 @@ class profile:
             if self._step_trigger is not None:
                 self._step_trigger.remove()
             self._close_step_span()
+            if (self.current_action._value_, None) in self._edge_keys:
+                self._edge = self.step_times.mark_edge()
             self._transit(self.current_action, None)
         finally:
             if self.flight is not None:
                 self.flight.stop()
+            self._writer.drain("the profile stopped")
             for collector in self.collectors:
                 self._guarded(collector, "close", collector.close)
             self._ranks.close()
@@ -415,6 +428,12 @@ class profile:
                 steps.set_step(None)
                 advance_kineto_step("stop")
             _release(self)
+            release_sigterm()
+        self._writer.raise_error()
+
+    windows_skipped = property(
+        lambda self: self._writer.skipped, doc="Windows left out: ``max_pending_windows`` waited."
+    )
 
     def _pause(self) -> None:
         """Give way to the program's own profile: a window in progress ends here (its owner,
@@ -443,12 +462,15 @@ class profile:
 
     def _transit(self, previous: ProfilerAction, current: ProfilerAction | None) -> None:
         key = (previous._value_, current._value_ if current is not None else None)
-        for action in self._action_map.get(key, ()):
-            action()
+        try:
+            for action in self._action_map.get(key, ()):
+                action()
+        finally:  # stopped without on_trace_ready: built, kept
+            self._finish_window(call_handler=False)
 
     def _open_step_span(self) -> None:
-        self.step_times.begin(self.current_action._value_)
-        if self.current_action not in RECORDING:
+        self.step_times.begin(0 if self._skipping else self.current_action._value_)
+        if self.current_action not in RECORDING or self._skipping:
             return
         if not self._mark_steps_from_start:
             self._step_zero_at = clock.now_ns()
@@ -467,12 +489,21 @@ class profile:
             emit_span(f"{STEP_SPAN_PREFIX}{self.step_num}", started, clock.now_ns())
 
     # -- window actions ------------------------------------------------------------------------
-    def _guarded(self, collector: Collector, phase: str, fn: Callable[[], Any]) -> None:
-        """Run a collector hook; a failure is logged once and counted (raised only if strict)."""
-        if id(collector) in self._broken and phase != "close":
+    def _guarded(
+        self,
+        collector: Collector,
+        phase: str,
+        fn: Callable[[], Any],
+        window: window_end.StoppedWindow | None = None,
+        suffix: str = "",
+    ) -> None:
+        """Run a collector hook (of a stopped ``window`` when given); a failure is logged once
+        and counted (raised only if strict), and switches the collector off for the window."""
+        broken, ctx = (self._broken, self._ctx) if window is None else (window.broken, window.ctx)
+        if id(collector) in broken and phase != "close":
             return
         try:
-            self.step_times.timed(collector.name, fn)
+            self.step_times.timed(collector.name + suffix, fn)
         except Exception as exc:
             _failures.report(
                 "collector_error",
@@ -482,16 +513,18 @@ class profile:
                 then="it is off for this window",
                 once=(id(self), collector.name, phase),
             )
-            self._broken.add(id(collector))
-            if self._ctx is not None:
-                errors = self._ctx.metadata.setdefault("stepscope_collector_errors", {})
+            broken.add(id(collector))
+            if ctx is not None:
+                errors = ctx.metadata.setdefault("stepscope_collector_errors", {})
                 errors[f"{collector.name}.{phase}"] = f"{type(exc).__name__}: {exc}"
 
     def prepare_trace(self) -> None:
         """Create the next window and let collectors get ready (WARMUP)."""
-        self._new_window()
+        if not window_end.skip_window(self):
+            self._new_window()
 
     def _new_window(self) -> WindowContext:
+        self._skipping = False
         self._broken.clear()
         ctx = self._ctx = WindowContext(window=self._window_index)
         self._trace_id = self._make_trace_id()
@@ -505,6 +538,8 @@ class profile:
 
     def start_trace(self) -> None:
         """Start recording the window (RECORD)."""
+        if self._skipping or (self._ctx is None and window_end.skip_window(self)):
+            return
         ctx = self._ctx if self._ctx is not None else self._new_window()
         clock.refine()
         self._window_first_step = self.step_num
@@ -515,7 +550,10 @@ class profile:
             self._guarded(collector, "start", functools.partial(collector.start, ctx))
 
     def stop_trace(self) -> None:
-        """Stop recording and build the window's ``Trace``."""
+        """Stop recording; the window's ``Trace`` is built next (see ``_finish_window``)."""
+        if self._skipping:  # a window left out: nothing was recorded, nothing is handed over
+            self._window_index += 1
+            return
         ctx = self._ctx
         if ctx is None:
             return
@@ -529,34 +567,9 @@ class profile:
             record = self._ranks.first_window_end(self._window_first_step, self.step_num)
             if record is not None:
                 ctx.metadata["stepscope_rank_sync"] = record
-        with gc_paused():  # the window's trace is built from many small containers
-            builder = TraceBuilder()
-            for collector in self.collectors:
-                self._guarded(
-                    collector, "collect", functools.partial(collector.collect, builder, ctx)
-                )
-            self._finish_metadata(builder, ctx)
-            if experimental_flag(self.experimental_config, "expose_kineto_event_metadata"):
-                number_events(builder)
-            trace = builder.build()
-            for collector in self.collectors:
-                self._guarded(
-                    collector, "window_built", functools.partial(collector.window_built, trace)
-                )
-        if self.acc_events:
-            self._traces.append(trace)
-        else:
-            self._traces = [trace]
+        self._stopped = window_end.stopped(self, ctx, self._edge)
         self._window_index += 1
         self._ctx = None
-        label = steps.window_label(ctx.window, self._window_first_step, self.step_num)
-        summary = f"stepscope: {label}: "
-        summary += f"{len(trace.spans)} spans"
-        if ctx.summary:
-            summary += "; " + "; ".join(ctx.summary)
-            log.warning(summary)
-        else:
-            log.info(summary)
 
     def _mark_ended_early(self) -> None:
         if self._ctx is not None:
@@ -568,47 +581,21 @@ class profile:
             self._ctx.metadata["stepscope_window_note"] = "the loop ended during warmup"
 
     def _trace_ready(self) -> None:
-        if self.flight is not None and self.flight.window_ready(self):  # a trigger's window
+        if self._skipping:
+            self._skipping = False
             return
-        if self.on_trace_ready is not None:
+        if self.flight is not None and self.flight.window_ready(self):  # a trigger's window
+            return  # (its file asked for the trace: the window was built for it)
+        if self._stopped is not None:
+            self._finish_window(call_handler=True)
+        elif self.on_trace_ready is not None:
             self.on_trace_ready(self)
 
-    def _finish_metadata(self, builder: TraceBuilder, ctx: WindowContext) -> None:
-        pid = ctx.pid
-        named_processes, named_threads = builder.named_tracks()
-        if pid not in named_processes:
-            builder.process_name(pid, "python")
-        names = {t.native_id: t.name for t in threading.enumerate() if t.native_id is not None}
-        for track_pid, tid in sorted(builder.span_tracks()):
-            if track_pid == pid and (pid, tid) not in named_threads:
-                label = names.get(tid, "python")
-                builder.thread_name(pid, tid, f"thread {tid} ({label})")
-        meta = builder.metadata
-        meta["host_name"] = socket.gethostname()
-        for flag in ("record_shapes", "profile_memory", "with_stack", "with_flops", "with_modules"):
-            if getattr(self, flag):
-                meta[flag] = 1
-        meta["stepscope_version"] = __version__
-        meta["stepscope_clock"] = clock.clock_info()
-        meta["stepscope_window"] = {
-            "index": ctx.window,
-            "first_step": self._window_first_step,
-            "last_step": self.step_num,
-            "start_ns": ctx.start_ns,
-            "end_ns": ctx.end_ns,
-        }
-        meta["stepscope_activities"] = sorted(a.name for a in self.activities)
-        if self._step_trigger is not None:
-            source: dict[str, Any] = {"on": self._step_trigger.spec}
-            if self._step_trigger.spec == "optimizer":
-                source["optimizers"] = self._step_trigger.optimizers()
-            meta["stepscope_step_source"] = source
-        meta["stepscope_overhead"] = self.step_times.summary()
-        meta.update(ctx.metadata)
-        meta.update(self.preset_metadata)
-        meta.update(self._window_metadata)
-        self._window_metadata = {}
-        builder.distributed_info = distributed_info()
+    def _finish_window(self, call_handler: bool) -> None:
+        """Build the stopped window's trace, hand it to ``on_trace_ready`` (``window_end``)."""
+        window, self._stopped = self._stopped, None
+        if window is not None:
+            window_end.finish(self, window, self.on_trace_ready if call_handler else None)
 
     def _make_trace_id(self) -> str:
         if self.custom_trace_id_callback is None:
@@ -645,9 +632,19 @@ class profile:
     @property
     def traces(self) -> list[Trace]:
         """Recorded windows: the last one, or all of them with ``acc_events=True``."""
+        self._saved()
         return list(self._traces)
 
+    def _saved(self) -> None:
+        """Wait for the windows being saved off the loop (a stopped one is handed over now)."""
+        if self._stopped is not None:
+            self._finish_window(call_handler=False)
+        if self._writer.pending:
+            self._writer.wait(config.save_wait_s)
+        self._writer.raise_error()
+
     def _require_traces(self, what: str) -> list[Trace]:
+        self._saved()
         if not self._traces:
             raise RuntimeError(
                 f"{what}: no window has been recorded yet (the schedule has not reached a RECORD "
@@ -724,6 +721,7 @@ class profile:
         """Write the memory timeline: ``.html``, ``.json``, ``.json.gz`` or ``.raw.json.gz``."""
         from stepscope.profiler.memory_timeline import export_memory_timeline
 
+        self._saved()
         return export_memory_timeline(self, path, device)
 
     def export_stacks(

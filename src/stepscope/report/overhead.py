@@ -12,6 +12,26 @@ def _ms(ns: float) -> str:
     return f"{ns / 1e6:,.3f} ms"
 
 
+def _edge_lines(o: Overhead) -> list[str]:
+    """What the window edges cost the loop (older traces: the time between steps)."""
+    if o.edges and o.edge_extra_ns is not None:
+        saving = (
+            f"; {o.edges_saving} still being saved when this trace was written"
+            if o.edges_saving
+            else ""
+        )
+        return [
+            f"Window edges: {_ms(o.edge_extra_ns)} over {o.edges} edges (the step before each "
+            "window start and stop, the step that ended there and the steps after it until "
+            "the window was saved, over the median step of their kinds: the profiler's stop "
+            f"and its save off the loop included{saving})."
+        ]
+    between = sum(o.edge_ns.values())
+    if between:
+        return [f"Between steps: {_ms(between)} (windows started, stopped, collected and saved)."]
+    return []
+
+
 def overhead_lines(o: Overhead | None) -> list[str]:
     """What profiling cost: the recorded steps' slowdown, edge time, collector hook time."""
     if o is None:
@@ -47,11 +67,7 @@ def overhead_lines(o: Overhead | None) -> list[str]:
             f"(median {_ms(o.recorded_median_ns)} vs {_ms(o.unrecorded_median_ns or 0)}; "
             f"{counts})."
         ]
-    edges = sum(o.edge_ns.values())
-    if edges:
-        lines.append(
-            f"Between steps: {_ms(edges)} (windows started, stopped, collected and saved)."
-        )
+    lines += _edge_lines(o)
     if o.in_steps_ns:
         listed = ", ".join(f"{name} {_ms(ns)}" for name, ns in sorted(o.in_steps_ns.items()))
         lines.append(f"Measured inside the recorded steps: {listed}.")

@@ -73,6 +73,7 @@ class StepTables(Collector):
     """
 
     name = "step_tables"
+    collects_off_loop = True  # collects nothing; its window_built takes its lock
 
     def __init__(
         self,

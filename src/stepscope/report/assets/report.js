@@ -614,7 +614,11 @@
         `(median ${ms(o.recorded_median_ns)} vs ${ms(o.unrecorded_median_ns)} ms; ${counts}).`;
     const list = (m) => Object.entries(m || {}).map(([k, v]) => `${k} ${ms(v)} ms`).join(", ");
     const inside = list(o.in_steps_ns), hooks = list(o.collector_ns);
-    return h("p", { id: "overhead" }, said + (inside ? ` Measured inside the recorded steps: ${inside}.` : "") + (hooks ? ` Collector hooks: ${hooks}.` : ""));
+    const saving = o.edges_saving ? `; ${o.edges_saving} still being saved when this trace was written` : "";
+    const edges = o.edges && o.edge_extra_ns !== null && o.edge_extra_ns !== undefined
+      ? ` Window edges: ${ms(o.edge_extra_ns)} ms over ${o.edges} edges (the step before each window start and stop, the step that ended there and the steps after it until the window was saved, over the median step of their kinds: the profiler's stop and its save off the loop included${saving}).`
+      : "";
+    return h("p", { id: "overhead" }, said + edges + (inside ? ` Measured inside the recorded steps: ${inside}.` : "") + (hooks ? ` Collector hooks: ${hooks}.` : ""));
   }
 
   // ---- memory (profile_memory) -----------------------------------------------------------
