@@ -30,6 +30,8 @@ from stepscope.metrics import (
 from stepscope.steps import current_step, set_step
 from tests.metrics_fixtures.servers import PrometheusStack, prometheus_stack  # noqa: F401 - fixture
 
+pytestmark = pytest.mark.slow
+
 SLACK_NS = 2_000_000  # stepscope's clock vs time.time_ns(): one wall base, read at import
 EXPORT_DELAY_S = 0.3  # the export happens this long after the record, so the two cannot mix up
 

@@ -162,6 +162,7 @@ KILLED_WRITER = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_sigkill_mid_export_leaves_whole_lines_after_reopen(tmp_path: Path) -> None:
     out = tmp_path / "m.jsonl"
     for attempt in range(4):

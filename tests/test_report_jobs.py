@@ -17,6 +17,8 @@ import pytest
 from tests.analysis_helpers import SHARED
 from tests.test_ranks import gpu_rank_dir, stepscope_cli
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def rank_dir(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, bytes]:
