@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: demo test test-fast test-coverage lint bench native clean test-twins test-monitoring test-services
+.PHONY: demo test test-fast test-coverage lint bench bench-hooks native clean test-twins test-monitoring test-services
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -98,9 +98,14 @@ lint: $(VENV)/.stamp-test
 	$(PY) -m ruff format --check src tests bench examples
 	$(PY) -m mypy
 
-bench: $(VENV)/.stamp-test native
+# The benchmarks' own native hooks (the tracer's floor, clock reads): a module of bench/ alone,
+# never in the package's extension (tests/test_bench_hooks.py builds it into a temporary folder).
+bench-hooks: $(VENV)/.stamp-base
+	$(PY) bench/hooks/build.py
+
+bench: $(VENV)/.stamp-test native bench-hooks
 	$(PIP) install -r bench/requirements.txt
 	$(PY) bench/run.py
 
 clean:
-	rm -rf $(VENV) build src/*.egg-info src/stepscope/*.so
+	rm -rf $(VENV) build src/*.egg-info src/stepscope/*.so bench/*.so

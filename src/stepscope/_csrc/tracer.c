@@ -821,10 +821,6 @@ static PyObject *mon_c_end(PyObject *mod, PyObject *const *args, Py_ssize_t narg
     Py_RETURN_NONE;
 }
 
-static PyObject *mon_noop(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
-    Py_RETURN_NONE;
-}
-
 /* ---------------------------------------------------------------------------------------- */
 /* Profile function (3.10/3.11)                                                               */
 
@@ -877,10 +873,6 @@ static int profile_cb(PyObject *obj, PyFrameObject *frame, int what, PyObject *a
     if (tb->prev_func) {
         return tb->prev_func(tb->prev_obj, frame, what, arg);
     }
-    return 0;
-}
-
-static int noop_profile_cb(PyObject *obj, PyFrameObject *frame, int what, PyObject *arg) {
     return 0;
 }
 
@@ -1376,38 +1368,6 @@ static PyObject *py_active(PyObject *mod, PyObject *unused) {
     return PyBool_FromLong(S.active);
 }
 
-/* Benchmark floor for 3.10/3.11: a profile function that does nothing, on the calling thread. */
-static PyObject *py_floor_profile(PyObject *mod, PyObject *arg) {
-#if SS_LEGACY_PROFILE
-    int on = PyObject_IsTrue(arg);
-    if (on < 0) {
-        return NULL;
-    }
-    if (on) {
-        PyEval_SetProfile(noop_profile_cb, NULL);
-    } else {
-        PyEval_SetProfile(NULL, NULL);
-    }
-    Py_RETURN_NONE;
-#else
-    PyErr_SetString(PyExc_RuntimeError, "use the sys.monitoring no-op callback on Python 3.12+");
-    return NULL;
-#endif
-}
-
-/* Benchmark: `n` reads of the tracer's clock in a C loop (what a recorded call pays twice). */
-static PyObject *py_bench_clock_reads(PyObject *mod, PyObject *arg) {
-    long long n = PyLong_AsLongLong(arg);
-    if (n == -1 && PyErr_Occurred()) {
-        return NULL;
-    }
-    uint64_t sum = 0;
-    for (long long i = 0; i < n; i++) {
-        sum += ss_ticks();
-    }
-    return PyLong_FromUnsignedLongLong(sum & 1);
-}
-
 static PyMethodDef tracer_methods[] = {
     {"_tracer_configure", (PyCFunction)(void (*)(void))py_configure,
      METH_VARARGS | METH_KEYWORDS, "Set the tracer's filters and budget for the next window."},
@@ -1424,8 +1384,6 @@ static PyMethodDef tracer_methods[] = {
     {"_tracer_active", py_active, METH_NOARGS, "Whether the tracer is recording."},
     {"_tracer_thread_hook", (PyCFunction)(void (*)(void))py_thread_hook, METH_FASTCALL,
      "threading.setprofile target that installs the C profile function in new threads."},
-    {"_floor_profile", py_floor_profile, METH_O, "Install/remove a no-op profile function."},
-    {"_bench_clock_reads", py_bench_clock_reads, METH_O, "Read the tracer's clock n times."},
     {"_mon_py_start", (PyCFunction)(void (*)(void))mon_py_start, METH_FASTCALL,
      "sys.monitoring PY_START/PY_RESUME callback."},
     {"_mon_py_throw", (PyCFunction)(void (*)(void))mon_py_throw, METH_FASTCALL,
@@ -1438,8 +1396,6 @@ static PyMethodDef tracer_methods[] = {
      "sys.monitoring CALL callback (C functions)."},
     {"_mon_c_end", (PyCFunction)(void (*)(void))mon_c_end, METH_FASTCALL,
      "sys.monitoring C_RETURN/C_RAISE callback."},
-    {"_mon_noop", (PyCFunction)(void (*)(void))mon_noop, METH_FASTCALL,
-     "A sys.monitoring callback that does nothing (benchmark floor)."},
     {NULL, NULL, 0, NULL},
 };
 
