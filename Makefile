@@ -49,7 +49,7 @@ COVERAGE_FLOOR ?= 78
 test: $(VENV)/.stamp-test native test-services
 	@bash scripts/test-stages.sh \
 	  "the whole suite with the C extension" "$(PY) -m pytest -q" \
-	  "the whole suite on the pure-Python twins" "$(MAKE) --no-print-directory test-twins" \
+	  "the suite on the pure-Python twins" "$(MAKE) --no-print-directory test-twins" \
 	  "C-part tests under Python 3.12 and 3.13" "$(MAKE) --no-print-directory test-monitoring" \
 	  "line coverage (the fast tier)" "$(MAKE) --no-print-directory test-coverage"
 
@@ -62,10 +62,15 @@ test-coverage: $(VENV)/.stamp-test native
 test-fast: $(VENV)/.stamp-test native
 	$(PY) -m pytest -q -m "not slow"
 
-# The whole suite again on the pure-Python twins, as a machine without a compiler runs it
-# (tests of what only the extension has skip, saying so).
+# The suite again on the pure-Python twins, as a machine without a compiler runs it (tests of
+# what only the extension has skip, saying so).  Tests marked `implementation_independent` are
+# left out: they reach no choice between the extension and a twin (the metrics pipeline and its
+# servers, the tables, fleet SQL and its page, the layering check...), or choose it themselves
+# for the processes they start, so this stage would run exactly what the first one did.  The
+# marker is set by each test and held by tests/implementation_guard.py: a marked test that
+# reaches a choice fails.
 test-twins: $(VENV)/.stamp-test
-	STEPSCOPE_IMPLEMENTATION=python $(PY) -m pytest -q
+	STEPSCOPE_IMPLEMENTATION=python $(PY) -m pytest -q -m "not implementation_independent"
 
 # The C parts' tests (marked `native`: the tracer's sys.monitoring path, the sampler's frame
 # walk, record_function, the clock, the Chrome scanner) under Python 3.12 and 3.13, where

@@ -7,6 +7,8 @@
   ``stepscope.config`` (``strict`` included), the torchelastic-style metric handlers and a
   default metrics pipeline the test brought up.
 - ``pipeline``: a private metrics pipeline; ``udp``: a UDP socket that receives StatsD lines.
+- A test marked ``implementation_independent`` (the twins stage skips it) fails at teardown if it
+  reached a choice between the C extension and a twin (``tests/implementation_guard.py``).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+import tests.implementation_guard as guard  # first: every stepscope module binds its wrappers
 from stepscope import _ext
 from stepscope.config import config
 from stepscope.metrics import NullMetricHandler, Pipeline, api
@@ -63,6 +66,29 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.path.name in MEASURE_THE_INTERPRETER:
             item.add_marker(skip)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Watch the record_function twin for the ``implementation_independent`` guard."""
+    guard.watch_the_record_function_twin()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A test starts with no choice of implementation reached (its fixtures count)."""
+    guard.reached.clear()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    """A test marked ``implementation_independent`` reached no choice of implementation."""
+    if guard.reached and item.get_closest_marker(guard.MARKER) is not None:
+        found = ", ".join(sorted(guard.reached))
+        pytest.fail(
+            f"marked {guard.MARKER}, but it reached {found}: the twins stage would skip a test "
+            "that exercises a twin (drop the marker)",
+            pytrace=False,
+        )
 
 
 @pytest.fixture(params=["native", "python"])

@@ -19,6 +19,8 @@ from typing import Any
 
 import pytest
 
+pytestmark = pytest.mark.implementation_independent
+
 _SPEC = importlib.util.find_spec("stepscope")  # found, not imported: the source is what counts
 if _SPEC is None or _SPEC.origin is None:
     raise RuntimeError("stepscope is not importable: install it with `make test`")

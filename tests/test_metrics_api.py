@@ -31,6 +31,8 @@ from stepscope.metrics.api import (
 )
 from stepscope.metrics.failures import failure_counts
 
+pytestmark = pytest.mark.implementation_independent
+
 
 class RecordingHandler(MetricHandler):
     """Keeps every value by name (like torchelastic's test handler) and in order."""

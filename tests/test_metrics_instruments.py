@@ -17,6 +17,8 @@ from stepscope.metrics.points import ExpHistogramValue, HistogramValue
 from stepscope.steps import set_step
 from tests.metrics_fixtures import CollectingExporter
 
+pytestmark = pytest.mark.implementation_independent
+
 
 @pytest.fixture
 def pipe() -> Iterator[tuple[Pipeline, CollectingExporter]]:

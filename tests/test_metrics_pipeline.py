@@ -27,6 +27,8 @@ from stepscope.metrics.spill import read_spill
 from stepscope.steps import set_step
 from tests.metrics_fixtures import CollectingExporter, ListSink
 
+pytestmark = pytest.mark.implementation_independent
+
 
 class FlakyExporter(Exporter):
     """Fails its first ``failures`` calls, then delivers into a list."""

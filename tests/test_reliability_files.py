@@ -29,6 +29,8 @@ from stepscope.steps import set_step
 from stepscope.tables import MetricTable
 from tests.reliability_helpers import fill, small_tmpfs
 
+pytestmark = pytest.mark.implementation_independent
+
 TABLE = MetricTable.register_table("test_reliability", ["name", "note"])
 
 

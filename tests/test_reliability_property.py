@@ -139,6 +139,7 @@ def record(p: Pipeline, ops: Sequence[tuple[str, str, Any]], description: str) -
     set_step(len(ops))
 
 
+@pytest.mark.implementation_independent
 @settings(
     max_examples=15,
     deadline=None,
