@@ -7,7 +7,8 @@ static struct PyModuleDef native_module = {
     .m_name = "stepscope._native",
     .m_doc = "C parts of stepscope: the clock, the Chrome trace writer and reader, record_function, "
              "the function tracer, the stack sampler, the step recorder's ring, the allocation "
-             "hook and span nesting (stepscope._ext chooses them or their pure-Python twins).",
+             "hook, span nesting and the compact form's columns (stepscope._ext chooses them or "
+             "their pure-Python twins).",
     .m_size = -1,
 };
 
