@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: demo test test-fast test-coverage lint bench native clean test-twins test-monitoring test-services
+.PHONY: demo test test-fast test-coverage lint bench bench-hooks native clean test-twins test-monitoring test-services
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -49,7 +49,7 @@ COVERAGE_FLOOR ?= 78
 test: $(VENV)/.stamp-test native test-services
 	@bash scripts/test-stages.sh \
 	  "the whole suite with the C extension" "$(PY) -m pytest -q" \
-	  "the whole suite on the pure-Python twins" "$(MAKE) --no-print-directory test-twins" \
+	  "the suite on the pure-Python twins" "$(MAKE) --no-print-directory test-twins" \
 	  "C-part tests under Python 3.12 and 3.13" "$(MAKE) --no-print-directory test-monitoring" \
 	  "line coverage (the fast tier)" "$(MAKE) --no-print-directory test-coverage"
 
@@ -62,10 +62,15 @@ test-coverage: $(VENV)/.stamp-test native
 test-fast: $(VENV)/.stamp-test native
 	$(PY) -m pytest -q -m "not slow"
 
-# The whole suite again on the pure-Python twins, as a machine without a compiler runs it
-# (tests of what only the extension has skip, saying so).
+# The suite again on the pure-Python twins, as a machine without a compiler runs it (tests of
+# what only the extension has skip, saying so).  Tests marked `implementation_independent` are
+# left out: they reach no choice between the extension and a twin (the metrics pipeline and its
+# servers, the tables, fleet SQL and its page, the layering check...), or choose it themselves
+# for the processes they start, so this stage would run exactly what the first one did.  The
+# marker is set by each test and held by tests/implementation_guard.py: a marked test that
+# reaches a choice fails.
 test-twins: $(VENV)/.stamp-test
-	STEPSCOPE_IMPLEMENTATION=python $(PY) -m pytest -q
+	STEPSCOPE_IMPLEMENTATION=python $(PY) -m pytest -q -m "not implementation_independent"
 
 # The C parts' tests (marked `native`: the tracer's sys.monitoring path, the sampler's frame
 # walk, record_function, the clock, the Chrome scanner) under Python 3.12 and 3.13, where
@@ -98,9 +103,14 @@ lint: $(VENV)/.stamp-test
 	$(PY) -m ruff format --check src tests bench examples
 	$(PY) -m mypy
 
-bench: $(VENV)/.stamp-test native
+# The benchmarks' own native hooks (the tracer's floor, clock reads): a module of bench/ alone,
+# never in the package's extension (tests/test_bench_hooks.py builds it into a temporary folder).
+bench-hooks: $(VENV)/.stamp-base
+	$(PY) bench/hooks/build.py
+
+bench: $(VENV)/.stamp-test native bench-hooks
 	$(PIP) install -r bench/requirements.txt
 	$(PY) bench/run.py
 
 clean:
-	rm -rf $(VENV) build src/*.egg-info src/stepscope/*.so
+	rm -rf $(VENV) build src/*.egg-info src/stepscope/*.so bench/*.so

@@ -3,8 +3,9 @@
 Workload: recursive fib plus a method-heavy loop, ~1 s untraced (a tenth with --quick).  Every
 subject runs once per round, rounds interleaved, so drift on a shared machine hits all alike.
 Overhead = traced time / baseline - 1.  The floor is a no-op C hook on the same events (a
-benchmark-only mode of the extension: a profile function on 3.10/3.11, sys.monitoring callbacks
-on 3.12+).
+profile function on 3.10/3.11, sys.monitoring callbacks on 3.12+) from the benchmarks' own
+module ``_bench_hooks`` (``bench/hooks``, built by ``make bench``; never in the package's
+extension).
 
 Targets (issue 4): stepscope's overhead <= 0.8 x the smallest of cProfile's and VizTracer's, and
 <= 1.5 x the floor's; <= 24 bytes per recorded call in memory; a NONE-phase step costs the same
@@ -17,7 +18,8 @@ method-only workload, <= 0.8 x the best of cProfile and VizTracer; start to a wr
 stop() <= 100 ns per span; and past the default budget (4M calls, the oldest dropped) how long
 stop() takes beside the workload; and the 1 kHz sampler's slowdown with start and stop included
 (<= 1.10x).  ``STEPSCOPE_BENCH_PYTHONS`` (paths joined by ``:``) adds interpreters to this part,
-e.g. a Python 3.12 venv for the ``sys.monitoring`` path (each needs the extension built for it).
+e.g. a Python 3.12 venv for the ``sys.monitoring`` path (each needs the extension and the hooks
+built for it: ``setup.py build_ext --inplace`` and ``bench/hooks/build.py``).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from harness import Report, run_json_child
+from stepscope import clock
 from stepscope._ext import native
 from stepscope.collectors.base import WindowContext
 from stepscope.collectors.python import PythonTracerCollector
@@ -105,12 +108,24 @@ def _stepscope(**options: Any) -> tuple[Callable[[], None], Callable[[], None]]:
     return start, stop
 
 
+HOOKS_HINT = "python bench/hooks/build.py builds them"
+
+
+def _hooks() -> Any:
+    """The ``_bench_hooks`` module (``bench/hooks/build.py`` builds it), or None."""
+    try:
+        import _bench_hooks
+    except ImportError:
+        return None
+    return _bench_hooks
+
+
 def _floor() -> tuple[Callable[[], None], Callable[[], None]] | None:
-    mod = native()
+    mod = _hooks()
     if mod is None:
         return None
     if sys.version_info < (3, 12):
-        return (lambda: mod._floor_profile(True)), (lambda: mod._floor_profile(False))
+        return (lambda: mod.floor_profile(True)), (lambda: mod.floor_profile(False))
     mon = sys.monitoring  # type: ignore[attr-defined]
     ev = mon.events
     events = [ev.PY_START, ev.PY_RESUME, ev.PY_RETURN, ev.PY_YIELD, ev.PY_UNWIND, ev.PY_THROW]
@@ -120,7 +135,7 @@ def _floor() -> tuple[Callable[[], None], Callable[[], None]] | None:
         mon.use_tool_id(tool, "bench-floor")
         mask = 0
         for e in events:
-            mon.register_callback(tool, e, mod._mon_noop)
+            mon.register_callback(tool, e, mod.mon_noop)
             mask |= e
         mon.set_events(tool, mask)
 
@@ -270,13 +285,15 @@ def _child(python: str, subject: str, workload: str, out: Path) -> dict[str, flo
 
 
 def _tsc_read_ns() -> float:
-    """Nanoseconds per clock read of the tracer (``ticks()`` in a C loop; 0 if not built)."""
-    mod = native()
+    """Nanoseconds per clock read of the tracer (``ss_ticks()`` in a C loop, from the source
+    ``stepscope.clock`` chose; 0 without the hooks)."""
+    mod = _hooks()
     if mod is None:
         return 0.0
+    mod._clock_configure(clock.SOURCE == "tsc")
     n = 2_000_000
     start = time.perf_counter()
-    mod._bench_clock_reads(n)
+    mod.clock_reads(n)
     return (time.perf_counter() - start) * 1e9 / n
 
 
@@ -292,7 +309,14 @@ def _separate_processes(report: Report, python: str) -> None:
 
     rounds = 2 if report.quick else 5
     version = _version(python).strip()
-    subjects = ["none", "floor", "stepscope", "sampler", "cprofile"]
+    subjects = ["none", "stepscope", "sampler", "cprofile"]
+    has_hooks = subprocess.run(
+        [python, "-c", "import _bench_hooks"], capture_output=True, cwd=str(CHILD.parent)
+    ).returncode
+    if has_hooks != 0:
+        report.note(f"the floor: no bench hooks for Python {version} ({HOOKS_HINT}), skipped")
+    else:
+        subjects.insert(1, "floor")
     has_viz = subprocess.run([python, "-c", "import viztracer"], capture_output=True).returncode
     if has_viz != 0:
         report.note(f"VizTracer: not installed for Python {version}, skipped")
@@ -314,12 +338,13 @@ def _separate_processes(report: Report, python: str) -> None:
             peers = [over[s] for s in ("cprofile", "viztracer") if s in over]
             report.note(f"{case}: overhead " + ", ".join(f"{s} {v:.1%}" for s, v in over.items()))
             calls = CALLS[workload]
-            floor_ns = (res["floor"].median - base) * 1e9 / calls
-            ours_ns = (res["stepscope"].median - res["floor"].median) * 1e9 / calls
-            report.note(
-                f"{case}: the no-op hook costs {floor_ns:.0f} ns per call, stepscope "
-                f"{ours_ns:.0f} ns more (two clock reads: {2 * _tsc_read_ns():.0f} ns)"
-            )
+            if "floor" in res:
+                floor_ns = (res["floor"].median - base) * 1e9 / calls
+                ours_ns = (res["stepscope"].median - res["floor"].median) * 1e9 / calls
+                report.note(
+                    f"{case}: the no-op hook costs {floor_ns:.0f} ns per call, stepscope "
+                    f"{ours_ns:.0f} ns more (two clock reads: {2 * _tsc_read_ns():.0f} ns)"
+                )
             report.target(
                 f"py{version} {workload}: stepscope overhead / min(cProfile, VizTracer) <= 0.8",
                 over["stepscope"] / min(peers),
@@ -406,7 +431,8 @@ def run(report: Report) -> None:
     }
     missing = [name for name, hooks in subjects.items() if hooks is None and name != "baseline"]
     for name in missing:
-        report.note(f"{name}: not installed, skipped (bench/requirements.txt)")
+        where = HOOKS_HINT if "floor" in name else "bench/requirements.txt"
+        report.note(f"{name}: not installed, skipped ({where})")
         del subjects[name]
     samples: dict[str, list[float]] = {name: [] for name in subjects}
     workload()  # warm up

@@ -62,7 +62,7 @@ def subject_hooks(subject: str, out: str) -> tuple[Callable[[], Any], ...]:
 
         hooks = _floor()
         if hooks is None:
-            raise SystemExit("the floor needs the C extension")
+            raise SystemExit("the floor needs bench/hooks built (python bench/hooks/build.py)")
         return hooks[0], hooks[1], (lambda: None)
     if subject == "none":
         return (lambda: None), (lambda: None), (lambda: None)

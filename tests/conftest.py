@@ -7,6 +7,8 @@
   ``stepscope.config`` (``strict`` included), the torchelastic-style metric handlers and a
   default metrics pipeline the test brought up.
 - ``pipeline``: a private metrics pipeline; ``udp``: a UDP socket that receives StatsD lines.
+- A test marked ``implementation_independent`` (the twins stage skips it) fails at teardown if it
+  reached a choice between the C extension and a twin (``tests/implementation_guard.py``).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+import tests.implementation_guard as guard  # first: every stepscope module binds its wrappers
 from stepscope import _ext
 from stepscope.config import config
 from stepscope.metrics import NullMetricHandler, Pipeline, api
@@ -48,52 +51,6 @@ def pytest_report_header() -> list[str]:
     ]
 
 
-# The inner loop (`make test-fast`, `-m "not slow"`) leaves out what starts processes, servers,
-# trainers or a browser, or reads the big device traces: whole files here, single tests below,
-# and any test marked `@pytest.mark.slow` itself.
-SLOW_FILES = {
-    "test_analysis_device.py",
-    "test_attach.py",
-    "test_chrome_scan.py",
-    "test_compile_annotations.py",
-    "test_execution_trace_compat.py",
-    "test_install_without_extension.py",
-    "test_lightning.py",
-    "test_memory_timeline.py",
-    "test_metrics_servers.py",
-    "test_metrics_steps.py",
-    "test_mlflow.py",
-    "test_native_stub.py",
-    "test_notebook_markdown.py",
-    "test_overhead.py",
-    "test_ranks.py",
-    "test_reliability_commands.py",
-    "test_reliability_commands_property.py",
-    "test_reliability_fleet.py",
-    "test_reliability_property.py",
-    "test_report_html.py",
-    "test_report_jobs.py",
-    "test_run_cli.py",
-    "test_run_cli_answers.py",
-    "test_run_step_source.py",
-    "test_run_trainers.py",
-    "test_sampler_agreement.py",
-    "test_step_sources.py",
-    "test_step_tables.py",
-    "test_trace_readers.py",
-    "test_transformers.py",
-}
-SLOW_TESTS = {
-    "tests/test_chrome.py::test_c_event_reader_matches_the_python_twin",
-    "tests/test_chrome.py::test_torch_trace_loads_with_the_same_event_count",
-    "tests/test_raw_args.py::test_arg_reader_matches_json_loads",
-    "tests/test_reliability_files.py::test_sigkill_mid_export_leaves_whole_lines_after_reopen",
-    "tests/test_reliability_profile.py::test_a_child_forked_mid_window_starts_clean",
-    "tests/test_reliability_reader.py::test_a_gzip_bomb_stops_at_the_limit",
-    "tests/test_report_cli.py::test_report_shared_gpu_traces",
-}
-
-
 # Tests that measure the interpreter's own allocations or speed: coverage's tracer (which
 # allocates and slows every line) changes what they measure, so `make test-coverage` leaves them
 # out; the suite's first stage runs them without it.
@@ -102,14 +59,36 @@ UNDER_COVERAGE = os.environ.get("STEPSCOPE_UNDER_COVERAGE") == "1"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Marks the tests of :data:`SLOW_FILES` and :data:`SLOW_TESTS` ``slow``; under coverage,
-    skips those of :data:`MEASURE_THE_INTERPRETER`."""
+    """Under coverage, skips the tests of :data:`MEASURE_THE_INTERPRETER`."""
+    if not UNDER_COVERAGE:
+        return
     skip = pytest.mark.skip(reason="coverage's tracer changes what it measures (run without it)")
     for item in items:
-        if item.path.name in SLOW_FILES or item.nodeid.split("[")[0] in SLOW_TESTS:
-            item.add_marker(pytest.mark.slow)
-        if UNDER_COVERAGE and item.path.name in MEASURE_THE_INTERPRETER:
+        if item.path.name in MEASURE_THE_INTERPRETER:
             item.add_marker(skip)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Watch the record_function twin for the ``implementation_independent`` guard."""
+    guard.watch_the_record_function_twin()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A test starts with no choice of implementation reached (its fixtures count)."""
+    guard.reached.clear()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    """A test marked ``implementation_independent`` reached no choice of implementation."""
+    if guard.reached and item.get_closest_marker(guard.MARKER) is not None:
+        found = ", ".join(sorted(guard.reached))
+        pytest.fail(
+            f"marked {guard.MARKER}, but it reached {found}: the twins stage would skip a test "
+            "that exercises a twin (drop the marker)",
+            pytrace=False,
+        )
 
 
 @pytest.fixture(params=["native", "python"])

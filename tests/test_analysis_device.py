@@ -25,7 +25,10 @@ GPU_TRACES = [
 ]
 TOLERANCE_PP = 0.5
 
-pytestmark = pytest.mark.skipif(not SHARED.is_dir(), reason="shared GPU traces not present")
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not SHARED.is_dir(), reason="shared GPU traces not present"),
+]
 
 
 @pytest.fixture(scope="module")

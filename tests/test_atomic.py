@@ -10,6 +10,8 @@ import pytest
 
 from stepscope.atomic import atomic_output
 
+pytestmark = pytest.mark.implementation_independent
+
 
 def test_new_files_get_the_umask_mode_and_replacements_keep_theirs(tmp_path: Path) -> None:
     old = os.umask(0o022)

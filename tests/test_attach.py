@@ -33,6 +33,8 @@ from tests.attach_helpers import (
     wait_for,
 )
 
+pytestmark = pytest.mark.slow
+
 
 def _attach_twice(
     target: Target, out: Path, steps: int, *second: str

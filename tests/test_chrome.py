@@ -156,6 +156,7 @@ chrome_events = st.one_of(
 )
 
 
+@pytest.mark.slow
 @pytest.mark.native
 @pytest.mark.skipif(native() is None, reason="C extension not built")
 @settings(max_examples=300, deadline=None)
@@ -424,6 +425,7 @@ def torch_trace_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 def test_torch_trace_loads_with_the_same_event_count(torch_trace_file: Path) -> None:
     doc = json.loads(torch_trace_file.read_text())

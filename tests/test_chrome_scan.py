@@ -26,6 +26,7 @@ from tests.analysis_helpers import SHARED
 
 # C-part tests (`-m native`): also run under Python 3.12 and 3.13 by `make test-monitoring`.
 pytestmark = [
+    pytest.mark.slow,
     pytest.mark.native,
     pytest.mark.skipif(native() is None, reason="C extension not built"),
 ]

@@ -57,6 +57,7 @@ def test_clock_info_names_the_source() -> None:
         assert int(str(info["tsc_hz"])) > 100_000_000
 
 
+@pytest.mark.implementation_independent
 @pytest.mark.parametrize(
     ("env", "expected"),
     [

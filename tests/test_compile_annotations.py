@@ -18,6 +18,8 @@ dynamo = pytest.importorskip("torch._dynamo")
 
 import stepscope  # noqa: E402
 
+pytestmark = pytest.mark.slow
+
 
 def annotated_with(make: Callable[..., Any]) -> Callable[[Any], Any]:
     def body(x: Any) -> Any:

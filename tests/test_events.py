@@ -909,6 +909,7 @@ def test_span_ids_in_the_trace_match_the_logged_events() -> None:
     assert span.dur_ns == end["duration_ns"]
 
 
+@pytest.mark.implementation_independent
 def test_events_land_in_the_trace_with_the_pure_python_twin(tmp_path: Path) -> None:
     script = tmp_path / "twin.py"
     script.write_text(

@@ -18,6 +18,8 @@ torch = pytest.importorskip("torch")
 import stepscope  # noqa: E402
 from stepscope.profiler import ExecutionTraceObserver  # noqa: E402
 
+pytestmark = pytest.mark.slow
+
 ROOTS = ("[pytorch|profiler|execution_trace|process]", "[pytorch|profiler|execution_trace|thread]")
 Json = dict[str, Any]
 

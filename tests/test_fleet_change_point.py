@@ -11,6 +11,8 @@ import pytest
 from stepscope.steptables.fleet import fleet_report
 from stepscope.steptables.schema import INT_COLUMNS, SCHEMA_VERSION, arrow_schema
 
+pytestmark = pytest.mark.implementation_independent
+
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
 pytest.importorskip("duckdb")

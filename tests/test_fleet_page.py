@@ -16,6 +16,8 @@ from tests import test_report_html
 from tests.test_fleet_change_point import shifted, write_tables
 from tests.test_report_html import assert_clean, load
 
+pytestmark = pytest.mark.implementation_independent
+
 pytest.importorskip("duckdb")
 browser = test_report_html.browser
 """Headless Chromium (the HTML report tests' fixture)."""

@@ -21,6 +21,8 @@ import pytest
 
 from stepscope.trace import read_chrome_trace
 
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[1]
 
 PROGRAM = r"""

@@ -22,6 +22,8 @@ from stepscope.cli import main
 from stepscope.config import config
 from stepscope.tables import get_metric_table
 
+pytestmark = pytest.mark.implementation_independent
+
 FIXTURES = Path(__file__).parent / "fixtures" / "kernels"
 HAND = FIXTURES / "handwritten"
 REAL = FIXTURES / "inductor_cpu"

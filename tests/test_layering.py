@@ -1,6 +1,7 @@
 """How the package is layered: every module in a part of ``docs/layers.json``, no import that a
 "never" rule forbids, no import cycle between folders (the root package and its top-level modules
-each a node of their own) nor between parts, no module so long that a reader cannot hold it.
+each a node of their own) nor between parts, no module (Python, or C in
+``_csrc``) so long that a reader cannot hold it.
 
 Read from the source: every ``import`` statement counts, those inside functions and those under
 ``if TYPE_CHECKING:`` included (a renderer typed on an object depends on it), so the check sees
@@ -17,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+pytestmark = pytest.mark.implementation_independent
 
 _SPEC = importlib.util.find_spec("stepscope")  # found, not imported: the source is what counts
 if _SPEC is None or _SPEC.origin is None:
@@ -292,9 +295,12 @@ MAX_MODULE_LINES = 800
 
 
 def test_no_module_is_over_800_lines() -> None:
+    """Python modules and the C extension's sources (``_csrc/*.c``, ``*.h``) alike."""
+    sources = sorted([*PACKAGE_DIR.rglob("*.py"), *(PACKAGE_DIR / "_csrc").glob("*.[ch]")])
+    assert any(path.suffix == ".c" for path in sources), "no C sources in _csrc beside the package"
     long = {
         str(path.relative_to(PACKAGE_DIR)): n
-        for path in sorted(PACKAGE_DIR.rglob("*.py"))
+        for path in sources
         if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES
     }
     assert long == {}, f"split these modules (over {MAX_MODULE_LINES} lines): {long}"

@@ -25,6 +25,8 @@ from tests.analysis_helpers import SHARED
 from tests.test_memory import make_block, python_loop, transient_size
 from tests.test_report_html import assert_clean, browser, inked_pixels, load, screenshot
 
+pytestmark = pytest.mark.slow
+
 __all__ = ["browser"]  # the fixture, shared with the report's browser tests
 
 ACTIONS = {1, 2, 3, 4}  # PREEXISTING, CREATE, INCREMENT_VERSION, DESTROY

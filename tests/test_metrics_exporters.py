@@ -37,6 +37,8 @@ from stepscope.metrics.points import ExportBatch, Family, SeriesPoint
 from stepscope.steps import set_step
 from tests.metrics_fixtures import free_port, received
 
+pytestmark = pytest.mark.implementation_independent
+
 
 def record_some(p: Pipeline) -> None:
     p.counter("requests").bind(route="/a").inc(3)

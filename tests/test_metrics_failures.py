@@ -31,6 +31,8 @@ from stepscope.metrics.exporters.prometheus import PushgatewayExporter
 from stepscope.steps import set_step
 from tests.metrics_fixtures import free_port
 
+pytestmark = pytest.mark.implementation_independent
+
 
 class FlakyBackend(BaseHTTPRequestHandler):
     """Answers 503 until ``server.healthy_after`` requests were made, then 200."""

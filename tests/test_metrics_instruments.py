@@ -9,12 +9,15 @@ from collections.abc import Iterator
 
 import pytest
 
+from stepscope.failures import set_strict
 from stepscope.metrics import Pipeline
-from stepscope.metrics.failures import failure_counts, set_strict
+from stepscope.metrics.failures import failure_counts
 from stepscope.metrics.instruments import ExpHistogramSeries
 from stepscope.metrics.points import ExpHistogramValue, HistogramValue
 from stepscope.steps import set_step
 from tests.metrics_fixtures import CollectingExporter
+
+pytestmark = pytest.mark.implementation_independent
 
 
 @pytest.fixture

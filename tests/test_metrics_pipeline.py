@@ -27,6 +27,8 @@ from stepscope.metrics.spill import read_spill
 from stepscope.steps import set_step
 from tests.metrics_fixtures import CollectingExporter, ListSink
 
+pytestmark = pytest.mark.implementation_independent
+
 
 class FlakyExporter(Exporter):
     """Fails its first ``failures`` calls, then delivers into a list."""
@@ -163,7 +165,7 @@ def test_failed_exports_are_retried_then_spilled_then_recover(
 
 
 def test_backend_down_goes_straight_to_spill_during_backoff(
-    pipelines: list[Pipeline], tmp_path: Path
+    pipelines: list[Pipeline], tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     p = make(pipelines, tmp_path, retry=RetryPolicy(attempts=1, initial_backoff_s=0.0))
     flaky = FlakyExporter(failures=10**6)
@@ -176,6 +178,12 @@ def test_backend_down_goes_straight_to_spill_during_backoff(
     assert flaky.calls == 1  # the others fell inside the backoff window
     acc = p.accounting()["flaky"]
     assert acc["spilled"] == 5 and acc["exported"] == 0
+    assert acc["last_error"] == "ConnectionError: backend unavailable"
+    with caplog.at_level(logging.WARNING, logger="stepscope.metrics"):
+        p.shutdown(timeout_s=5)
+    closing = [r.getMessage() for r in caplog.records if "of 5 records" in r.getMessage()]
+    assert len(closing) == 1, closing
+    assert "last error: ConnectionError: backend unavailable" in closing[0]
 
 
 def test_spill_budget_counts_what_does_not_fit(pipelines: list[Pipeline], tmp_path: Path) -> None:

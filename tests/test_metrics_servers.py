@@ -12,6 +12,8 @@ from stepscope.metrics.exporters.prometheus import PrometheusEndpoint, Pushgatew
 from stepscope.steps import set_step
 from tests.metrics_fixtures.servers import PrometheusStack, prometheus_stack  # noqa: F401 - fixture
 
+pytestmark = [pytest.mark.slow, pytest.mark.implementation_independent]
+
 
 @pytest.fixture
 def pipeline(tmp_path: Path) -> Iterator[Pipeline]:

@@ -30,6 +30,8 @@ from stepscope.metrics import (
 from stepscope.steps import current_step, set_step
 from tests.metrics_fixtures.servers import PrometheusStack, prometheus_stack  # noqa: F401 - fixture
 
+pytestmark = pytest.mark.slow
+
 SLACK_NS = 2_000_000  # stepscope's clock vs time.time_ns(): one wall base, read at import
 EXPORT_DELAY_S = 0.3  # the export happens this long after the record, so the two cannot mix up
 
@@ -49,6 +51,7 @@ def assert_recorded_within(ns: int, window: tuple[int, int]) -> None:
     assert before - SLACK_NS <= ns <= after + SLACK_NS, (ns - before, after - ns)
 
 
+@pytest.mark.implementation_independent
 def test_file_and_console_rows_carry_step_and_record_time(
     pipeline: Pipeline, tmp_path: Path
 ) -> None:
@@ -94,6 +97,7 @@ def test_file_and_console_rows_carry_step_and_record_time(
     assert line == f"[{loss['time_unix_ns'] / 1e9}][step 7]: train.loss=0.5"
 
 
+@pytest.mark.implementation_independent
 def test_a_step_reduced_from_several_values_is_stamped_with_its_first(pipeline: Pipeline) -> None:
     out: list[Any] = []
 
@@ -134,6 +138,7 @@ def test_step_gauge_is_served_as_soon_as_the_profiler_starts(pipeline: Pipeline)
     assert "stepscope_step 1.0" in scrape(endpoint.url)  # kept after the loop ended
 
 
+@pytest.mark.implementation_independent
 def test_prometheus_shows_which_step_a_scalar_belongs_to(
     prometheus_stack: PrometheusStack,  # noqa: F811
     tmp_path: Path,
@@ -159,6 +164,7 @@ def test_prometheus_shows_which_step_a_scalar_belongs_to(
         set_step(None)
 
 
+@pytest.mark.implementation_independent
 def test_statsd_sends_the_step_beside_each_scalar(pipeline: Pipeline) -> None:
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sock.bind(("127.0.0.1", 0))
@@ -181,6 +187,7 @@ def test_statsd_sends_the_step_beside_each_scalar(pipeline: Pipeline) -> None:
     assert "stepscope.step:5|g" in lines
 
 
+@pytest.mark.implementation_independent
 def test_otlp_points_carry_record_time_and_step(pipeline: Pipeline) -> None:
     pytest.importorskip("opentelemetry.exporter.otlp.proto.http")
     from stepscope.metrics.exporters.otlp import OtlpExporter

@@ -18,6 +18,8 @@ from stepscope.report.markdown import report_markdown
 from stepscope.trace.chrome_reader import read_chrome_trace
 from tests.integration_helpers import step_spans
 
+pytestmark = pytest.mark.slow
+
 mlflow = pytest.importorskip("mlflow")
 
 

@@ -19,7 +19,7 @@ import stepscope
 from stepscope import _ext
 
 # C-part tests (`-m native`): also run under Python 3.12 and 3.13 by `make test-monitoring`.
-pytestmark = pytest.mark.native
+pytestmark = [pytest.mark.slow, pytest.mark.native]
 
 STUB = Path(stepscope.__file__).with_name("_native.pyi")
 EXT = Path(_ext.__file__)

@@ -21,6 +21,8 @@ from stepscope.cli import main
 from stepscope.report.markdown import escape
 from stepscope.trace.chrome_reader import read_chrome_trace
 
+pytestmark = pytest.mark.slow
+
 RECORDED = 4
 WAIT = 5  # unrecorded steps (the first is cold) enough for the overhead to be stated
 HOSTILE = "evil | name <script>alert(1)</script> [link](http://x)"

@@ -29,6 +29,8 @@ from stepscope.report.terminal import render_report
 from stepscope.step_times import StepTimes
 from stepscope.trace.chrome_reader import read_chrome_trace
 
+pytestmark = pytest.mark.slow
+
 WAIT, WARMUP, ACTIVE, REPEAT = 2, 1, 2, 4
 """Unrecorded and recorded steps interleave (a busy machine's slow spells hit both kinds)."""
 CYCLE = WAIT + WARMUP + ACTIVE

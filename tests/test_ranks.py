@@ -33,6 +33,8 @@ from tests.analysis_helpers import SHARED
 from tests.metrics_fixtures import free_port
 from tests.test_report_html import assert_clean, load
 
+pytestmark = pytest.mark.slow
+
 pytest.importorskip("torch")
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -51,6 +52,7 @@ def _dump(value: Any, blank: str) -> str:
     return json.dumps(value)
 
 
+@pytest.mark.slow
 @settings(max_examples=600, deadline=None)
 @given(
     st.lists(st.tuples(_NAMES, _VALUES), max_size=6),

@@ -18,6 +18,8 @@ import pytest
 
 from tests.reliability_helpers import fill, small_tmpfs
 
+pytestmark = pytest.mark.slow
+
 STEP_US = 1000
 
 

@@ -25,6 +25,8 @@ from hypothesis import strategies as st  # noqa: E402
 
 from stepscope.cli import main  # noqa: E402
 
+pytestmark = pytest.mark.slow
+
 HOSTILE_NAMES = [
     "\ud800",
     "a\udcffb",

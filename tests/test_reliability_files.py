@@ -29,6 +29,8 @@ from stepscope.steps import set_step
 from stepscope.tables import MetricTable
 from tests.reliability_helpers import fill, small_tmpfs
 
+pytestmark = pytest.mark.implementation_independent
+
 TABLE = MetricTable.register_table("test_reliability", ["name", "note"])
 
 
@@ -162,6 +164,7 @@ KILLED_WRITER = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_sigkill_mid_export_leaves_whole_lines_after_reopen(tmp_path: Path) -> None:
     out = tmp_path / "m.jsonl"
     for attempt in range(4):

@@ -24,6 +24,8 @@ from stepscope.steptables.fleet import MAX_RANK, connect, fleet_report, run_sql
 from tests.test_ranks import ROOT
 from tests.test_reliability_commands import stepscope as stepscope_child
 
+pytestmark = pytest.mark.slow
+
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
 duckdb = pytest.importorskip("duckdb")

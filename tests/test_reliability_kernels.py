@@ -11,6 +11,8 @@ import pytest
 
 from stepscope.cli import main
 
+pytestmark = pytest.mark.implementation_independent
+
 HAND = Path(__file__).parent / "fixtures" / "kernels" / "handwritten"
 
 

@@ -16,6 +16,8 @@ from stepscope.report.flamegraph import flamegraph_svg, write_flamegraph
 from stepscope.sampling import FunctionProfiler
 from stepscope.trace.chrome_reader import ChromeTraceError, read_chrome_trace
 
+pytestmark = pytest.mark.implementation_independent
+
 
 def test_flame_graph_svg_holds_control_characters_and_lone_surrogates(tmp_path: Path) -> None:
     stacks = {'main;caf\udce9\x00\x1b[31m;<leaf & "q">\ufffe': 5, "main;ok": 3}

@@ -68,6 +68,7 @@ def in_child(fn: Any) -> dict[str, Any]:
     return result
 
 
+@pytest.mark.slow
 def test_a_child_forked_mid_window_starts_clean(tmp_path: Path) -> None:
     n = 20_000
     with profile(with_stack=True) as prof:  # recording from the first step

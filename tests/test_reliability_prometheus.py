@@ -16,6 +16,8 @@ from stepscope.metrics.exporters.prometheus import render
 from stepscope.metrics.points import Family, SeriesPoint, SummaryValue
 from tests.reliability_helpers import check_exposition
 
+pytestmark = pytest.mark.implementation_independent
+
 
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[tuple[Pipeline, PrometheusEndpoint]]:

@@ -57,6 +57,8 @@ from stepscope.trace import TraceBuilder, read_chrome_trace, write_chrome_trace
 from tests.metrics_fixtures import received, udp_receiver
 from tests.reliability_helpers import check_exposition
 
+pytestmark = pytest.mark.slow
+
 csv.field_size_limit(1 << 30)  # a 1 MB label is a valid, if large, CSV field
 
 PIECES = [
@@ -137,6 +139,7 @@ def record(p: Pipeline, ops: Sequence[tuple[str, str, Any]], description: str) -
     set_step(len(ops))
 
 
+@pytest.mark.implementation_independent
 @settings(
     max_examples=15,
     deadline=None,

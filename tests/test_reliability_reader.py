@@ -151,6 +151,7 @@ def test_trailing_garbage_after_gzip_is_an_error(tmp_path: Path) -> None:
         read_chrome_trace(path)
 
 
+@pytest.mark.slow
 def test_a_gzip_bomb_stops_at_the_limit(tmp_path: Path) -> None:
     compress = zlib.compressobj(9, zlib.DEFLATED, 31)
     zeros = b" " * (1 << 20)

@@ -14,6 +14,8 @@ from stepscope.metrics.failures import failure_counts
 from stepscope.steps import set_step
 from tests.metrics_fixtures import received
 
+pytestmark = pytest.mark.implementation_independent
+
 
 def received_lines(sock: socket.socket) -> list[str]:
     return [line for d in received(sock) for line in d.decode().split("\n")]

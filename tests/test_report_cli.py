@@ -160,6 +160,7 @@ def test_report_torch_cpu_loop(tmp_path: Path) -> None:
     assert any(r["name"].startswith("aten::") for r in combined["operators"])
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not SHARED.is_dir(), reason="shared GPU traces not present")
 @pytest.mark.parametrize("name", GPU_TRACES)
 def test_report_shared_gpu_traces(tmp_path: Path, name: str) -> None:

@@ -30,6 +30,8 @@ from stepscope.report import html as report_html
 from stepscope.trace.chrome_reader import read_chrome_trace
 from tests.analysis_helpers import SHARED
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "train_loop.py"
 CHROMIUM = Path("/usr/bin/chromium")

@@ -2,12 +2,17 @@
 
 On a rank directory of real GPU traces (NCCL on CUDA, ROCm) plus a third real training rank,
 so the cross-rank section (collectives matched across files) is part of what must match.  Ray
-runs as a real local cluster started once for the module.
+runs as a real local cluster started once for the module (reached by address or RAY_ADDRESS),
+and as the local cluster ``--engine ray`` starts itself when no cluster is running.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,7 +20,9 @@ from typing import Any
 import pytest
 
 from tests.analysis_helpers import SHARED
-from tests.test_ranks import gpu_rank_dir, stepscope_cli
+from tests.test_ranks import ROOT, gpu_rank_dir, stepscope_cli
+
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
@@ -49,6 +56,14 @@ def ray_address() -> Iterator[str]:
         ray.shutdown()
 
 
+CONNECTED = "stepscope report: --engine ray: connected to the Ray cluster at"
+
+
+def ray_lines(done: subprocess.CompletedProcess[str]) -> list[str]:
+    """The lines of stderr that say where Ray ran."""
+    return [line for line in done.stderr.splitlines() if "--engine ray" in line]
+
+
 def test_ray_tasks_give_the_serial_json(rank_dir: Any, ray_address: str, tmp_path: Path) -> None:
     folder, serial = rank_dir
     out = tmp_path / "ray.json"
@@ -57,6 +72,43 @@ def test_ray_tasks_give_the_serial_json(rank_dir: Any, ray_address: str, tmp_pat
     )
     assert done.returncode == 0, done.stderr
     assert out.read_bytes() == serial
+    assert ray_lines(done) == [f"{CONNECTED} {ray_address}"]
+
+
+def report_on_ray(folder: Path, out: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    """``report --engine ray`` with no address, RAY_ADDRESS unset unless given, and a Ray temp
+    folder of its own (short: ray's socket paths must fit), so no cluster that ``ray start``
+    left on this machine is found."""
+    with tempfile.TemporaryDirectory(prefix="ss-ray-", dir="/tmp") as ray_tmp:
+        environ = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+        environ.update(PYTHONPATH=str(ROOT / "src"), RAY_TMPDIR=ray_tmp, **env)
+        command = [sys.executable, "-m", "stepscope", "report", str(folder), "--engine", "ray"]
+        return subprocess.run(
+            [*command, "--json", str(out)], capture_output=True, text=True, timeout=300, env=environ
+        )
+
+
+def test_ray_with_no_cluster_running_starts_a_local_one(rank_dir: Any, tmp_path: Path) -> None:
+    pytest.importorskip("ray")
+    folder, serial = rank_dir
+    out = tmp_path / "ray.json"
+    done = report_on_ray(folder, out)
+    assert done.returncode == 0, done.stderr
+    assert out.read_bytes() == serial  # --jobs 1's JSON
+    said = ray_lines(done)
+    assert len(said) == 1 and "no Ray cluster running" in said[0], done.stderr
+    assert "started a local one" in said[0]
+
+
+def test_ray_address_in_the_environment_is_connected_to(
+    rank_dir: Any, ray_address: str, tmp_path: Path
+) -> None:
+    folder, serial = rank_dir
+    out = tmp_path / "ray.json"
+    done = report_on_ray(folder, out, RAY_ADDRESS=ray_address)
+    assert done.returncode == 0, done.stderr
+    assert out.read_bytes() == serial
+    assert ray_lines(done) == [f"{CONNECTED} {ray_address}"]
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,10 @@ import pytest
 import stepscope
 from stepscope.rss import RssReader, _parse, rss_bytes
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc is Linux's")
+pytestmark = [
+    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc is Linux's"),
+    pytest.mark.implementation_independent,
+]
 
 
 TOUCH = textwrap.dedent(

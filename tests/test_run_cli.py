@@ -16,6 +16,8 @@ from stepscope.commands.run import resolve_step_on
 from stepscope.extras import torch_installed
 from stepscope.trace import read_chrome_trace
 
+pytestmark = pytest.mark.slow
+
 PLAIN_SCRIPT = """
 import sys
 import stepscope

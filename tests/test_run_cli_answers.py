@@ -17,6 +17,8 @@ import pytest
 
 from stepscope.trace import read_chrome_trace
 
+pytestmark = pytest.mark.slow
+
 TORCH_INSIDE = """
 import sys
 

@@ -14,6 +14,8 @@ import pytest
 
 from stepscope.program import find_program, first_import
 
+pytestmark = pytest.mark.slow
+
 PLAIN = """\
 import sys
 print(sum(i * i for i in range(200_000)))

@@ -16,6 +16,8 @@ import pytest
 
 from tests.step_split import step_outline, step_split
 
+pytestmark = pytest.mark.slow
+
 pytest.importorskip("torch")
 
 PROGRAMS = {

@@ -34,6 +34,8 @@ from tests.pure_python_workloads import permutations, queens, run_for
 from tests.sampler_agreement import ANCHOR, Agreement, measure
 from tests.test_sampling import needs_py_spy
 
+pytestmark = pytest.mark.slow
+
 SECONDS = 4.0
 TOLERANCE = 0.03
 MOST = 0.10  # the widest tolerance: the thread-mode sampler this guards against was 15-20 off

@@ -104,6 +104,7 @@ def test_inprocess_attributes_seventy_percent_to_the_hot_callee() -> None:
     assert not any(t.name == SAMPLER_THREAD_NAME for t in threading.enumerate())
 
 
+@pytest.mark.implementation_independent
 @needs_py_spy
 @pytest.mark.parametrize("fmt", ["speedscope", "raw"])
 def test_py_spy_backend_end_to_end(fmt: str) -> None:

@@ -9,6 +9,8 @@ import pytest
 
 from stepscope import ProfilerAction, schedule
 
+pytestmark = pytest.mark.implementation_independent
+
 
 def names(fn: object, steps: int = 201) -> list[str]:
     return [fn(s).name for s in range(steps)]  # type: ignore[operator]

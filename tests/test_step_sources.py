@@ -17,6 +17,8 @@ from stepscope.collectors.base import Collector, WindowContext  # noqa: E402
 from stepscope.failures import failure_counts  # noqa: E402
 from stepscope.trace.names import OWN_WORK_FRAME  # noqa: E402
 
+pytestmark = pytest.mark.slow
+
 ExperimentalConfig = torch._C._profiler._ExperimentalConfig
 STEPS = 12
 COLLECTORS: dict[str, dict[str, Any]] = {

@@ -29,6 +29,8 @@ from tests.metrics_fixtures import free_port
 from tests.test_ranks import ROOT, TORCHRUN, stepscope_cli
 from tests.test_report_html import assert_clean, inked_pixels, load
 
+pytestmark = pytest.mark.slow
+
 pq = pytest.importorskip("pyarrow.parquet")
 duckdb = pytest.importorskip("duckdb")
 torch = pytest.importorskip("torch")

@@ -18,6 +18,8 @@ from stepscope import tables
 from stepscope.config import config
 from stepscope.tables import MetricTable, get_metric_table
 
+pytestmark = pytest.mark.implementation_independent
+
 SEED_TABLES = {
     "slow_fusion": [
         "kernel1_path", "kernel1_latency", "kernel2_path", "kernel2_latency",

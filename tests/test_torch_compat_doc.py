@@ -10,6 +10,8 @@ from typing import Any
 
 import pytest
 
+pytestmark = pytest.mark.implementation_independent
+
 DOC = Path(__file__).resolve().parent.parent / "docs" / "torch-compat.md"
 ROW = re.compile(r"^\| `(torch\.[\w.]+)` \| (?:`(stepscope[\w.]*)`|—) \|")
 

@@ -10,8 +10,7 @@ from hypothesis import strategies as st
 
 from stepscope._ext import native
 from stepscope.trace import Trace, TraceBuilder, remap
-from stepscope.trace.layouts import python_ids_ref
-from stepscope.trace.model import LABEL_BASE
+from stepscope.trace.layouts import LABEL_BASE, python_ids_ref
 
 
 def small_trace(base: int = 1_000_000_000) -> Trace:

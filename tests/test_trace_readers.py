@@ -11,6 +11,8 @@ import pytest
 import stepscope
 from stepscope.profiler import ProfilerActivity
 
+pytestmark = pytest.mark.slow
+
 torch = pytest.importorskip("torch")
 
 

@@ -20,6 +20,8 @@ from stepscope.trace.chrome_reader import read_chrome_trace
 from tests.integration_helpers import region_shares, step_spans
 from tests.step_split import step_split
 
+pytestmark = pytest.mark.slow
+
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate")

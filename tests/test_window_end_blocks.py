@@ -116,6 +116,7 @@ def _check_window(window: dict[str, Any]) -> None:
         assert 0.9 * MIB <= current[1] - current[0] <= 1.2 * MIB
 
 
+@pytest.mark.implementation_independent
 @pytest.mark.slow
 @pytest.mark.parametrize("implementation", ["native", "python"])
 def test_profile_memory_windows_ending_in_the_optimizer_hook_never_crash(

@@ -104,15 +104,12 @@ if TYPE_CHECKING:
         _tracer_clear = staticmethod(_native._tracer_clear)
         _tracer_active = staticmethod(_native._tracer_active)
         _tracer_thread_hook = staticmethod(_native._tracer_thread_hook)
-        _floor_profile = staticmethod(_native._floor_profile)
-        _bench_clock_reads = staticmethod(_native._bench_clock_reads)
         _mon_py_start = staticmethod(_native._mon_py_start)
         _mon_py_throw = staticmethod(_native._mon_py_throw)
         _mon_py_return = staticmethod(_native._mon_py_return)
         _mon_py_unwind = staticmethod(_native._mon_py_unwind)
         _mon_call = staticmethod(_native._mon_call)
         _mon_c_end = staticmethod(_native._mon_c_end)
-        _mon_noop = staticmethod(_native._mon_noop)
         StackSampler = _native.StackSampler
         StepRing = _native.StepRing
         _sampler_after_fork_in_child = staticmethod(_native._sampler_after_fork_in_child)

@@ -258,12 +258,6 @@ def _tracer_active() -> bool:
 def _tracer_thread_hook(frame: FrameType, event: str, arg: Any, /) -> None:
     """``threading.setprofile`` target installing the C profile function in new threads."""
 
-def _floor_profile(on: object, /) -> None:
-    """Install or remove a no-op profile function (benchmark floor; 3.10/3.11)."""
-
-def _bench_clock_reads(n: int, /) -> int:
-    """Read the tracer's clock ``n`` times in a C loop (benchmark)."""
-
 # sys.monitoring callbacks (3.12+); each returns sys.monitoring.DISABLE or None.
 def _mon_py_start(code: CodeType, offset: int, /) -> object: ...
 def _mon_py_throw(code: CodeType, offset: int, exc: BaseException, /) -> object: ...
@@ -271,7 +265,6 @@ def _mon_py_return(code: CodeType, offset: int, retval: object, /) -> object: ..
 def _mon_py_unwind(code: CodeType, offset: int, exc: BaseException, /) -> object: ...
 def _mon_call(code: CodeType, offset: int, callable: object, arg0: object, /) -> object: ...
 def _mon_c_end(code: CodeType, offset: int, callable: object, arg0: object, /) -> object: ...
-def _mon_noop(*args: object) -> object: ...
 
 # -- sampler.c ---------------------------------------------------------------------------------
 

@@ -1,10 +1,14 @@
-/* The stepscope._native module: collects the method tables of each C part. */
+/* The stepscope._native module: each C part registers its functions, types and constants on it
+ * (the ss_*_init functions of stepscope_native.h). */
 #include "stepscope_native.h"
 
 static struct PyModuleDef native_module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "stepscope._native",
-    .m_doc = "C core of stepscope (clock, trace writer); pure-Python twins exist for every part.",
+    .m_doc = "C parts of stepscope: the clock, the Chrome trace writer and reader, record_function, "
+             "the function tracer, the stack sampler, the step recorder's ring, the allocation "
+             "hook, span nesting and the compact form's columns (stepscope._ext chooses them or "
+             "their pure-Python twins).",
     .m_size = -1,
 };
 

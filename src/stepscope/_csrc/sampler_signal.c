@@ -11,7 +11,7 @@
  * was executing, so samples land where time is spent (not where the thread next offers the GIL);
  * it walks the thread's Python frames (sampler_walk.c) into the thread's slot: a single-producer
  * ring of (timestamp, depth, code pointers, instruction offsets) preallocated at max_depth.
- * The drain (sampler.c, with the GIL) empties the rings, interns frames and keeps each code
+ * The drain (sampler_drain.c, with the GIL) empties the rings, interns frames and keeps each code
  * object alive from then on, and records idle ticks with the thread's stack read under the GIL.
  *
  * Ownership: one run at a time in a process.  The previous SIGPROF action must be the default

@@ -30,11 +30,6 @@ from stepscope.trace.memory_fields import (
 from stepscope.trace.model import Trace
 
 __all__ = [
-    "LeakHint",
-    "LeakSite",
-    "MemoryStep",
-    "MemorySummary",
-    "PeakRow",
     "combine_memory",
     "memory_summary",
     "steady_rise",

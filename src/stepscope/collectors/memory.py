@@ -1,15 +1,19 @@
 """Memory per step (``profile_memory``): the Python heap, torch's tensors and the RSS.
 
 By default the Python heap is counted by the C allocation hook (``memory_sampled.py``): exact
-totals per step, sites from byte samples; tracemalloc is not touched.  With
-``profile_memory="exact"`` (or without the hook: the pure-Python twins, Python < 3.11) it is
-measured with ``tracemalloc``, started for the recording window only (a
-program that already traces keeps its tracing as it was). At each step end the collector takes a
-snapshot (grouped by allocating line, stepscope's own allocations left out), and a watcher thread
-polls the traced total every few milliseconds, taking a snapshot whenever the window reaches a
-new high: that snapshot is the "alive at the peak" table. torch's tensors come from torch's own
-``[memory]`` events (the torch collector records them with ``profile_memory``); per step they are
-summed here and drawn as one counter track per device.
+totals per step, sites from byte samples taken at each step end and at the step's peak;
+tracemalloc is not touched, and a watcher thread draws the timeline from the hook's counters.
+With ``profile_memory="exact"`` (or without the hook: the pure-Python twins, Python < 3.11) it is
+measured with ``tracemalloc``, started for the recording window only (a program that already
+traces keeps its tracing as it was): at each step end the collector takes a snapshot (grouped by
+allocating line, stepscope's own allocations left out), and a watcher thread polls the traced
+total every few milliseconds, taking a snapshot when the window reaches a new high: that snapshot
+is the "alive at the peak" table.  Snapshots of each kind are kept under ``SNAPSHOT_SHARE`` of the
+window's time (past it a step end keeps its totals without sites).  Each step's row also holds
+the RSS read at its end and, once the program has initialized CUDA, torch's allocator counters.
+torch's tensors come from torch's own ``[memory]`` events (the torch collector records them with
+``profile_memory``): drawn here as one counter track per device (``Memory <device>``), summed
+per step by the analysis (``analysis.memory.tensor_steps``).
 """
 
 from __future__ import annotations
@@ -119,8 +123,8 @@ class _Window:
     high_step: int = -1
     """The step of the last snapshot at a new high."""
     heap: SampledHeap | None = None
-    rss_reader: RssReader = field(default_factory=RssReader)
     """The allocation hook, when it counts the heap (else tracemalloc does)."""
+    rss_reader: RssReader = field(default_factory=RssReader)
     hook_fallback: str = ""
     tracing_lost_step: int | None = None
     """The first step end at which the program had stopped tracemalloc (exact mode)."""

@@ -18,7 +18,7 @@ from types import CodeType, FunctionType, ModuleType
 from typing import Any
 
 from stepscope import clock
-from stepscope._ext import IMPLEMENTATIONS, NativeModule, resolve
+from stepscope._ext import NativeModule, resolve
 from stepscope.collectors.base import Collector, WindowContext
 from stepscope.collectors.python_common import (
     DEFAULT_BUFFER_BYTES,
@@ -34,7 +34,7 @@ from stepscope.failures import failure_log
 from stepscope.trace.model import TraceBuilder
 from stepscope.trace.names import hidden_threads
 
-__all__ = ["IMPLEMENTATIONS", "PythonTracerCollector"]
+__all__ = ["PythonTracerCollector"]
 
 log = logging.getLogger("stepscope")
 _failures = failure_log("collectors")

@@ -50,7 +50,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="processes",
         metavar="ENGINE",
         help="where the files are analysed: 'processes' (--jobs of them, the default) or "
-        "'ray[:ADDRESS]' (tasks on an existing Ray cluster; pip install 'stepscope[ray]')",
+        "'ray[:ADDRESS]' (Ray tasks: on the cluster at ADDRESS, RAY_ADDRESS or of 'ray start', "
+        "else on a local one started for the report; pip install 'stepscope[ray]')",
     )
     parser.add_argument(
         "--parquet",

@@ -3,11 +3,16 @@ over worker processes or Ray tasks, then joined here (``analysis.analyze.combine
 
 Each worker reads one trace file and returns its small analysis (tables and per-step facts, not
 the events), so the parent never holds a trace.  On Ray the files must be at the same path on
-every node (a shared file system).
+every node (a shared file system).  Ray runs where ``ray:ADDRESS`` or ``RAY_ADDRESS`` says; with
+neither, on the cluster ``ray start`` left running on this machine (what ``ray.init()`` itself
+looks for), else on a local one started for the report (``ray.init()``'s own fallback) and gone
+with it; one line on stderr says which.
 """
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -15,6 +20,7 @@ from typing import Any
 
 from stepscope.analysis.analyze import FileAnalysis, analyze_file
 from stepscope.extras import require
+from stepscope.text import one_line
 
 __all__ = ["ENGINES", "analyze_path", "map_files", "parse_engine"]
 
@@ -27,7 +33,7 @@ def parse_engine(value: str) -> tuple[str, str | None]:
     if name not in ENGINES or (sep and (name != "ray" or not address)):
         raise ValueError(
             f"--engine {value!r}: expected 'processes', 'ray' (the cluster of RAY_ADDRESS or "
-            "this machine's) or 'ray:ADDRESS' (e.g. ray:10.0.0.5:6379)"
+            "'ray start', else a local one) or 'ray:ADDRESS' (e.g. ray:10.0.0.5:6379)"
         )
     return name, address or None
 
@@ -53,17 +59,49 @@ def _calls(
     return [(str(path), label, step_range, top, several) for path, label in files]
 
 
+def _running_cluster() -> str | None:
+    """The address of the cluster ``ray start`` left running on this machine, or None: what
+    ``ray.init()`` without an address connects to, asked the way it asks (ray has no public call
+    for it)."""
+    from ray._private.services import canonicalize_bootstrap_address
+
+    found: str | None = canonicalize_bootstrap_address(None)  # type: ignore[arg-type]
+    return found
+
+
+def _start_ray(ray: Any, address: str | None) -> str:
+    """Connect to Ray, or start a local cluster; the line that says which."""
+    quiet = {"logging_level": "ERROR", "log_to_driver": False}
+    if address is None and not os.environ.get("RAY_ADDRESS"):
+        address = _running_cluster()
+        if address is None:
+            try:
+                ray.init(include_dashboard=False, **quiet)
+            except Exception as exc:  # whatever stopped ray from starting its processes
+                raise ValueError(
+                    f"--engine ray: no Ray cluster running, and a local one failed to start: "
+                    f"{one_line(f'{type(exc).__name__}: {exc}')}"
+                ) from None
+            cpus = int(ray.cluster_resources().get("CPU", 0))
+            return (
+                "--engine ray: no Ray cluster running (no RAY_ADDRESS, none from 'ray start'): "
+                f"started a local one ({cpus} CPUs) for this report"
+            )
+    try:
+        ray.init(address=address, **quiet)
+    except (ConnectionError, RuntimeError) as exc:
+        where = address or f"RAY_ADDRESS={os.environ.get('RAY_ADDRESS')}"
+        raise ValueError(
+            f"--engine ray: no Ray cluster at {where} ({one_line(str(exc))}); start one with "
+            "'ray start --head', or leave the address out to start a local one"
+        ) from None
+    return f"--engine ray: connected to the Ray cluster at {ray.get_runtime_context().gcs_address}"
+
+
 def _on_ray(address: str | None, calls: Sequence[tuple[Any, ...]]) -> list[FileAnalysis | str]:
     ray = require("ray", "stepscope report --engine ray", "ray")
     if not ray.is_initialized():
-        try:
-            ray.init(address=address or "auto", logging_level="ERROR", log_to_driver=False)
-        except (ConnectionError, RuntimeError) as exc:
-            where = address or "RAY_ADDRESS or this machine"
-            raise ValueError(
-                f"--engine ray: no Ray cluster at {where} ({exc}); start one with "
-                "'ray start --head' or name it with --engine ray:ADDRESS"
-            ) from None
+        print(f"stepscope report: {_start_ray(ray, address)}", file=sys.stderr)
     task = ray.remote(analyze_path)
     results: list[FileAnalysis | str] = ray.get([task.remote(*call) for call in calls])
     return results

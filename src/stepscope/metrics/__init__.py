@@ -12,6 +12,7 @@ The seed-compatible names (``put_metric``, ``@prof``, ``configure``, handlers ..
 
 from __future__ import annotations
 
+from stepscope.failures import set_strict
 from stepscope.lazy import lazy_names
 from stepscope.metrics.api import (
     ConsoleMetricHandler,
@@ -55,7 +56,6 @@ from stepscope.metrics.exporters import (
     LoggingExporter,
     StatsdExporter,
 )
-from stepscope.metrics.failures import set_strict
 from stepscope.metrics.instruments import Counter, Gauge, Histogram
 from stepscope.metrics.pipeline import Pipeline
 from stepscope.metrics.ring import Channel, RecordSink

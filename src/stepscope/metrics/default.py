@@ -1,7 +1,4 @@
-"""The process pipeline: one per process, made on first use, and module-level shortcuts to it.
-
-Nothing here imports :mod:`stepscope.metrics.pipeline` at import time (it re-exports these
-names for old imports), so either module may be imported first."""
+"""The process pipeline: one per process, made on first use, and module-level shortcuts to it."""
 
 from __future__ import annotations
 
@@ -11,14 +8,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from stepscope.metrics.exporters.base import Exporter
 from stepscope.metrics.instruments import DEFAULT_LIMIT, Counter, Gauge, Histogram
+from stepscope.metrics.pipeline import Pipeline
 from stepscope.metrics.ring import Channel, RecordSink
 from stepscope.metrics.scalars import Scalar
 from stepscope.metrics.settings import PipelineOptions, PipelineSettings
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
-
-    from stepscope.metrics.pipeline import Pipeline
 
 __all__ = [
     "add_exporter",
@@ -47,8 +43,6 @@ def get_pipeline() -> Pipeline:
     if _default is None:
         with _default_lock:
             if _default is None:
-                from stepscope.metrics.pipeline import Pipeline
-
                 _default = Pipeline()
     return _default
 

@@ -59,6 +59,8 @@ class Delivery:
         self.failures = 0
         self.backoff_s = 0.0
         self.down_until_ns = 0
+        # The newest failed attempt's error, for accounting() and the closing line: a target's
+        # failures are logged once, so a later, different error shows only here.
         self.last_error = ""
 
     def drop(self, reason: str, n: int) -> None:

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import logging
 
-from stepscope.failures import failure_log, is_strict, set_strict
+from stepscope.failures import failure_log
 
-__all__ = ["LOGGER", "failure_counts", "is_strict", "report_failure", "set_strict"]
+__all__ = ["LOGGER", "failure_counts", "report_failure"]
 
 LOGGER = logging.getLogger("stepscope.metrics")
 """The pipeline's own messages (an exporter recovered, the closing line); failures go to

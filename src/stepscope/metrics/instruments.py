@@ -49,9 +49,6 @@ _LABEL = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _RESERVED_LABELS = frozenset(("le", "quantile", "overflow"))
 OVERFLOW_LABELS: Labels = (("overflow", "true"),)
 
-_OP_INC = 0
-_OP_OBSERVE = 1
-
 
 def _check_name(name: object) -> str:
     if not isinstance(name, str) or not _NAME.match(name):
@@ -205,6 +202,13 @@ class _Sharded:
         """Whether anything was ever recorded."""
         return bool(self._cells)
 
+    def drain(self, key: None, value: float) -> None:
+        """Apply a value queued as a tensor, resolved on the export thread (no key is queued)."""
+        self._apply(value)
+
+    def _apply(self, value: float) -> None:
+        raise NotImplementedError
+
     def _reset(self) -> None:
         self._local = threading.local()
         self._cells = []
@@ -246,7 +250,7 @@ class CounterSeries(_Sharded):
             _bad_value(self.name, exc)
             return
         if is_tensor(number):
-            self._ring.put(self, _OP_INC, number)
+            self._ring.put(self, None, number)
         else:
             self._apply(number)
 
@@ -257,10 +261,6 @@ class CounterSeries(_Sharded):
             _bad_value(
                 self.name, ValueError(f"a counter only goes up by finite steps; inc({number!r})")
             )
-
-    def drain(self, _op: int, value: float) -> None:
-        """Apply a value resolved on the export thread (a tensor's)."""
-        self._apply(value)
 
     def value(self) -> float:
         """The total so far (sum over threads)."""
@@ -382,15 +382,14 @@ class _HistogramBase(_Sharded):
             _bad_value(self.name, exc)
             return
         if is_tensor(number):
-            self._ring.put(self, _OP_OBSERVE, number)
+            self._ring.put(self, None, number)
         else:
-            self.drain(_OP_OBSERVE, number)
+            self._apply(number)
 
     _finite_only = False
     """Whether ±inf is refused too (an exponential bucket index must be finite)."""
 
-    def drain(self, _op: int, value: float) -> None:
-        """Apply a value resolved on the export thread (a tensor's)."""
+    def _apply(self, value: float) -> None:
         if value != value or (self._finite_only and not -_INF < value < _INF):
             _bad_value(self.name, ValueError(f"observation {value!r} ignored"))
         else:

@@ -44,7 +44,8 @@ class RingTarget(Protocol):
         """Whether its items are pipeline records (counted as produced)."""
 
     def drain(self, a: Any, b: Any) -> None:
-        """Take back one queued item ``(a, b)`` (export thread only)."""
+        """Take back one queued item ``(a, b)`` (export thread only); a tensor ``b`` arrives
+        resolved to its number."""
 
 
 class Ring:

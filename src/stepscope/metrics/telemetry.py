@@ -45,7 +45,8 @@ class Tally:
         return self.accepted + self.ring.dropped(RECORDS)
 
     def accounting(self, deliveries: Iterable[Delivery]) -> dict[str, dict[str, Any]]:
-        """Per exporter: produced, exported, spilled and dropped records (by reason)."""
+        """Per exporter: produced, exported, spilled and dropped records (by reason), failed
+        attempts and the last one's error."""
         pipeline_dropped = dict(self.dropped)
         ring_dropped = self.ring.dropped(RECORDS)
         if ring_dropped:
@@ -64,6 +65,7 @@ class Tally:
                 "dropped": sum(reasons.values()),
                 "dropped_by_reason": reasons,
                 "export_failures": d.failures,
+                "last_error": d.last_error or None,
                 "spill_file": str(d.spill.path) if d.spilled else None,
             }
         return out
@@ -202,9 +204,10 @@ def closing_line(
         if a["dropped"] or a["spilled"]:
             reasons = ", ".join(f"{r}={n}" for r, n in sorted(a["dropped_by_reason"].items()))
             where = f" to {a['spill_file']}" if a["spill_file"] else ""
+            why = f"; last error: {a['last_error']}" if a["last_error"] else ""
             parts.append(
                 f"{name}: {a['exported']} exported, {a['spilled']} spilled{where}, "
-                f"{a['dropped']} dropped ({reasons or 'none'})"
+                f"{a['dropped']} dropped ({reasons or 'none'}{why})"
             )
     if channel_drops:
         parts.append(f"channels: {channel_drops} records dropped or spilled")

@@ -1,17 +1,18 @@
-"""Activities a profile can record (defined in ``stepscope.activity``, below the collectors)."""
+"""What the profiler knows of activities here: what torch records, supports and defaults to.
+
+The activities themselves are ``stepscope.activity.ProfilerActivity`` (below the collectors).
+"""
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Iterable, Mapping
 
-from stepscope.activity import ProfilerActivity, coerce_activities
+from stepscope.activity import ProfilerActivity
 from stepscope.extras import torch_installed
 
 __all__ = [
     "EVENT_TYPES",
-    "ProfilerActivity",
-    "coerce_activities",
     "default_activities",
     "kineto_available",
     "split_activity_filters",

@@ -28,7 +28,8 @@ from stepscope.gcpause import gc_paused
 from stepscope.jsonenc import utf8
 from stepscope.trace.chrome_writer import RESERVED_KEYS
 from stepscope.trace.kineto import drop_bookkeeping
-from stepscope.trace.model import LABEL_BASE, SPAN_COLUMNS, Trace, TraceBuilder
+from stepscope.trace.layouts import LABEL_BASE, SPAN_COLUMNS
+from stepscope.trace.model import Trace, TraceBuilder
 from stepscope.trace.raw_args import RawArgs
 from stepscope.trace.sampled_spans import SAMPLED_CATEGORY
 

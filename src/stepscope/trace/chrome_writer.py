@@ -22,7 +22,8 @@ from typing import IO, Any
 from stepscope._ext import native
 from stepscope.atomic import atomic_output, ensure_parent
 from stepscope.jsonenc import json_bytes
-from stepscope.trace.model import LABEL_BASE, Trace
+from stepscope.trace.layouts import LABEL_BASE
+from stepscope.trace.model import Trace
 from stepscope.trace.sampled_spans import (
     IDLE_FRAME,
     SAMPLED_CATEGORY,

@@ -22,13 +22,13 @@ from stepscope.trace.layouts import (
     COUNTER_COLUMNS,
     FLOW_COLUMNS,
     INSTANT_COLUMNS,
+    LABEL_BASE,
     META_COLUMNS,
     SAMPLE_COLUMNS,
     SCHEMA_VERSION,
+    SPAN_COLUMNS,
     TABLE_LAYOUTS,
 )
-from stepscope.trace.layouts import LABEL_BASE as LABEL_BASE  # re-exported (readers, writers)
-from stepscope.trace.layouts import SPAN_COLUMNS as SPAN_COLUMNS
 from stepscope.trace.remap import IDS, LABELS, REFS, TIMES, remapped
 
 

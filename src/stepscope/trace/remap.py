@@ -12,7 +12,7 @@ from typing import Any
 from stepscope._ext import native
 from stepscope.trace.layouts import LABEL_BASE
 
-__all__ = ["IDS", "LABELS", "LABEL_BASE", "REFS", "TIMES", "remapped", "remapped_python"]
+__all__ = ["IDS", "LABELS", "REFS", "TIMES", "remapped", "remapped_python"]
 
 
 IDS, LABELS, TIMES, REFS = 0, 1, 2, 3
