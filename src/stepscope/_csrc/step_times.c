@@ -2,9 +2,11 @@
  * (the C half of stepscope/step_times.py; its twin is PyStepRing there).
  *
  * With phases (the step tables), end() also stores the time each phase (data wait, optimizer,
- * GC) was open during the step and the thread's CPU time, so the step tables need no hook of
- * their own in step(): enter(k)/leave(k) bracket a phase, nested calls counting once, and a phase
- * open across a step boundary is split between the two steps.  The thread's CPU clock is a system
+ * GC, a collective in flight) was open during the step and the thread's CPU time, so the step
+ * tables need no hook of their own in step(): enter(k)/leave(k) bracket a phase, nested or
+ * overlapping calls counting once (the collective phase is entered on the thread that starts a
+ * collective and left on the backend's thread that completes it, always under the GIL), and a
+ * phase open across a step boundary is split between the two steps.  The thread's CPU clock is a system
  * call (about 1 us on a VM), so end() reads it only when SS_CPU_READ_NS have passed since the
  * last reading: a step that long gets its own CPU time, shorter ones share the reading's CPU in
  * proportion to their wall time.  take() hands over only rows whose CPU time is settled;
@@ -17,7 +19,7 @@
 #include <string.h>
 #include <time.h>
 
-#define SS_PHASES 3
+#define SS_PHASES 4 /* data wait, optimizer, GC, collective */
 #define SS_WIDE_COLUMNS (SS_PHASES + 1) /* the phases, then CPU ns */
 #define SS_CPU_READ_NS 1000000LL        /* the CPU clock is read at most once a millisecond */
 
@@ -310,10 +312,12 @@ static PyMethodDef ring_methods[] = {
     {"begin", (PyCFunction)ring_begin, METH_O, "begin(kind): a step starts now (kind 0, 1, 2+)."},
     {"end", (PyCFunction)ring_end, METH_NOARGS, "end(): the open step ends now (none open: nothing)."},
     {"enter", (PyCFunction)ring_enter, METH_O,
-     "enter(phase): phase 0 data wait, 1 optimizer, 2 GC begins (nested: counted once)."},
+     "enter(phase): phase 0 data wait, 1 optimizer, 2 GC, 3 collective begins (nested or "
+     "overlapping: counted once)."},
     {"leave", (PyCFunction)ring_leave, METH_O, "leave(phase): the phase entered last ends now."},
     {"take", (PyCFunction)ring_take, METH_O,
-     "take(since): (first, count, starts, ends, kinds, data, optimizer, gc, cpu): the rows of "
+     "take(since): (first, count, starts, ends, kinds, data, optimizer, gc, collective, cpu): "
+     "the rows of "
      "steps first..count-1 ended since step `since` whose CPU time is settled (older ones are "
      "gone: first > since), as int64 (kinds uint8) column bytes; phases=True only."},
     {"settle", (PyCFunction)ring_settle, METH_NOARGS,
