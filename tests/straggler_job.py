@@ -6,7 +6,7 @@ spends about SLOW_MS more per step in one phase, by FAULT:
 
 - ``data``: its dataset sleeps in ``__getitem__`` (a slow input pipeline);
 - ``compute``: its model's forward runs extra matrix products (extra compute);
-- ``gc``: it collects a large heap of tracked objects (a GC storm);
+- ``gc``: it collects a large heap of tracked objects before the forward pass (a GC storm);
 - ``sleep``: it sleeps before the forward pass (the program's own host Python);
 - ``none``: nothing (an unslowed job).
 
@@ -48,7 +48,7 @@ class State:
         )
         self.step = 0
         self.injected: list[int] = []
-        self.heap: list[object] = [[] for _ in range(150_000)] if slowed and fault == "gc" else []
+        self.heap: list[object] = []
 
     def active(self, fault: str) -> bool:
         return self.slowed and self.fault == fault and self.step >= self.from_step
@@ -66,6 +66,9 @@ class State:
             while time.perf_counter() < deadline:
                 a = torch.tanh(a @ a)
         elif fault == "gc":
+            if not self.heap:  # the program's objects so far: frozen, scanned by no collection
+                gc.freeze()
+                self.heap = [[] for _ in range(150_000)]
             gc.collect()
             while time.perf_counter() < deadline:
                 gc.collect()
@@ -126,6 +129,7 @@ def main() -> None:
         state.injected.append(0)
         x = next(batches)
         state.inject("sleep")
+        state.inject("gc")
         loss = model(x).square().mean()
         loss.backward()
         opt.step()

@@ -12,7 +12,9 @@ a clock reading each (the C ``StepRing`` of ``_csrc/step_times.c``, or its twin
 A ring made with ``phases=True`` (for the step tables) also keeps, per step, the time spent in
 each of ``PHASES`` (bracketed by ``enter``/``leave`` from the tables' hooks; nested or
 overlapping brackets count once, so the collective phase — entered where a collective starts,
-left on the thread that completes it — is the time any collective was in flight) and the CPU time of
+left on the thread that completes it — is the time any collective was in flight, counted only
+while no other phase is open: data wait, optimizer and GC are the thread's own time) and the CPU
+time of
 the thread calling ``step()``, stored by the same ``end`` with the same clock reading; ``take``
 hands the rows ended since a given step to the tables' writer thread.  The thread's CPU clock is
 a system call (about 1 us on a VM), so it is read at most every ``CPU_READ_NS``: a step that
@@ -43,6 +45,8 @@ __all__ = ["KINDS", "PHASES", "PyStepRing", "StepTimes", "Taken"]
 KINDS = ("unrecorded", "warmup", "recorded")
 """What a step ran under: no profiling, the schedule's warmup, a recording window."""
 PHASES = ("data_wait", "optimizer", "gc", "collective")
+COLLECTIVE = 3
+"""The phase counted only while no other is open."""
 """The phases a ring with ``phases=True`` times per step, by their ``enter``/``leave`` number."""
 
 COLD_RATIO = 1.5
@@ -141,7 +145,7 @@ class PyStepRing:
             if self._phases:
                 with self._phase_lock:
                     for k in range(len(PHASES)):
-                        if self._depth[k]:  # open across the boundary: split it
+                        if self._counting(k):  # open across the boundary: split it
                             self._phase_ns[k] += now - self._phase_start[k]
                             self._phase_start[k] = now
                         self._wide[k][slot] = self._phase_ns[k]
@@ -185,9 +189,7 @@ class PyStepRing:
         if not 0 <= phase < len(PHASES):
             raise ValueError(f"phase must be 0 to {len(PHASES) - 1}, got {phase}")
         with self._phase_lock:
-            self._depth[phase] += 1
-            if self._depth[phase] == 1:
-                self._phase_start[phase] = now_ns()
+            self._move(phase, 1)
 
     def leave(self, phase: int, /) -> None:
         """The phase entered last ends now."""
@@ -195,9 +197,28 @@ class PyStepRing:
             raise ValueError(f"phase must be 0 to {len(PHASES) - 1}, got {phase}")
         with self._phase_lock:
             if self._depth[phase] > 0:
-                self._depth[phase] -= 1
-                if not self._depth[phase]:
-                    self._phase_ns[phase] += now_ns() - self._phase_start[phase]
+                self._move(phase, -1)
+
+    def _counting(self, phase: int) -> bool:
+        """Whether ``phase`` is counted now: open, and for the collective, no other open."""
+        if not self._depth[phase]:
+            return False
+        return phase != COLLECTIVE or not any(
+            d for k, d in enumerate(self._depth) if k != COLLECTIVE
+        )
+
+    def _move(self, phase: int, by: int) -> None:
+        """Change ``phase``'s depth, starting or stopping each count that changes with it."""
+        before = [self._counting(k) for k in range(len(PHASES))]
+        self._depth[phase] += by
+        now = 0
+        for k, was in enumerate(before):
+            if self._counting(k) != was:
+                now = now or now_ns()
+                if was:
+                    self._phase_ns[k] += now - self._phase_start[k]
+                else:
+                    self._phase_start[k] = now
 
     def take(self, since: int, /) -> Taken:
         """The rows of the steps ended since step ``since`` (see ``Taken``; phases only)."""

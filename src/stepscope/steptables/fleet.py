@@ -74,6 +74,10 @@ LEVEL_SHARE = 0.5
 """A rank that lags in ``MIN_SLOW_STEPS`` steps or more lags at a step (for "slow since") only
 when its lag there is also over this share of its slow level, the ``LEVEL_QUANTILE`` of its
 lags: noise a fraction of the slowness it is named for does not move where that started."""
+COMPUTE_SHARE = 0.2
+"""A lag outside data wait, optimizer and GC is named ``compute`` when this share of it or
+more ran on the CPU: a thread computing on a shared machine is also descheduled (its wall time
+grows beyond its CPU time), a sleeping one is never on the CPU."""
 DRIFT_PARTS = 10
 
 
@@ -181,10 +185,16 @@ def _phased(source: str) -> str:
 
 
 def _top_phase(values: list[str]) -> str:
-    """SQL giving the index (into ``PHASES``) of the largest of ``values``."""
-    top = f"greatest({', '.join(values)})"
-    cases = " ".join(f"WHEN {v} = {top} THEN {i}" for i, v in enumerate(values))
-    return f"CASE {cases} END"
+    """SQL giving the index (into ``PHASES``) of the phase named for ``values`` (lags in
+    ``PHASES`` order): the largest of data wait, optimizer, GC and the rest, and the rest is
+    ``compute`` when ``COMPUTE_SHARE`` of its lag or more ran on the CPU, else ``host``."""
+    data, optimizer, gc, compute, host = values
+    rest = f"({compute} + {host})"
+    top = f"greatest({data}, {optimizer}, {gc}, {rest})"
+    return (
+        f"CASE WHEN {data} = {top} THEN 0 WHEN {optimizer} = {top} THEN 1 "
+        f"WHEN {gc} = {top} THEN 2 WHEN {compute} >= {COMPUTE_SHARE} * {rest} THEN 3 ELSE 4 END"
+    )
 
 
 _REFERENCE = f"""
