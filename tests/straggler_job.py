@@ -12,8 +12,9 @@ spends about SLOW_MS more per step in one phase, by FAULT:
 
 Each rank writes the time it measured in the injected work per step, by its own clock, to
 ``TABLES_DIR/../injected-<rank>.json`` (the test's independent measurement).  With
-``STRAGGLER_JOB_RUN`` set, the loop runs without a profile of its own (under ``stepscope run
---step-tables``).
+``STRAGGLER_JOB_TRACES=DIR`` the profile also writes one trace window (steps FROM_STEP + 5 to
++ 7) into DIR; with ``STRAGGLER_JOB_RUN`` set, the loop runs without a profile of its own (under
+``stepscope run --step-tables``).
 """
 
 from __future__ import annotations
@@ -100,7 +101,8 @@ class Model(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.state.inject("compute")
-        return self.two(torch.relu(self.one(x)))
+        out: torch.Tensor = self.two(torch.relu(self.one(x)))
+        return out
 
 
 def main() -> None:
@@ -116,11 +118,21 @@ def main() -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.001)
     loader = DataLoader(Batches(steps, state), batch_size=None)
     own = not os.environ.get("STRAGGLER_JOB_RUN")
-    prof = stepscope.profile(
-        schedule=lambda step: stepscope.ProfilerAction.NONE,
-        step_tables=StepTables(tables, run="job"),
-        torch_ops=False,
-    )
+    traces = os.environ.get("STRAGGLER_JOB_TRACES")
+    if traces:  # also one trace window of 3 steps, 5 steps after the fault began
+        window = stepscope.schedule(wait=from_step + 4, warmup=1, active=3, repeat=1)
+        prof = stepscope.profile(
+            activities=[stepscope.ProfilerActivity.CPU],
+            schedule=window,
+            on_trace_ready=stepscope.trace_handler(traces),
+            step_tables=StepTables(tables, run="job"),
+        )
+    else:
+        prof = stepscope.profile(
+            schedule=lambda step: stepscope.ProfilerAction.NONE,
+            step_tables=StepTables(tables, run="job"),
+            torch_ops=False,
+        )
     if own:
         prof.start()
     batches = iter(loader)
@@ -141,6 +153,8 @@ def main() -> None:
     (tables.parent / f"injected-{rank}.json").write_text(json.dumps(state.injected))
     dist.barrier()
     dist.destroy_process_group()
+    if not own:
+        return  # stepscope run stops its profile (and writes the tables) when the program ends
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)  # as tests/ranks_job.py: skip a teardown that sometimes aborts on 2 cores

@@ -270,18 +270,24 @@ EXPECTED_PHASE = {"data": "data_wait", "compute": "compute", "gc": "gc", "sleep"
 
 
 def straggler_job(
-    out: Path, ranks: int, fault: str, slow_rank: int, *, traces: bool = False
+    out: Path, ranks: int, fault: str, slow_rank: int, *, traces: bool = False, run: bool = False
 ) -> tuple[Path, list[int]]:
-    """(step tables directory, the slow rank's injected ns per step) of one torchrun job."""
+    """(step tables directory, the slow rank's injected ns per step) of one torchrun job;
+    ``traces``: with a trace window too; ``run``: under ``stepscope run --step-tables``."""
     if not TORCHRUN.exists():
         pytest.skip(f"{TORCHRUN} is not installed with torch here")
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     if traces:
         env["STRAGGLER_JOB_TRACES"] = str(out / "traces")
+    under: list[str] = []
+    if run:
+        env["STRAGGLER_JOB_RUN"] = "1"
+        under = ["-m", "stepscope", "run", "-o", str(out / "run"), "--step-tables"]
+        under.append(str(out / "tables"))
     cmd = [
         str(TORCHRUN), f"--nproc-per-node={ranks}", "--master-addr=127.0.0.1",
-        f"--master-port={free_port()}", str(JOB), str(out / "tables"), fault, str(slow_rank),
-        str(FROM_STEP), str(SLOW_MS), str(STEPS),
+        f"--master-port={free_port()}", *under, str(JOB), str(out / "tables"), fault,
+        str(slow_rank), str(FROM_STEP), str(SLOW_MS), str(STEPS),
     ]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -325,3 +331,32 @@ def test_an_unslowed_job_names_nobody(tmp_path: Path) -> None:
     tables, _ = straggler_job(tmp_path, 2, "none", 0)
     report = fleet_json(tables, tmp_path / "fleet.json")
     assert report["slow_ranks"] == [], report["slow_ranks"]
+
+
+@pytest.mark.slow
+def test_under_stepscope_run_and_beside_the_trace_report(tmp_path: Path) -> None:
+    """The issue's job: 2 gloo DDP ranks, rank 1 sleeping before each forward, under
+    ``stepscope run --step-tables``: the fleet names rank 1 (steps end at the optimizer there,
+    so its sleep may fall a step earlier); and with a trace window, ``stepscope report`` on the
+    window names the same rank, with a busy excess per step like the fleet's lag there."""
+    tables, _ = straggler_job(tmp_path / "run", 2, "sleep", 1, run=True)
+    slow = fleet_json(tables, tmp_path / "run.json")["slow_ranks"][0]
+    assert (slow["rank"], slow["phase"]) == (1, "host") and abs(slow["since_step"] - FROM_STEP) <= 2
+
+    tables, _ = straggler_job(tmp_path / "traced", 2, "sleep", 1, traces=True)
+    fleet = fleet_json(tables, tmp_path / "fleet.json")
+    done = stepscope_cli(
+        "report", str(tmp_path / "traced" / "traces"), "--json", str(tmp_path / "r.json")
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads((tmp_path / "r.json").read_text())
+    (straggler,) = [r for r in report["combined"]["recommendations"] if r["rule"] == "straggler"]
+    evidence = straggler["evidence"]
+    assert evidence["rank"] == fleet["slow_ranks"][0]["rank"] == 1
+    # the trace's uncategorised time is the tables' host phase
+    assert evidence["phase"] == "idle_other" and fleet["slow_ranks"][0]["phase"] == "host"
+    window = [r["step"] for r in report["ranks"]["steps"]]
+    lags = [s["lag_ns"] for s in fleet["stragglers"] if s["step"] in window and s["rank"] == 1]
+    assert len(lags) == len(window) == 3
+    per_step = sum(lags) / len(lags) / 1e6
+    assert per_step == pytest.approx(evidence["busy_excess_ms_per_step"], rel=0.3, abs=2.0)

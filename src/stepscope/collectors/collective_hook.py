@@ -123,7 +123,7 @@ def _register_kernels() -> tuple[Any, tuple[str, ...]]:
 
     if not dist.is_available():
         return None, ()
-    library = torch.library.Library("c10d", "IMPL")
+    library: Any = torch.library.Library("c10d", "IMPL")  # type: ignore[no-untyped-call]
     hooked = []
     for qualified in sorted(torch._C._dispatch_get_all_op_names()):
         namespace, _, name = qualified.partition("::")
@@ -255,7 +255,7 @@ def _time_group(boxed: Any) -> None:
         return
     from torch._C._distributed_c10d import ProcessGroup
 
-    group = boxed if isinstance(boxed, ProcessGroup) else ProcessGroup.unbox(boxed)
+    group: Any = boxed if isinstance(boxed, ProcessGroup) else ProcessGroup.unbox(boxed)
     name = group.group_name
     if name not in _timed_groups:
         _timed_groups.add(name)

@@ -69,11 +69,10 @@ SINCE_SHARE = 0.8
 the one after which its lagging steps are best told from the others: a one-step blip before
 a level shift is not where it started)."""
 MIN_SLOW_STEPS = 3
-LEVEL_QUANTILE = 0.9
 LEVEL_SHARE = 0.5
 """A rank that lags in ``MIN_SLOW_STEPS`` steps or more lags at a step (for "slow since") only
-when its lag there is also over this share of its slow level, the ``LEVEL_QUANTILE`` of its
-lags: noise a fraction of the slowness it is named for does not move where that started."""
+when its lag there is also over this share of its slow level, the median of its lags beyond the
+floor: noise a fraction of the slowness it is named for does not move where that started."""
 COMPUTE_SHARE = 0.2
 """A lag outside data wait, optimizer and GC is named ``compute`` when this share of it or
 more ran on the CPU: a thread computing on a shared machine is also descheduled (its wall time
@@ -254,7 +253,7 @@ WITH candidates AS (
         SELECT run, rank FROM per_rank WHERE slow_steps >= {MIN_SLOW_STEPS}
     ) c ON l.run = c.run AND l.rank = c.rank
 ), levels AS (
-    SELECT run, rank, quantile_cont(lag_ns, {LEVEL_QUANTILE}) AS level_ns
+    SELECT run, rank, median(lag_ns) FILTER (WHERE lag_ns > floor_ns) AS level_ns
     FROM candidates GROUP BY run, rank
 ), picked AS (
     -- lagging at a step: beyond the floor and half the rank's own slow level, so that the
@@ -363,8 +362,8 @@ def _with_waits(con: Any, slow: list[SlowRank]) -> list[SlowRank]:
     cuts = sorted({(s.run, s.since_step) for s in slow})
     columns, params = [], []
     for run, since in cuts:
-        columns.append("avg(collective_ns) FILTER (WHERE run = ? AND step >= ?)")
-        columns.append("avg(collective_ns) FILTER (WHERE run = ? AND step < ?)")
+        columns.append("median(collective_ns) FILTER (WHERE run = ? AND step >= ?)")
+        columns.append("median(collective_ns) FILTER (WHERE run = ? AND step < ?)")
         params += [run, since, run, since]
     means = {
         int(rank): values
