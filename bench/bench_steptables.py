@@ -14,7 +14,10 @@
   pandas computing the same per-step reference and lag.
 - **report --jobs**: ``stepscope report DIR --json`` with --jobs 1 and 2 on 4 GPU-size ranks
   (copies of the shared training trace), each in a fresh process.
-Targets (issue 30): <= 2 us and <= 2 KB per step per rank; the 1,024 x 10,000 query <= 5 s.
+- **Collective hook**: one ``dist.all_reduce`` of a 1-rank gloo group in fresh processes, torch
+  alone, with stepscope's collective hook registered and idle, and with step tables listening.
+Targets (issue 30): <= 2 us and <= 2 KB per step per rank; the 1,024 x 10,000 query <= 5 s
+(issue 40: the query also finds the others' wait).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness import SRC, Report
+from harness import SRC, Report, run_json_child
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = Path("/work/shared/traces")
@@ -260,10 +263,62 @@ def bench_report_jobs(report: Report, work: Path) -> None:
     report.ratio("--jobs 2 / --jobs 1 wall time", two, one)
 
 
+_HOOK_CHILD = """
+import json, sys, tempfile, time
+import torch, torch.distributed as dist
+from torch._C._distributed_c10d import HashStore
+mode, calls = sys.argv[1], int(sys.argv[2])
+dist.init_process_group("gloo", store=HashStore(), rank=0, world_size=1)
+prof = None
+if mode != "plain":
+    from stepscope.collectors import collective_hook
+    collective_hook.ensure_registered()
+if mode == "listening":
+    import stepscope
+    from stepscope.steptables import StepTables
+    prof = stepscope.profile(step_tables=StepTables(tempfile.mkdtemp()), torch_ops=False)
+    prof.start()
+t = torch.ones(16)
+for _ in range(200):
+    dist.all_reduce(t)
+start = time.perf_counter_ns()
+for _ in range(calls):
+    dist.all_reduce(t)
+elapsed = time.perf_counter_ns() - start
+if prof is not None:
+    prof.stop()
+print(json.dumps({"ns": elapsed / calls}))
+"""
+"""One process's all-reduce of 16 floats in a 1-rank gloo group: torch alone (``plain``), with
+the collective hook registered and nobody listening (``idle``), or with step tables on."""
+
+
+def bench_collective_hook(report: Report) -> None:
+    """What the collective hook adds to one collective, in fresh processes side by side."""
+    calls = 1000 if report.quick else 5000
+    case = f"dist.all_reduce of 16 floats, 1-rank gloo, {calls:,} calls"
+    found: dict[str, list[float]] = {"plain": [], "idle": [], "listening": []}
+    for _ in range(2 if report.quick else 4):  # interleaved, so drift hits all alike
+        for mode, samples in found.items():
+            _, out = run_json_child([sys.executable, "-c", _HOOK_CHILD, mode, str(calls)])
+            samples.append(out["ns"] / 1000)
+    plain = report.add(case, "torch alone", "us/collective", found["plain"])
+    idle = report.add(case, "collective hook, no profile listening", "us/collective", found["idle"])
+    on = report.add(case, "collective hook, step tables on", "us/collective", found["listening"])
+    report.ratio("collective hook idle / torch alone", idle, plain)
+    report.ratio("collective hook with step tables / torch alone", on, plain)
+    report.note(
+        f"the collective hook adds {idle.median - plain.median:.1f} us a collective with nobody "
+        f"listening and {on.median - plain.median:.1f} us with step tables on (a DDP step of a "
+        "few buckets: a few collectives)"
+    )
+
+
 def run(report: Report) -> None:
     """Every part, in a temporary directory."""
     with tempfile.TemporaryDirectory(prefix="stepscope-bench-steptables-") as tmp:
         work = Path(tmp)
+        bench_collective_hook(report)
         bench_cost_per_step(report, work)
         bench_fleet_query(report, work)
         bench_report_jobs(report, work)

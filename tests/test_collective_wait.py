@@ -29,6 +29,7 @@ from stepscope.steptables import StepTables
 from tests.metrics_fixtures import free_port
 from tests.test_ranks import ROOT, TORCHRUN, stepscope_cli
 
+pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
 pytest.importorskip("duckdb")
 torch = pytest.importorskip("torch")
@@ -230,6 +231,75 @@ def test_a_failing_collective_raises_as_it_would_and_closes_its_phase(tmp_path: 
     assert str(raised.value) == str(direct.value)
     rows = sorted(pq.read_table(tmp_path).to_pylist(), key=lambda r: r["step"])
     assert rows[1]["collective_ns"] == 0
+
+
+def test_version_1_tables_are_read_alone_and_beside_version_2(tmp_path: Path) -> None:
+    """Tables written before collective_ns and busy_ns: the fleet reads them (the new columns
+    null, no waits named), alone or beside version-2 files of another run."""
+    from stepscope.steptables.fleet import fleet_report
+    from tests.test_fleet_change_point import SHIFT, SLOW_RANK, shifted, write_tables
+
+    old = write_tables(tmp_path / "old", shifted())
+    for part in old.rglob("*.parquet"):
+        table = pq.read_table(part).drop_columns(["collective_ns", "busy_ns"])
+        version = table.schema.get_field_index("schema_version")
+        ones = pa.array([1] * table.num_rows, pa.int16())
+        table = table.set_column(version, "schema_version", ones)
+        pid = table.schema.get_field_index("pid")  # another process than the new run's
+        pids = pa.array([p + 1000 for p in table.column(pid).to_pylist()], pa.int32())
+        pq.write_table(table.set_column(pid, "pid", pids), part)
+    (slow,) = fleet_report(old).slow_ranks
+    assert (slow.rank, slow.since_step, slow.phase) == (SLOW_RANK, SHIFT, "data_wait")
+    assert slow.waited_ns is None and slow.waiting_ranks is None
+    new = write_tables(tmp_path / "new", shifted())
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    (old / "run=job").rename(mixed / "run=old")
+    (new / "run=job").rename(mixed / "run=new")
+    found = {s.run: s for s in fleet_report(mixed).slow_ranks}
+    assert found["old"].waited_ns is None and found["new"].waiting_ranks == 3
+    assert {s.rank for s in found.values()} == {SLOW_RANK}
+
+
+class DeviceWork:
+    """A stand-in for an NCCL ``Work`` (no GPU here): complete once ``done`` is set, with the
+    device time its events would give."""
+
+    def __init__(self, ms: float) -> None:
+        self.ms, self.done = ms, False
+
+    def is_completed(self) -> bool:
+        return self.done
+
+    def _get_duration(self) -> float:
+        return self.ms
+
+
+def test_a_device_collective_s_time_goes_to_the_step_that_launched_it(tmp_path: Path) -> None:
+    """The recorder's side of the device path: rows from the launching step on wait for the
+    work, which is credited there once complete; at close one still running is counted."""
+    import stepscope
+
+    tables = StepTables(tmp_path, run="device", rows_per_file=1)
+    first, second = DeviceWork(7.5), DeviceWork(2.0)
+    with stepscope.profile(step_tables=tables, torch_ops=False) as p:
+        p.step()
+        tables.device_collective(first)  # launched in step 1, completes during step 3
+        p.step()
+        tables.device_collective(second)  # step 2: still running at the close
+        p.step()
+        # the writer thread polls every 20 ms: without the wait it would take rows 0-2 and
+        # write 0 and 1 (a group of one row goes once a row after it is seen)
+        time.sleep(0.5)
+        written = sorted(
+            s for f in tmp_path.rglob("*.parquet") for s in pq.read_table(f)["step"].to_pylist()
+        )
+        first.done = True
+        p.step()
+    rows = sorted(pq.read_table(tmp_path).to_pylist(), key=lambda r: r["step"])
+    assert 1 not in written and 2 not in written, written
+    assert [r["collective_ns"] for r in rows] == [0, 7_500_000, 0, 0]
+    assert tables.untimed_collectives == 1
 
 
 @pytest.mark.slow

@@ -196,6 +196,7 @@ class StepTables(Collector):
             self._take_locked(final=True)
             self._hand_over(self._held, None)  # recorded steps whose window was never built
             self._hand_over(self._pending, None)
+            self.untimed_collectives += len(self._device) + len(self._device_ns)
             self._device.clear()  # works still running: not timed, and not kept alive
             self._device_ns.clear()
         self._ring = None
