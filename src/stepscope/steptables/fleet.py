@@ -68,7 +68,9 @@ SINCE_SHARE = 0.8
 """A rank is slow since step S when it lags in this share of its steps from S on (of such steps,
 the one after which its lagging steps are best told from the others: a one-step blip before
 a level shift is not where it started)."""
-MIN_SLOW_STEPS = 3
+MIN_SLOW_STEPS = 5
+"""A rank slow in fewer steps than this is a passing straggler (each step's is in ``stragglers``),
+not a rank slow since a step: on a busy machine any rank lags in a few steps in a row."""
 LEVEL_SHARE = 0.5
 """A rank that lags in ``MIN_SLOW_STEPS`` steps or more lags at a step (for "slow since") only
 when its lag there is also over this share of its slow level, the median of its lags beyond the
