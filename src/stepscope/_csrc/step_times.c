@@ -196,8 +196,13 @@ static PyObject *ring_end(StepRing *self, PyObject *Py_UNUSED(ignored)) {
         Py_ssize_t slot = self->slot;
         self->ends[slot] = now;
         if (self->phases) {
+            int others_open = 0; /* the collective counts only while none of these is open */
             for (int k = 0; k < SS_PHASES; k++) {
-                if (counting(self, k)) { /* open across the boundary: split it */
+                others_open |= k != SS_COLLECTIVE && self->phase_depth[k] > 0;
+            }
+            for (int k = 0; k < SS_PHASES; k++) {
+                int open = self->phase_depth[k] > 0 && (k != SS_COLLECTIVE || !others_open);
+                if (open) { /* open across the boundary: split it */
                     self->phase_ns[k] += now - self->phase_start[k];
                     self->phase_start[k] = now;
                 }
