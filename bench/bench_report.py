@@ -100,9 +100,10 @@ def child(kind: str, path: str, scratch: str) -> None:
         from rich.console import Console
 
         from stepscope.analysis.analyze import analyze
-        from stepscope.commands.report import load_traces, write_text
+        from stepscope.atomic import write_text
         from stepscope.report.html import write_html
         from stepscope.report.terminal import render_report
+        from stepscope.trace.loading import load_traces
 
         traces, _ = load_traces(Path(path), sys.stderr)
         phases["read"] = time.perf_counter() - start

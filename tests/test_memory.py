@@ -19,7 +19,9 @@ import pytest
 import stepscope
 from stepscope.analysis.memory import memory_summary, steady_rise
 from stepscope.cli import main
+from stepscope.jsonenc import json_bytes
 from stepscope.trace import read_chrome_trace
+from stepscope.trace.memory_fields import MEMORY_KEY, StepMemoryRow, step_rows
 
 LEAK = 200_000
 BLOCKS, BLOCK = 500, 2_000
@@ -522,3 +524,41 @@ def test_each_step_row_holds_the_resident_size_at_its_end_and_the_timeline_share
     timeline = summary.timeline["rss"]
     for row in rows:
         assert any(0 <= t - row["end_ns"] < 50_000_000 and b == row["rss"] for t, b in timeline)
+
+
+@pytest.mark.parametrize("mode", [True, "exact"], ids=["hook", "tracemalloc"])
+def test_step_rows_are_typed_and_read_back_as_written(tmp_path: Path, mode: bool | str) -> None:
+    prof = python_loop([], leak=False, steps=3, mode=mode)
+    prof.export_chrome_trace(str(tmp_path / "t.json"))
+    written = read_chrome_trace(tmp_path / "t.json").metadata[MEMORY_KEY]
+    rows = step_rows(written)
+    assert rows == step_rows(prof.trace().metadata[MEMORY_KEY])  # the live trace's, typed
+    assert len(rows) == 4 and all(isinstance(r.python_current, int) for r in rows)
+    assert [json_bytes(r.to_json()) for r in rows] == [json_bytes(r) for r in written["steps"]]
+    hook = "heap" in written  # the default mode, or tracemalloc without the extension
+    assert (rows[1].python_allocated is not None) == hook  # the hook's counts only
+    # a step whose heap was not read (the program stopped tracemalloc) has its times only
+    assert StepMemoryRow(5, 10, 20).to_json() == {"step": 5, "start_ns": 10, "end_ns": 20}
+    odd = {"step": 5, "python_current": "12", "cuda_allocator": {"ooms": 1, "x": None}}
+    assert StepMemoryRow.from_json(odd) == StepMemoryRow(5, 0, 0, cuda_allocator={"ooms": 1})
+    assert StepMemoryRow.from_json({"step": "5"}) is None
+
+
+def test_a_file_is_analysed_with_its_steps_found_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    from stepscope.analysis import steps
+    from stepscope.analysis.analyze import analyze_file
+
+    trace = python_loop([], leak=False, steps=3).trace()
+    found = steps._step_spans
+    calls: list[int] = []
+
+    def counted(*args: Any) -> Any:
+        calls.append(1)
+        return found(*args)
+
+    monkeypatch.setattr(steps, "_step_spans", counted)
+    part = analyze_file("t", trace)
+    assert len(calls) == 1  # the breakdowns, the memory section and the ranks share them
+    assert part.summary.memory is not None and part.ranks is not None
+    assert [s.step for s in part.summary.steps] == [0, 1, 2]
+    assert [s.step for s in part.summary.memory.steps] == [0, 1, 2, 3]  # 3: the step cut short

@@ -13,7 +13,14 @@ from typing import Any
 import pytest
 
 import stepscope
-from stepscope.profiler.memory_timeline import TORCH_CATEGORIES, memory_timeline
+from stepscope import clock
+from stepscope.profiler.memory_timeline import (
+    TORCH_CATEGORIES,
+    memory_timeline,
+    python_timeline,
+    write_timeline,
+)
+from stepscope.trace import read_chrome_trace
 from tests.analysis_helpers import SHARED
 from tests.test_memory import make_block, python_loop, transient_size
 from tests.test_report_html import assert_clean, browser, inked_pixels, load, screenshot
@@ -137,6 +144,38 @@ def test_plain_python_timeline_by_module(tmp_path: Path) -> None:
     for _, _, size, category in raw:
         replayed[category] = replayed.get(category, 0) + size
     assert [replayed.get(i, 0) for i in range(len(timeline.categories))] == timeline.sizes[-1][1:]
+
+
+@pytest.mark.parametrize("mode", [True, "exact"], ids=["hook", "tracemalloc"])
+def test_the_export_is_what_a_reader_of_the_saved_trace_computes(
+    tmp_path: Path, mode: bool | str
+) -> None:
+    prof = python_loop([], leak=True, steps=4, mode=mode)
+    prof.export_chrome_trace(str(tmp_path / "window.json"))
+    saved = read_chrome_trace(tmp_path / "window.json")
+    assert saved.base_time_ns != prof.trace().base_time_ns  # the file has a base of its own
+    for suffix in (".json", ".json.gz", ".raw.json.gz", ".html"):
+        live, read = tmp_path / f"live{suffix}", tmp_path / f"read{suffix}"
+        prof.export_memory_timeline(live)
+        write_timeline(python_timeline(saved), read)
+        opened = gzip.open if suffix.endswith(".gz") else open
+        with opened(live, "rb") as a, opened(read, "rb") as b:
+            assert a.read() == b.read(), suffix
+    # ... and its points are the snapshots' own: the step ends' exact totals, in Unix time
+    timeline = memory_timeline(prof)
+    rows = prof.trace().metadata["stepscope_memory"]["steps"]
+    ends = {clock.to_unix_ns(row["end_ns"]) // 1000: row["python_current"] for row in rows}
+    points = set(zip(timeline.times_us, map(sum, timeline.sizes), strict=True))
+    matched = [t for t, held in ends.items() if (t, held) in points]
+    # the hook snapshots every step end (its sampled shares scaled to the exact total held);
+    # tracemalloc those its time budget allows, the first ones at least
+    assert len(matched) == len(ends) if mode is True else matched
+
+
+def test_a_trace_without_the_heap_by_module_says_so() -> None:
+    trace = read_chrome_trace(SHARED / "cpu_only.json.gz")
+    with pytest.raises(ValueError, match="profile_memory=True"):
+        python_timeline(trace)
 
 
 def test_bad_requests_say_what_to_do(tmp_path: Path) -> None:

@@ -111,7 +111,7 @@ def test_a_file_whose_analysis_fails_is_named_and_the_rest_reported(
 ) -> None:
     from stepscope.analysis import analyze as analyze_module
     from stepscope.analysis import host
-    from stepscope.commands.report import load_traces
+    from stepscope.trace.loading import load_traces
 
     write(tmp_path / "d" / "good.json", hostile_trace(["a"]))
     write(tmp_path / "d" / "other.json", hostile_trace(["b"]))

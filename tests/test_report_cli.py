@@ -309,7 +309,7 @@ def test_the_report_command_never_loads_the_profiler(tmp_path: Path) -> None:
         "from stepscope.cli import main\n"
         f"status = main(['report', {str(trace)!r}, '--top', '3'])\n"
         "light = {'stepscope.profiler.' + m for m in ('control_client', 'control_protocol', "
-        "'sort_keys')}\n"
+        "'options', 'sort_keys')}\n"
         "loaded = sorted(m for m in sys.modules if m.split('.')[0] == 'torch' or "
         "m.startswith('stepscope.profiler.') and m not in light)\n"
         "print('LOADED', loaded, status)\n"

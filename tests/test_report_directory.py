@@ -5,7 +5,10 @@ left out, and bars that tell categories apart without colour."""
 from __future__ import annotations
 
 import io
+import json
 import logging
+import os
+import pty
 from pathlib import Path
 
 import pytest
@@ -14,8 +17,9 @@ from rich.console import Console
 import stepscope
 from stepscope.analysis.analyze import analyze
 from stepscope.cli import main
-from stepscope.commands.report import load_traces
+from stepscope.report.progress import reading_bar
 from stepscope.report.terminal import GLYPHS, BreakdownBar, render_report
+from stepscope.trace.loading import load_traces
 from tests.test_report_cli import spin
 
 WINDOWS = 3
@@ -121,3 +125,28 @@ def test_a_bar_has_its_width_and_a_cell_for_every_category(shares: list[float]) 
     assert sum(cells) == max(60, len(shares)) and min(cells) >= 1
     for c, n in zip(categories, cells, strict=True):  # each within a cell of its share
         assert abs(n - 60 * c.pct / sum(shares)) < 1 or n == 1
+
+
+def test_a_terminal_sees_the_files_read_and_a_pipe_no_bar(tmp_path: Path) -> None:
+    event = {"ph": "X", "name": "step", "ts": 0, "dur": 5, "pid": 1, "tid": 1}
+    for name in ("a.json", "b\x1b[31m.json"):  # a name that would colour the terminal
+        (tmp_path / name).write_text(json.dumps({"traceEvents": [event]}))
+    assert reading_bar(io.StringIO()) is None
+    leader, follower = pty.openpty()
+    try:
+        with open(follower, "w", encoding="utf-8") as terminal:
+            traces, _ = load_traces(tmp_path, terminal, progress=reading_bar(terminal))
+        chunks = []
+        while True:  # the other side is closed: read until the terminal says so (EIO)
+            try:
+                chunk = os.read(leader, 1 << 16)
+            except OSError:
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+        shown = b"".join(chunks).decode()
+    finally:
+        os.close(leader)
+    assert len(traces) == 2
+    assert "2/2 files" in shown and "reading b\\x1b[31m.json" in shown

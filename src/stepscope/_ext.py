@@ -54,6 +54,7 @@ REQUIRED = (
     "spans_from_events",
     "remap_column",
     "int_args",
+    "pack_varints",
     "nest_spans",
     "RecordFunction",
     "_tracer_start",
@@ -79,6 +80,8 @@ if TYPE_CHECKING:
         scan_trace = staticmethod(_native.scan_trace)
         remap_column = staticmethod(_native.remap_column)
         int_args = staticmethod(_native.int_args)
+        pack_varints = staticmethod(_native.pack_varints)
+        unpack_varints = staticmethod(_native.unpack_varints)
         nest_spans = staticmethod(_native.nest_spans)
         RecordFunction = _native.RecordFunction
         _annotations_start = staticmethod(_native._annotations_start)

@@ -73,6 +73,15 @@ def remap_column(
     """A column re-based for another builder: mode 0 string ids and 1 pid/tid labels through
     ``table``, 2 times and 3 args refs (-1 stays) plus ``offset``."""
 
+def pack_varints(column: ReadableBuffer, typecode: str, delta: bool, floor: int = ..., /) -> bytes:
+    """A column (typecode B, I, i or q) as LEB128 varints, zigzag for signed or delta-coded;
+    values below ``floor`` are written as ``floor``."""
+
+def unpack_varints(
+    data: ReadableBuffer, offset: int, count: int, typecode: str, delta: bool, /
+) -> tuple[bytes, int]:
+    """``count`` varints from ``offset`` back to the column's bytes, and the end offset."""
+
 def int_args(
     rows: Sequence[object], keys: tuple[bytes, ...], /
 ) -> list[tuple[int | None, ...] | None]:

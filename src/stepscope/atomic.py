@@ -10,7 +10,16 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import IO
 
-__all__ = ["OutputError", "atomic_output", "atomic_outputs", "ensure_parent", "make_directory"]
+from stepscope.text import valid_text
+
+__all__ = [
+    "OutputError",
+    "atomic_output",
+    "atomic_outputs",
+    "ensure_parent",
+    "make_directory",
+    "write_text",
+]
 
 
 def ensure_parent(path: str | os.PathLike[str], what: str = "file") -> Path:
@@ -136,6 +145,15 @@ def atomic_output(
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise _write_error(exc, what, target) from exc
+
+
+def write_text(path: str | os.PathLike[str], text: str, what: str) -> int:
+    """Write ``text`` to ``path`` atomically (never a half-written file) as valid UTF-8;
+    returns how many unpaired surrogates (a trace's names can hold them) became U+FFFD."""
+    text, replaced = valid_text(text)
+    with atomic_output(path, what=what) as fh:
+        fh.write(text.encode("utf-8"))
+    return replaced
 
 
 @contextlib.contextmanager

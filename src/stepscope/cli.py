@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 
 from stepscope._version import __version__
-from stepscope.commands import attach, diff, fleet, kernels, merge, report, run
+from stepscope.commands import attach, convert, diff, fleet, kernels, merge, report, run
 from stepscope.commands.command import Command
 from stepscope.extras import MissingExtraError
 from stepscope.text import one_line
@@ -21,6 +21,7 @@ COMMANDS: tuple[Command, ...] = (
     report.COMMAND,
     diff.COMMAND,
     merge.COMMAND,
+    convert.COMMAND,
     attach.COMMAND,
     fleet.COMMAND,
 )

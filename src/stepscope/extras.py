@@ -34,6 +34,7 @@ EXTRAS = {
     "pytorch-lightning": "pytorch-lightning",
     "transformers": "transformers and accelerate",
     "mlflow": "mlflow-skinny",
+    "perfetto": "perfetto and protobuf",
 }
 """Each extra of ``pyproject.toml`` and what it installs."""
 

@@ -17,7 +17,8 @@ PyMODINIT_FUNC PyInit__native(void) {
         ss_tracer_init(module) < 0 || ss_sampler_init(module) < 0 || ss_chrome_columns_init(module) < 0 ||
         ss_chrome_args_init(module) < 0 ||
         ss_chrome_scanner_init(module) < 0 || ss_step_times_init(module) < 0 ||
-        ss_alloc_hook_init(module) < 0 || ss_span_nesting_init(module) < 0) {
+        ss_alloc_hook_init(module) < 0 || ss_span_nesting_init(module) < 0 ||
+        ss_compact_columns_init(module) < 0) {
         Py_DECREF(module);
         return NULL;
     }

@@ -23,5 +23,6 @@ int ss_chrome_scanner_init(PyObject *module);
 int ss_step_times_init(PyObject *module);
 int ss_alloc_hook_init(PyObject *module);
 int ss_span_nesting_init(PyObject *module);
+int ss_compact_columns_init(PyObject *module);
 
 #endif

@@ -108,15 +108,18 @@ class _Windows:
 
 
 def _facts(
-    trace: Trace, source: str, step_range: tuple[int, int] | None, flames: bool = False
+    trace: Trace,
+    source: str,
+    step_range: tuple[int, int] | None,
+    in_trace: steps.TraceSteps,
+    flames: bool = False,
 ) -> _Facts:
-    is_host = steps.host_span_mask(trace)
-    all_steps, has_steps = steps.find_steps(trace, is_host)
+    is_host, all_steps, has_steps = in_trace.host, in_trace.complete, in_trace.has_steps
     chosen = steps.select_steps(all_steps, step_range)
     notes: list[str] = []
     if not has_steps:
         notes.append("no ProfilerStep spans: the whole trace is analysed as one step")
-    cut = steps.select_steps(steps.cut_short_steps(trace, is_host), step_range)
+    cut = steps.select_steps(in_trace.cut_short, step_range)
     if cut:
         cut_numbers = ", ".join(str(s.step) for s in cut)
         notes.append(
@@ -431,11 +434,7 @@ def analyze_trace(
     trace: Trace, source: str = "trace", step_range: tuple[int, int] | None = None, top: int = 10
 ) -> TraceSummary:
     """Analyse one trace."""
-    summary = _summarize(source, [_facts(trace, source, step_range)], top)
-    summary.memory = memory_summary(trace, top, step_range)
-    summary.overhead = trace_overhead(trace)
-    summary.recommendations = recommend(summary)
-    return summary
+    return analyze_file(source, trace, step_range, top, with_ranks=False).summary
 
 
 def analyze(
@@ -494,12 +493,13 @@ def analyze_file(
     joins the files' parts."""
     if top < 1:
         raise ValueError(f"top must be 1 or more, got {top}")
-    facts = _facts(trace, label, step_range, flames)
+    found = steps.trace_steps(trace)  # once: the breakdowns, memory and ranks all take them
+    facts = _facts(trace, label, step_range, found, flames)
     summary = _summarize(facts.source, [facts], top)
-    summary.memory = memory_summary(trace, top, step_range)
+    summary.memory = memory_summary(trace, top, step_range, found.complete)
     summary.overhead = trace_overhead(trace)
     summary.recommendations = recommend(summary)
-    ranks = rank_facts(label, trace, step_range) if with_ranks else None
+    ranks = rank_facts(label, trace, step_range, found) if with_ranks else None
     return FileAnalysis(facts, summary, ranks, step_range, top)
 
 

@@ -15,13 +15,15 @@ from statistics import median
 from typing import Any
 
 from stepscope.analysis.memory_types import LeakHint, LeakSite, MemoryStep, MemorySummary, PeakRow
-from stepscope.analysis.steps import find_steps
+from stepscope.analysis.steps import StepWindow, find_steps
 from stepscope.trace.memory_fields import (
     MEMORY_INSTANT,
     MEMORY_KEY,
     PYTHON_HEAP_TRACK,
     RSS_TRACK,
+    StepMemoryRow,
     TensorEvent,
+    step_rows,
     tensor_events,
     thin_points,
 )
@@ -105,8 +107,7 @@ def rss_rise_note(per_step: int, steps: int) -> str:
     )
 
 
-def _step_bounds(trace: Trace) -> list[tuple[int, int, int]]:
-    windows, _ = find_steps(trace)
+def _step_bounds(windows: Sequence[StepWindow]) -> list[tuple[int, int, int]]:
     return [(w.step if w.step is not None else 0, w.start_ns, w.end_ns) for w in windows]
 
 
@@ -196,21 +197,6 @@ def _tensor_growth(
     return [LeakSite(name, "", 0, size) for name, size in ranked]
 
 
-def _python_steps(meta: Mapping[str, Any]) -> dict[int, dict[str, Any]]:
-    steps: dict[int, dict[str, Any]] = {}
-    for row in meta.get("steps", ()):
-        if isinstance(row, Mapping) and isinstance(row.get("step"), int):
-            steps[row["step"]] = dict(row)
-    return steps
-
-
-def _int_values(value: Any) -> dict[str, int]:
-    """A mapping's integer values (a row from an unknown writer may hold anything)."""
-    if not isinstance(value, Mapping):
-        return {}
-    return {str(k): int(v) for k, v in value.items() if isinstance(v, int)}
-
-
 def cuda_allocator_notes(steps: Sequence[MemoryStep]) -> list[str]:
     """What the CUDA caching allocator's counters say that the tensor figures do not: retries
     (it freed its cache to fit an allocation: memory near full or fragmented) and OOMs."""
@@ -275,33 +261,37 @@ def _counter_points(trace: Trace, track: str) -> list[tuple[int, int]]:
 
 
 def memory_summary(
-    trace: Trace, top: int = 15, step_range: tuple[int, int] | None = None
+    trace: Trace,
+    top: int = 15,
+    step_range: tuple[int, int] | None = None,
+    windows: Sequence[StepWindow] | None = None,
 ) -> MemorySummary | None:
-    """The memory section of one trace (steps in ``step_range``), None without memory data."""
+    """The memory section of one trace (steps in ``step_range``; ``windows``: its complete
+    steps, when the caller has found them), None without memory data."""
     raw_meta = trace.metadata.get(MEMORY_KEY)
     meta: Mapping[str, Any] = raw_meta if isinstance(raw_meta, Mapping) else {}
     events = _memory_instants(trace)
     if not meta and not events:
         return None
-    python = _python_steps(meta)
-    bounds = _step_bounds(trace)
+    python = {row.step: row for row in step_rows(meta)}  # a step written twice: the last row
+    bounds = _step_bounds(find_steps(trace)[0] if windows is None else windows)
     tensors = tensor_steps(events, bounds)
     numbers = sorted(set(python) | set(tensors))
     if step_range is not None:
         numbers = [n for n in numbers if step_range[0] <= n <= step_range[1]]
     steps = []
     for n in numbers:
-        row = python.get(n, {})
+        row = python.get(n) or StepMemoryRow(n, 0, 0)
         held, peak = tensors.get(n, ({}, {}))
         steps.append(
             MemoryStep(
                 n,
-                row.get("python_current"),
-                row.get("python_peak"),
-                row.get("rss"),
+                row.python_current,
+                row.python_peak,
+                row.rss,
                 held,
                 peak,
-                _int_values(row.get("cuda_allocator")),
+                dict(row.cuda_allocator),
             )
         )
     leaks: list[LeakHint] = []

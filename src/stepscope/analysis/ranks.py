@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 from stepscope.analysis.collectives import CollectiveKey, collective_calls, host_partitions
 from stepscope.analysis.result import DeviceBreakdown, TraceSummary
-from stepscope.analysis.steps import cut_short_steps, find_steps, select_steps
+from stepscope.analysis.steps import TraceSteps, select_steps, trace_steps
 from stepscope.trace.merge import clock_offset, first_span_ns, rank_of
 from stepscope.trace.model import Trace
 
@@ -161,10 +161,16 @@ class RankFacts:
     on one rank and absent on another is still a step missing there."""
 
 
-def rank_facts(label: str, trace: Trace, step_range: tuple[int, int] | None = None) -> RankFacts:
-    """The cross-rank facts of one trace (the map step of ``analyze_ranks``)."""
-    windows, _ = find_steps(trace)
-    windows = [w for w in select_steps(windows, step_range) if w.step is not None]
+def rank_facts(
+    label: str,
+    trace: Trace,
+    step_range: tuple[int, int] | None = None,
+    found: TraceSteps | None = None,
+) -> RankFacts:
+    """The cross-rank facts of one trace (the map step of ``analyze_ranks``; ``found``: its
+    steps, when the caller has found them)."""
+    found = trace_steps(trace) if found is None else found
+    windows = [w for w in select_steps(found.complete, step_range) if w.step is not None]
     partitions = {
         number: part
         for number, part in host_partitions(trace, windows).items()
@@ -173,7 +179,7 @@ def rank_facts(label: str, trace: Trace, step_range: tuple[int, int] | None = No
     calls = [(c.step, c.key, c.nth, c.dur_ns) for c in collective_calls(trace, windows)]
     step_ns = {w.step: w.dur_ns for w in windows if w.step is not None}
     order = trace.base_time_ns + first_span_ns(trace)
-    cut = select_steps(cut_short_steps(trace), step_range)
+    cut = select_steps(found.cut_short, step_range)
     return RankFacts(
         label,
         rank_of(trace, label),

@@ -10,6 +10,9 @@ at exit, a crash, a rank stopped early), even when it is the window's only step 
 is step 0, the one step of a profile that never called ``step()``.  When one
 step number appears on several threads, the longest span is the step.  A trace without steps is
 analysed as one step spanning its host events, on the thread that was busy longest.
+
+``trace_steps`` finds all of it once per trace (``TraceSteps``); an analysis passes that to
+each of its readers (breakdowns, memory, ranks) rather than each finding the steps again.
 """
 
 from __future__ import annotations
@@ -25,11 +28,13 @@ from stepscope.trace.nesting import DEVICE_CATEGORIES
 
 __all__ = [
     "StepWindow",
+    "TraceSteps",
     "cut_short_steps",
     "find_steps",
     "parse_step_range",
     "select_steps",
     "step_stats",
+    "trace_steps",
 ]
 
 _STEP = re.compile(r"^ProfilerStep#(\d{1,4000})$")  # int() refuses 4,300 digits and more
@@ -105,20 +110,45 @@ def _step_spans(trace: Trace, host: Sequence[bool]) -> tuple[list[StepWindow], l
     return ordered, cut
 
 
-def cut_short_steps(trace: Trace, host: Sequence[bool] | None = None) -> list[StepWindow]:
-    """The steps of a trace that were cut short (see the module docstring), by start time."""
-    return _step_spans(trace, host_span_mask(trace) if host is None else host)[1]
+@dataclass(frozen=True)
+class TraceSteps:
+    """A trace's steps, found once: what every reader of one analysis takes."""
+
+    host: list[bool]
+    """Which spans run on a host thread (:func:`host_span_mask`)."""
+    complete: list[StepWindow]
+    """The complete steps by start time (one whole-trace step when it has no step spans)."""
+    cut_short: list[StepWindow]
+    """The steps cut short, by start time (see the module docstring)."""
+    has_steps: bool
+    """Whether the trace had ``ProfilerStep`` spans."""
 
 
-def find_steps(trace: Trace, host: Sequence[bool] | None = None) -> tuple[list[StepWindow], bool]:
-    """The complete steps of a trace, by start time; the flag says whether it had
-    ``ProfilerStep`` spans (a trace with none is one whole-trace step)."""
-    spans = trace.spans
-    host = host_span_mask(trace) if host is None else host
-    pids, tids, starts, durs = spans["pid"], spans["tid"], spans["start_ns"], spans["dur_ns"]
+def trace_steps(trace: Trace) -> TraceSteps:
+    """Every step of a trace, complete and cut short, found in one pass."""
+    host = host_span_mask(trace)
     ordered, cut = _step_spans(trace, host)
     if ordered or cut:
-        return ordered, True
+        return TraceSteps(host, ordered, cut, True)
+    return TraceSteps(host, _whole_trace(trace, host), [], False)
+
+
+def cut_short_steps(trace: Trace) -> list[StepWindow]:
+    """The steps of a trace that were cut short (see the module docstring), by start time."""
+    return _step_spans(trace, host_span_mask(trace))[1]
+
+
+def find_steps(trace: Trace) -> tuple[list[StepWindow], bool]:
+    """The complete steps of a trace, by start time; the flag says whether it had
+    ``ProfilerStep`` spans (a trace with none is one whole-trace step)."""
+    found = trace_steps(trace)
+    return found.complete, found.has_steps
+
+
+def _whole_trace(trace: Trace, host: Sequence[bool]) -> list[StepWindow]:
+    """The one step of a trace without step spans: its host events, on the busiest thread."""
+    spans = trace.spans
+    pids, tids, starts, durs = spans["pid"], spans["tid"], spans["start_ns"], spans["dur_ns"]
     busy: dict[tuple[int, int], int] = {}
     lo, hi = math.inf, -math.inf
     for i in range(len(spans)):
@@ -127,9 +157,9 @@ def find_steps(trace: Trace, host: Sequence[bool] | None = None) -> tuple[list[S
         busy[(pids[i], tids[i])] = busy.get((pids[i], tids[i]), 0) + durs[i]
         lo, hi = min(lo, starts[i]), max(hi, starts[i] + durs[i])
     if not busy:
-        return [], False
+        return []
     pid, tid = max(busy, key=lambda k: busy[k])
-    return [StepWindow(None, "whole trace", -1, pid, tid, int(lo), int(hi))], False
+    return [StepWindow(None, "whole trace", -1, pid, tid, int(lo), int(hi))]
 
 
 def parse_step_range(text: str) -> tuple[int, int]:

@@ -21,7 +21,7 @@ import sys
 import sysconfig
 import threading
 import tracemalloc
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,17 +32,19 @@ from stepscope.collectors.memory_sampled import SampledHeap, sampling_error_note
 from stepscope.failures import failure_log
 from stepscope.rss import RssReader
 from stepscope.trace.memory_fields import (
+    BY_MODULE_KEY,
     MEMORY_INSTANT,
     MEMORY_KEY,
     PYTHON_HEAP_TRACK,
     RSS_TRACK,
+    StepMemoryRow,
     tensor_events,
     thin_points,
 )
 from stepscope.trace.model import Trace, TraceBuilder
 from stepscope.trace.names import hide_thread, short_path
 
-__all__ = ["MemoryCollector", "PythonHeapPoint", "function_at", "module_of"]
+__all__ = ["MemoryCollector", "PythonHeapPoint", "function_at", "module_of", "module_points"]
 
 _failures = failure_log("collectors")
 _OWN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
@@ -69,6 +71,8 @@ STEP_END, NEW_HIGH = 0, 1
 SITE_CHANGES = 10
 """Sites kept per step: those whose held bytes changed most since the last snapshot."""
 MAX_TIMELINE_POINTS = 4000
+UNSAMPLED = "(no sample)"
+"""The module of bytes held when no sampled allocation was alive to name their module."""
 Sites = dict[tuple[str, int], tuple[int, int]]
 """(file, line) -> (bytes, blocks) held."""
 
@@ -90,7 +94,7 @@ class _Window:
     step_start_ns: int = 0
     step_peak: int = 0
     own: int = 0
-    rows: list[dict[str, Any]] = field(default_factory=list)
+    rows: list[StepMemoryRow] = field(default_factory=list)
     ends: list[PythonHeapPoint] = field(default_factory=list)
     peak: PythonHeapPoint | None = None
     """The snapshot holding the most, for the peak table."""
@@ -203,6 +207,43 @@ def module_of(file: str) -> str:
     return first[:-3] if first.endswith(".py") else first
 
 
+def module_points(points: Sequence[PythonHeapPoint]) -> dict[str, Any]:
+    """The snapshots' bytes by top-level allocating module (sampled shares scaled to the exact
+    total), in time order: ``{"modules": [...], "points": [[t_ns, bytes per module...]]}``,
+    the modules in the order they first held memory (``memory_fields.heap_by_module`` reads it).
+    """
+    modules: dict[str, None] = {}
+    module_of_file: dict[str, str] = {}
+    rows: list[tuple[int, dict[str, int]]] = []
+    for point in sorted(points, key=lambda p: p.t_ns):
+        held: dict[str, int] = {}
+        for (file, _line), (size, _count) in point.sites.items():
+            module = module_of_file.get(file)
+            if module is None:
+                module = module_of_file[file] = module_of(file)
+            held[module] = held.get(module, 0) + size
+        held = _scaled(held, point.total)
+        modules.update(dict.fromkeys(held))
+        rows.append((point.t_ns, held))
+    return {
+        "modules": list(modules),
+        "points": [[t, *(held.get(m, 0) for m in modules)] for t, held in rows],
+    }
+
+
+def _scaled(held: dict[str, int], total: int | None) -> dict[str, int]:
+    """Sampled shares scaled to the exact total held (the remainder to the biggest module)."""
+    if total is None:
+        return held
+    sampled = sum(held.values())
+    if sampled <= 0:
+        return {UNSAMPLED: total} if total > 0 else {}
+    out = {module: size * total // sampled for module, size in held.items()}
+    biggest = max(out, key=lambda m: out[m])
+    out[biggest] += total - sum(out.values())
+    return out
+
+
 def site_rows(sites: Sites, top: int) -> list[dict[str, Any]]:
     """The biggest sites of a snapshot, with the function that allocated them."""
     ordered = sorted(sites.items(), key=lambda item: -item[1][0])[:top]
@@ -240,8 +281,6 @@ class MemoryCollector(Collector):
         optimizer_hook.ensure_registered()  # now: no hook loop runs while a profile is built
         self.optimizers: dict[int, Any] = {}
         """Optimizers stepped in the last window, by id (their state names tensor categories)."""
-        self.python_points: list[PythonHeapPoint] = []
-        """The last window's Python heap snapshots (step ends, then the peak), for the timeline."""
         self.torch_result: Any = None
         """torch's ``autograd.profiler.profile`` of the last window, when torch recorded."""
 
@@ -347,11 +386,11 @@ class MemoryCollector(Collector):
         if not tracemalloc.is_tracing():  # the program stopped it: nothing to read
             if w.tracing_lost_step is None:
                 w.tracing_lost_step = w.step
-            w.rows.append({"step": w.step, "start_ns": w.step_start_ns, "end_ns": now})
+            w.rows.append(StepMemoryRow(w.step, w.step_start_ns, now))
             return rss
         current, peak = tracemalloc.get_traced_memory()
         step_peak = max(w.step_peak, (peak if w.started_tracing else current) - w.own)
-        changes: list[list[int]] | None = None
+        changes: tuple[tuple[int, int, int], ...] | None = None
         cheap_last = last and w.last_snapshot_ns <= CHEAP_SNAPSHOT_NS
         if cheap_last or self._affordable(w, now, STEP_END):
             sites, total = self._snapshot(w, STEP_END)
@@ -364,21 +403,19 @@ class MemoryCollector(Collector):
             w.skipped_snapshots += 1
         step_peak = max(step_peak, total)
         w.timeline.append((now, total))
-        row: dict[str, Any] = {
-            "step": w.step,
-            "start_ns": w.step_start_ns,
-            "end_ns": now,
-            "python_current": total,
-            "python_peak": step_peak,
-            "rss": rss,
-        }
-        if changes is not None:
-            row["site_changes"] = changes
-            row["site_changes_since_ns"] = w.ends[-2].t_ns
-        cuda = _cuda_allocator_stats()
-        if cuda:
-            row["cuda_allocator"] = cuda
-        w.rows.append(row)
+        w.rows.append(
+            StepMemoryRow(
+                w.step,
+                w.step_start_ns,
+                now,
+                python_current=total,
+                python_peak=step_peak,
+                rss=rss,
+                site_changes=changes,
+                site_changes_since_ns=w.ends[-2].t_ns if changes is not None else None,
+                cuda_allocator=_cuda_allocator_stats(),
+            )
+        )
         if step_peak > w.peak_bytes:
             w.peak_bytes, w.peak_step = step_peak, w.step
         return rss
@@ -393,22 +430,21 @@ class MemoryCollector(Collector):
             _, high = heap.poll()
             w.timeline.append((now, max(high, counts["peak"])))
             w.timeline.append((now, counts["current"]))
-            row: dict[str, Any] = {
-                "step": w.step,
-                "start_ns": w.step_start_ns,
-                "end_ns": now,
-                "python_current": counts["current"],
-                "python_peak": counts["peak"],
-                "python_allocated": counts["allocated"],
-                "python_freed": counts["freed"],
-                "rss": rss,
-                "site_changes": changes,
-                "site_changes_since_ns": w.ends[-2].t_ns,
-            }
-            cuda = _cuda_allocator_stats()
-            if cuda:
-                row["cuda_allocator"] = cuda
-            w.rows.append(row)
+            w.rows.append(
+                StepMemoryRow(
+                    w.step,
+                    w.step_start_ns,
+                    now,
+                    python_current=counts["current"],
+                    python_peak=counts["peak"],
+                    rss=rss,
+                    python_allocated=counts["allocated"],
+                    python_freed=counts["freed"],
+                    site_changes=changes,
+                    site_changes_since_ns=w.ends[-2].t_ns,
+                    cuda_allocator=_cuda_allocator_stats(),
+                )
+            )
             if counts["peak"] > w.peak_bytes and heap.peak_sites is not None:
                 w.peak_bytes, w.peak_step = counts["peak"], w.step
                 w.peak = PythonHeapPoint(heap.peak_t_ns or now, heap.peak_sites, counts["peak"])
@@ -417,7 +453,7 @@ class MemoryCollector(Collector):
             heap.pause(False)
 
     @staticmethod
-    def _site_changes(w: _Window, before: Sites, after: Sites) -> list[list[int]]:
+    def _site_changes(w: _Window, before: Sites, after: Sites) -> tuple[tuple[int, int, int], ...]:
         """The sites whose held bytes changed most since the last snapshot: ``[site, bytes,
         blocks]`` rows (allocations up, frees down), sites interned in ``w.site_ids``."""
         moved = []
@@ -427,11 +463,10 @@ class MemoryCollector(Collector):
             if size1 != size0:
                 moved.append((site, size1 - size0, count1 - count0))
         moved.sort(key=lambda m: -abs(m[1]))
-        rows = []
-        for site, size, count in moved[:SITE_CHANGES]:
-            index = w.site_ids.setdefault(site, len(w.site_ids))
-            rows.append([index, size, count])
-        return rows
+        return tuple(
+            (w.site_ids.setdefault(site, len(w.site_ids)), size, count)
+            for site, size, count in moved[:SITE_CHANGES]
+        )
 
     @staticmethod
     def _offer_peak(w: _Window, now: int, sites: Sites, total: int) -> None:
@@ -546,11 +581,9 @@ class MemoryCollector(Collector):
         if w is None:
             return
         self.torch_result = getattr(self.torch_collector, "last_result", None)
-        self.python_points = [*w.ends, *([w.peak] if w.peak is not None else [])]
-        self.python_points.sort(key=lambda p: p.t_ns)
         meta: dict[str, Any] = {
             "tracemalloc": _tracemalloc_state(w),
-            "steps": w.rows,
+            "steps": [row.to_json() for row in w.rows],
             "sites": [
                 {"function": function_at(file, line), "file": short_path(file), "line": line}
                 for (file, line) in w.site_ids
@@ -585,6 +618,7 @@ class MemoryCollector(Collector):
                 f"keep them under {SNAPSHOT_SHARE:.0%} of the window's time (totals are kept)"
             )
         meta["growth"] = self._site_growth(w)
+        meta[BY_MODULE_KEY] = module_points([*w.ends, *([w.peak] if w.peak is not None else [])])
         self._tensor_tracks(builder, ctx)
         for t, held in thin_points(w.timeline, MAX_TIMELINE_POINTS):
             builder.counter(PYTHON_HEAP_TRACK, ctx.pid, t, {"bytes": held})

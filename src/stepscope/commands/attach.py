@@ -21,9 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from stepscope.commands.command import Command
-from stepscope.commands.values import MAX_SAMPLING_HZ, MAX_SECONDS, at_least, positive_finite
 from stepscope.profiler.control_client import NotAttachable, Session, find_listener, hello
-from stepscope.profiler.control_protocol import ControlError, pid_alive, socket_pid
+from stepscope.profiler.control_protocol import ControlError, RecordMessage, pid_alive, socket_pid
+from stepscope.profiler.options import RecordingOptions, add_recording_arguments
+from stepscope.values import MAX_SECONDS, at_least, positive_finite
 
 RATE_PROBE_S = 0.3
 """Time between the two looks at every rank's step, to learn how fast steps go."""
@@ -38,23 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``stepscope attach``."""
     parser.add_argument("pid", nargs="?", type=int, help="the process (any rank with --all-ranks)")
     parser.add_argument("--steps", type=int, default=3, help="whole steps to record (default 3)")
-    parser.add_argument(
-        "-o", "--out", default="out/stepscope", help="directory for traces (default: out/stepscope)"
-    )
-    parser.add_argument(
-        "--activities",
-        default=None,
-        help="comma-separated ProfilerActivity names (default: CPU and torch's device, CUDA on "
-        "an NVIDIA machine, when the process has torch loaded, else CPU,SAMPLING)",
-    )
-    parser.add_argument("--with-stack", action="store_true", help="record every Python call")
-    parser.add_argument(
-        "--memory", action="store_true", help="memory per step (the Python heap, tensors, RSS)"
-    )
-    parser.add_argument(
-        "--sampling-rate", type=float, default=100.0, metavar="HZ", help="with SAMPLING (100)"
-    )
-    parser.add_argument("--gzip", action="store_true", help="write .json.gz traces")
+    add_recording_arguments(parser)
     ranks = parser.add_mutually_exclusive_group()
     ranks.add_argument(
         "--all-ranks", action="store_true", help="every rank on this host of PID's job"
@@ -76,21 +61,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _request(args: argparse.Namespace) -> dict[str, Any]:
-    activities = None
-    if args.activities:
-        activities = [p.strip().upper() for p in args.activities.split(",") if p.strip()]
-    return {
-        "steps": args.steps,
-        "out": str(Path(args.out).resolve()),
-        "activities": activities,
-        "with_stack": args.with_stack,
-        "memory": args.memory,
-        "sampling_rate_hz": args.sampling_rate,
-        "gzip": args.gzip,
-    }
-
-
 def _notify(pid: int) -> Any:
     return lambda text: print(f"stepscope attach: {pid}: {text}", file=sys.stderr, flush=True)
 
@@ -109,16 +79,16 @@ def _report(pid: int, done: dict[str, Any], label: str = "") -> bool:
     return complete
 
 
-def _one(args: argparse.Namespace) -> int:
+def _one(args: argparse.Namespace, options: RecordingOptions) -> int:
     pid = args.pid
     try:
         path = find_listener(pid)
     except NotAttachable:
         if args.sample is not None:
-            return _sample(args)
+            return _sample(args, options)
         raise
-    _check_writable(Path(args.out))
-    session = Session(path, _request(args))
+    _check_writable(Path(options.out))
+    session = Session(path, RecordMessage(args.steps, options).to_message())
     done = session.wait(args.timeout, min(NOTICE_S, args.timeout / 2), _notify(pid))
     return 0 if _report(pid, done) else 1
 
@@ -155,9 +125,9 @@ def _first_step(listeners: list[tuple[Path, dict[str, Any]]]) -> int:
     return now + 2 + math.ceil(per_second * SEND_BUDGET_S)
 
 
-def _all_ranks(args: argparse.Namespace) -> int:
+def _all_ranks(args: argparse.Namespace, options: RecordingOptions) -> int:
     listeners = _rank_listeners(args)
-    _check_writable(Path(args.out))
+    _check_writable(Path(options.out))
     world = listeners[0][1].get("world_size") or len(listeners)
     if len(listeners) < world:
         print(
@@ -166,7 +136,7 @@ def _all_ranks(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     start = _first_step(listeners)
-    request = {**_request(args), "start_step": start}
+    request = RecordMessage(args.steps, options, start).to_message()
     sessions: list[tuple[dict[str, Any], Session]] = []
     for path, info in listeners:
         try:
@@ -189,10 +159,10 @@ def _all_ranks(args: argparse.Namespace) -> int:
     return status
 
 
-def _sample(args: argparse.Namespace) -> int:
+def _sample(args: argparse.Namespace, options: RecordingOptions) -> int:
     from stepscope.commands.attach_sample import sample_process
 
-    path = sample_process(args.pid, args.sample, args.sampling_rate, Path(args.out))
+    path = sample_process(args.pid, args.sample, options.sampling_rate_hz, Path(options.out))
     print(f"{args.pid}: sampled {args.sample:g} s with py-spy (no steps): {path}")
     return 0
 
@@ -220,13 +190,13 @@ def run(args: argparse.Namespace) -> int:
     at_least("--steps", args.steps, 1)
     positive_finite("--timeout", args.timeout, MAX_SECONDS, "seconds")
     positive_finite("--sample", args.sample, MAX_SECONDS, "seconds")
-    positive_finite("--sampling-rate", args.sampling_rate, MAX_SAMPLING_HZ, "samples per second")
+    options = RecordingOptions.from_args(args)
     if args.pid is not None and args.pid == os.getpid():
         raise ValueError("stepscope attach cannot attach to itself")
     try:
         if args.all_ranks or args.job:
-            return _all_ranks(args)
-        return _one(args)
+            return _all_ranks(args, options)
+        return _one(args, options)
     except ControlError as exc:
         print(f"stepscope attach: {exc}", file=sys.stderr)
         return 1

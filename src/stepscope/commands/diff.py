@@ -16,9 +16,11 @@ import argparse
 import sys
 from pathlib import Path
 
+from stepscope.atomic import write_text
 from stepscope.commands.command import Command
-from stepscope.commands.report import load_traces, replaced_note, write_text
+from stepscope.commands.report import replaced_note
 from stepscope.text import one_line
+from stepscope.trace.loading import load_traces
 
 __all__ = ["COMMAND", "EXIT_NO_STEPS", "EXIT_SLOWER", "add_arguments", "run"]
 
@@ -54,6 +56,7 @@ def run(args: argparse.Namespace) -> int:
     from stepscope.analysis.diff import diff_summaries
     from stepscope.analysis.noise import MIN_STEPS
     from stepscope.analysis.steps import parse_step_range
+    from stepscope.report.progress import reading_bar
     from stepscope.report.terminal import render_diff, report_console
     from stepscope.trace.merge import rank_of
 
@@ -68,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     rank_counts = []
     for side, path in (("A", args.a), ("B", args.b)):
         try:
-            traces, failures = load_traces(Path(path), sys.stderr)
+            traces, failures = load_traces(Path(path), sys.stderr, progress=reading_bar(sys.stderr))
         except ValueError as exc:
             if not gate:
                 raise

@@ -14,9 +14,9 @@ import sys
 from pathlib import Path
 
 from stepscope.commands.command import Command
-from stepscope.commands.report import load_traces
 from stepscope.text import one_line
 from stepscope.trace.chrome_writer import write_chrome_trace
+from stepscope.trace.loading import load_traces
 from stepscope.trace.merge import MAX_RANK, merge_ranks, rank_in_name, rank_of
 from stepscope.trace.model import Trace
 
@@ -96,6 +96,8 @@ def claimed_twice(traces: list[tuple[str, Trace]]) -> dict[int, list[str]]:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``stepscope merge``."""
+    from stepscope.report.progress import reading_bar
+
     if not args.output.endswith((".json", ".json.gz")):
         raise ValueError(f"--output must end in .json or .json.gz, got {args.output!r}")
     wanted = parse_ranks(args.ranks) if args.ranks else None
@@ -108,7 +110,9 @@ def run(args: argparse.Namespace) -> int:
         return wanted is None or named is None or named in wanted
 
     try:
-        traces, failures = load_traces(Path(args.path), sys.stderr, keep_file)
+        traces, failures = load_traces(
+            Path(args.path), sys.stderr, keep_file, progress=reading_bar(sys.stderr)
+        )
     except ValueError as exc:
         if wanted is None or "was chosen" not in str(exc):
             raise

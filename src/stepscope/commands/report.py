@@ -10,25 +10,20 @@ short summary with its evidence (for pull-request comments and agents).
 from __future__ import annotations
 
 import argparse
-import gzip
-import re
 import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING
 
-from stepscope.atomic import atomic_output
+from stepscope.atomic import write_text
 from stepscope.commands.command import Command
-from stepscope.text import one_line, printable, valid_text
-from stepscope.trace.chrome_reader import read_chrome_trace
-from stepscope.trace.model import Trace
+from stepscope.text import one_line
+from stepscope.trace.loading import load_traces, trace_inputs
 
 if TYPE_CHECKING:
     from stepscope.analysis.result import Report
 
-__all__ = ["COMMAND", "add_arguments", "load_traces", "run", "trace_files", "write_text"]
+__all__ = ["COMMAND", "add_arguments", "replaced_note", "run"]
 
-TRACE_SUFFIXES = (".json", ".json.gz")
 ALL_ROWS = 1_000_000
 """``top`` that keeps every row (the Parquet tables hold them all)."""
 
@@ -64,131 +59,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def trace_files(path: Path) -> list[Path]:
-    """The trace files at ``path`` (a file, or every .json/.json.gz under a directory); a link
-    that leads nowhere (a loop, a missing target) is kept so that reading it reports why."""
-    if not path.exists():
-        if path.is_symlink():
-            raise ValueError(f"{path}: a symbolic link that leads nowhere (a loop or no target)")
-        raise ValueError(f"{path}: no such file or directory")
-    if path.is_file():
-        return [path]
-    if not path.is_dir():
-        raise ValueError(f"{path}: not a file or directory")
-    found = sorted(
-        p
-        for p in path.rglob("*")
-        if p.name.endswith(TRACE_SUFFIXES) and (p.is_file() or (p.is_symlink() and not p.exists()))
-    )
-    if not found:
-        raise ValueError(f"{path}: no trace files (*.json, *.json.gz) in this directory")
-    return found
-
-
-_TIMELINE_START = re.compile(rb"^\s*\[\s*\[")
-"""A memory timeline file (``export_memory_timeline``): a JSON array of arrays, never a trace."""
-
-
-def is_memory_timeline(path: Path) -> bool:
-    """Whether ``path`` holds a memory timeline (``[times, sizes]`` or raw rows)."""
-    try:
-        opener = gzip.open if path.name.endswith(".gz") else open
-        with opener(path, "rb") as fh:
-            head = fh.read(64)
-    except (OSError, EOFError):
-        return False
-    return _TIMELINE_START.match(head) is not None
-
-
-def read_trace_file(path: Path) -> Trace:
-    """Read one trace file; what goes wrong is a one-line ``ValueError``."""
-    try:
-        return read_chrome_trace(path)
-    except OSError as exc:
-        raise ValueError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    except RecursionError:
-        raise ValueError(f"{path}: not a trace: nested too deeply") from None
-    except MemoryError:
-        raise ValueError(f"{path}: too large to read into memory") from None
-
-
-def trace_inputs(path: Path, stderr: TextIO) -> list[Path]:
-    """The trace files at ``path``, memory timelines beside them left out (said on ``stderr``)."""
-    files = trace_files(path)
-    if path.is_dir():
-        timelines = [f for f in files if is_memory_timeline(f)]
-        if timelines:
-            files = [f for f in files if f not in timelines]
-            print(f"left out {len(timelines)} memory timeline file(s): not traces", file=stderr)
-            if not files:
-                raise ValueError(f"{path}: no trace files, only memory timelines")
-    return files
-
-
-def load_traces(
-    path: Path, stderr: TextIO, keep: Callable[[Path], bool] | None = None
-) -> tuple[list[tuple[str, Trace]], list[str]]:
-    """Read every trace at ``path`` (those ``keep`` accepts); a rich progress bar on a terminal
-    ``stderr``.
-
-    A single file that cannot be read raises ``ValueError``; in a directory, such files are
-    listed as failures (one line each) and the others are read.
-    """
-    files = trace_inputs(path, stderr)
-    if keep is not None:
-        files = [f for f in files if keep(f)]
-        if not files:
-            raise ValueError(f"{path}: none of its trace files was chosen")
-    single = len(files) == 1 and path.is_file()
-    traces: list[tuple[str, Trace]] = []
-    failures: list[str] = []
-    progress = None
-    if stderr.isatty():
-        from rich.progress import BarColumn, Progress, TextColumn
-
-        from stepscope.report.terminal import SafeConsole
-
-        progress = Progress(
-            TextColumn("reading {task.fields[name]}", markup=False),
-            BarColumn(),
-            TextColumn("{task.completed}/{task.total} files"),
-            console=SafeConsole(file=stderr),
-            transient=True,
-        )
-    task = None
-    if progress is not None:
-        progress.start()
-        task = progress.add_task("read", total=len(files), name="")
-    try:
-        for f in files:
-            label = f.name if single or path.is_file() else str(f.relative_to(path))
-            if progress is not None and task is not None:
-                progress.update(task, name=printable(label))
-            try:
-                traces.append((label, read_trace_file(f)))
-            except ValueError as exc:
-                if single:
-                    raise
-                failures.append(str(exc))
-            if progress is not None and task is not None:
-                progress.advance(task)
-    finally:
-        if progress is not None:
-            progress.stop()
-    if not traces:
-        raise ValueError(f"{path}: none of its {len(files)} files could be read: {failures[0]}")
-    return traces, failures
-
-
-def write_text(path: str, text: str, what: str) -> int:
-    """Write ``text`` to ``path`` atomically (never a half-written file) as valid UTF-8;
-    returns how many unpaired surrogates (a trace's names can hold them) became U+FFFD."""
-    text, replaced = valid_text(text)
-    with atomic_output(path, what=what) as fh:
-        fh.write(text.encode("utf-8"))
-    return replaced
-
-
 def replaced_note(replaced: int) -> str:
     """`` (N ... replaced)`` for an output line, "" when nothing was."""
     if not replaced:
@@ -206,7 +76,9 @@ def run(args: argparse.Namespace) -> int:
     step_range = parse_step_range(args.steps) if args.steps else None
     if args.jobs != 1 or args.engine != "processes":
         return _run_mapped(args, step_range)
-    traces, failures = load_traces(Path(args.path), sys.stderr)
+    from stepscope.report.progress import reading_bar
+
+    traces, failures = load_traces(Path(args.path), sys.stderr, progress=reading_bar(sys.stderr))
     # --parquet writes every row: analyse once with all of them, and show the top ones
     flames = bool(args.html)  # keep the stacks of the HTML page's flame graphs
     full = analyze(traces, step_range, ALL_ROWS, failures, flames=flames) if args.parquet else None

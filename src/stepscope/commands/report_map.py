@@ -37,7 +37,7 @@ def analyze_path(
 ) -> FileAnalysis | str:
     """Read and analyse one trace file (in a worker); a file that cannot be read gives its
     one-line reason instead."""
-    from stepscope.commands.report import read_trace_file
+    from stepscope.trace.loading import read_trace_file
 
     try:
         trace = read_trace_file(Path(path))

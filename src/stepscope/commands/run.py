@@ -19,11 +19,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from stepscope.commands.command import Command
-from stepscope.commands.values import MAX_SAMPLING_HZ, at_least, positive_finite
 from stepscope.extras import torch_installed
+from stepscope.profiler.options import RecordingOptions, add_recording_arguments
 from stepscope.profiler.sort_keys import SORT_KEYS
 from stepscope.program import Program, find_program, first_import, print_program_traceback
 from stepscope.steps import window_label
+from stepscope.values import at_least
 
 if TYPE_CHECKING:
     from stepscope.profiler.on_demand import OnDemand
@@ -32,18 +33,12 @@ if TYPE_CHECKING:
 
 AUTO = "auto"
 NO_STEPS = "none"
-TORCH_ONLY_FLAGS = ("record_shapes", "with_flops", "with_modules")
 TORCH_TRAINERS = ("torch", "lightning", "pytorch_lightning", "transformers", "accelerate")
 """Imports that make ``--step-on auto`` end steps at the optimizer (the trainers import torch)."""
-DEFAULT_MAX_CALLS = 500_000
-"""Calls --with-stack keeps per window (about 10 MB in memory, 90 MB of .json)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``stepscope run``."""
-    parser.add_argument(
-        "-o", "--out", default="out/stepscope", help="directory for traces (default: out/stepscope)"
-    )
     parser.add_argument(
         "--step-on",
         default=AUTO,
@@ -64,56 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "ends)",
     )
     group.add_argument("--repeat", type=int, default=1, help="cycles, 0 = forever (default 1)")
-    parser.add_argument(
-        "--activities",
-        default=AUTO,
-        help="comma-separated ProfilerActivity names: CPU, CUDA, PYTHON, SAMPLING ... "
-        "(default: CPU when steps come from the optimizer, else CPU,SAMPLING so the table "
-        "shows where a plain-Python program spends its time; with torch imported, its device "
-        "too: CUDA on an NVIDIA machine)",
-    )
-    parser.add_argument(
-        "--sampling-rate",
-        type=float,
-        default=100.0,
-        metavar="HZ",
-        help="stack samples per second with SAMPLING (default 100)",
-    )
-    for flag, what in (
-        ("--record-shapes", "record operator input shapes (torch)"),
-        ("--with-stack", "record every Python call (stepscope's tracer)"),
-        ("--with-flops", "estimate FLOPs of matmul/conv (torch)"),
-        ("--with-modules", "record nn.Module hierarchy (torch)"),
-        ("--gzip", "write .json.gz traces"),
-    ):
-        parser.add_argument(flag, action="store_true", help=what)
-    parser.add_argument(
-        "--memory",
-        "--profile-memory",
-        dest="profile_memory",
-        action="store_true",
-        help="memory per step: the Python heap, torch's tensors, the RSS (profile_memory)",
-    )
-    tracer = parser.add_argument_group(
-        "--with-stack (every Python call; memory and files grow with calls)"
-    )
-    tracer.add_argument(
-        "--max-calls",
-        type=int,
-        default=DEFAULT_MAX_CALLS,
-        metavar="N",
-        help="calls kept per window; older ones are dropped and counted "
-        f"(default {DEFAULT_MAX_CALLS})",
-    )
-    tracer.add_argument(
-        "--include", action="append", default=[], metavar="GLOB", help="record only these modules"
-    )
-    tracer.add_argument(
-        "--exclude", action="append", default=[], metavar="GLOB", help="never record these modules"
-    )
-    tracer.add_argument(
-        "--max-depth", type=int, default=None, metavar="N", help="deepest call level kept"
-    )
+    add_recording_arguments(parser)
     parser.add_argument(
         "--top", type=int, default=15, help="rows to print at the end, 0 for none (default 15)"
     )
@@ -171,19 +117,19 @@ def resolve_step_on(value: str) -> str | None:
     return value
 
 
-def _activities(args: argparse.Namespace, step_on: str | None) -> list[str]:
-    if args.activities == AUTO:  # with torch imported: its device too (CUDA on a GPU machine)
-        from stepscope.profiler.activity import default_activities
+def _activities(options: RecordingOptions, step_on: str | None) -> list[str]:
+    """``--activities`` by default: CPU (with torch imported, its device too: CUDA on a GPU
+    machine), and SAMPLING unless torch's optimizer ends steps or every call is traced."""
+    from stepscope.profiler.activity import default_activities
 
-        found = {a.name for a in default_activities()}
-        if not (step_on == "optimizer" or args.with_stack):
-            found.add("SAMPLING")
-        return sorted(found)
-    return [part.strip().upper() for part in args.activities.split(",") if part.strip()]
+    found = {a.name for a in default_activities()}
+    if not (step_on == "optimizer" or options.with_stack):
+        found.add("SAMPLING")
+    return sorted(found)
 
 
-def _check_torch_flags(args: argparse.Namespace) -> None:
-    asked = [f"--{flag.replace('_', '-')}" for flag in TORCH_ONLY_FLAGS if getattr(args, flag)]
+def _check_torch_flags(options: RecordingOptions) -> None:
+    asked = options.torch_flags()
     if asked and not torch_installed():
         raise ValueError(
             f"{', '.join(asked)} record through torch's profiler, and torch is not installed "
@@ -191,7 +137,9 @@ def _check_torch_flags(args: argparse.Namespace) -> None:
         )
 
 
-def _profile(args: argparse.Namespace, step_on: str | None, in_program: bool) -> profile | OnDemand:
+def _profile(
+    args: argparse.Namespace, options: RecordingOptions, step_on: str | None, in_program: bool
+) -> profile | OnDemand:
     import stepscope
 
     if step_on == "optimizer":
@@ -206,46 +154,31 @@ def _profile(args: argparse.Namespace, step_on: str | None, in_program: bool) ->
             skip_first=args.skip_first,
             wait=args.wait,
             warmup=args.warmup,
-            active=args.active if args.active is not None else _default_active(args),
+            active=args.active if args.active is not None else _default_active(options),
             repeat=args.repeat,
         )
-    tracer_options = {
-        "event_budget": args.max_calls,
-        "include": tuple(args.include),
-        "exclude": tuple(args.exclude),
-        "max_depth": args.max_depth,
-    }
     return stepscope.profile(
-        activities=_activities(args, step_on),
+        **options.profile_kwargs(_activities(options, step_on)),
         schedule=schedule,
-        on_trace_ready=stepscope.trace_handler(args.out, use_gzip=args.gzip),
-        record_shapes=args.record_shapes,
-        with_stack=args.with_stack,
-        profile_memory=args.profile_memory,
-        with_flops=args.with_flops,
-        with_modules=args.with_modules,
+        on_trace_ready=options.handler(),
         step_on=None if in_program else step_on,
-        sampling_rate_hz=args.sampling_rate,
-        tracer_options=tracer_options,
         step_tables=args.step_tables,
     )
 
 
-def check_values(args: argparse.Namespace) -> None:
-    """Every numeric option in range, before the program runs (whether or not a schedule or a
-    sampler will use it): a ``ValueError`` naming the option."""
+def check_values(args: argparse.Namespace) -> RecordingOptions:
+    """Every option in range, before the program runs (whether or not a schedule or a sampler
+    will use it): a ``ValueError`` naming the option; returns the recording options."""
     for option, minimum in (
         ("skip_first", 0),
         ("wait", 0),
         ("warmup", 0),
         ("active", 1),
         ("repeat", 0),
-        ("max_calls", 1),
-        ("max_depth", 0),
         ("top", 0),
     ):
         at_least(f"--{option.replace('_', '-')}", getattr(args, option), minimum)
-    positive_finite("--sampling-rate", args.sampling_rate, MAX_SAMPLING_HZ, "samples per second")
+    return RecordingOptions.from_args(args)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -253,8 +186,8 @@ def run(args: argparse.Namespace) -> int:
     from stepscope.profiler.profile import profile
     from stepscope.profiler.step_trigger import StepTrigger, names_program_function
 
-    check_values(args)
-    _check_torch_flags(args)
+    options = check_values(args)
+    _check_torch_flags(options)
     program = find_program(args.module, list(args.program))
     chosen = None
     if args.step_on == AUTO:
@@ -273,7 +206,8 @@ def run(args: argparse.Namespace) -> int:
             "ends a step), or a torch program's optimizer steps"
         )
     with program.as_main():
-        prof = _profile(args, step_on, in_program)  # here, so --step-on finds modules beside it
+        # made here, so that --step-on finds the modules beside the program
+        prof = _profile(args, options, step_on, in_program)
         if in_program:
             trigger = StepTrigger(str(step_on), prof.step, program_module=program.module_name)
         with prof:
@@ -296,7 +230,7 @@ def run(args: argparse.Namespace) -> int:
                 print_program_traceback(exc)
                 status = 1
     if isinstance(prof, profile):
-        _summary(prof, program, step_on, args, trigger, status, chosen)
+        _summary(prof, program, step_on, args, options.profile_memory, trigger, status, chosen)
     else:
         _on_demand_summary(prof, program)
     return status
@@ -322,6 +256,7 @@ def _summary(
     program: Program,
     step_on: str | None,
     args: argparse.Namespace,
+    memory: bool,
     trigger: StepTrigger | None,
     status: int,
     chosen: str | None,
@@ -362,7 +297,7 @@ def _summary(
             prof.key_averages().table(sort_by=args.sort, row_limit=args.top, header=header),
             file=out,
         )
-    if args.profile_memory:
+    if memory:
         from stepscope.report.memory import memory_line
 
         print(memory_line(prof.trace(), f"stepscope run: {name}: memory"), file=out)
@@ -379,10 +314,10 @@ COMMAND = Command("run", __doc__ or "", add_arguments, run)
 """``stepscope run``."""
 
 
-def _default_active(args: argparse.Namespace) -> int:
+def _default_active(options: RecordingOptions) -> int:
     """Recorded steps per window: 3, or with memory enough step ends for a leak hint past the
     warm-up rise it leaves out."""
-    if not args.profile_memory:
+    if not options.profile_memory:
         return 3
     from stepscope.analysis.memory import LEAK_MIN_STEPS  # the analysis only when it is needed
 

@@ -16,9 +16,9 @@ from stepscope.analysis.analyze import analyze
 from stepscope.analysis.diff import diff_summaries
 from stepscope.analysis.result import DiffResult, Report
 from stepscope.analysis.steps import parse_step_range
-from stepscope.commands.report import load_traces
 from stepscope.report.html import html_document
 from stepscope.report.markdown import diff_markdown, report_markdown
+from stepscope.trace.loading import load_traces
 from stepscope.trace.model import Trace
 
 __all__ = ["NotebookDiff", "NotebookReport", "load_report"]

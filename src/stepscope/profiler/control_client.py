@@ -1,6 +1,7 @@
 """The ``attach`` side of the control channel: find a process's listener, ask, follow the answer.
 
-Only the standard library and ``control_protocol``: the client never loads the profiler.
+Only the standard library and ``control_protocol`` (with the recording options it carries): the
+client never loads the profiler.
 """
 
 from __future__ import annotations

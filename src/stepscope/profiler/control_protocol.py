@@ -9,7 +9,8 @@ user's sockets (a job directory made by ``mkdir``).  Otherwise — another user 
 or it holds other files — the process listens in a fresh private directory of its own,
 ``stepscope-<uid>-<pid>-XXXXXXXX`` in the temporary directory, where ``attach`` looks next.
 Messages are one JSON object per line, in both directions; the listener checks the peer's uid
-(``SO_PEERCRED``) on every connection.
+(``SO_PEERCRED``) on every connection.  A ``record`` request is ``RecordMessage``: its steps,
+its first step for every rank, and the recording options in their wire form.
 """
 
 from __future__ import annotations
@@ -22,16 +23,21 @@ import stat
 import struct
 import tempfile
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from stepscope.profiler.options import RecordingOptions
 
 __all__ = [
     "DIR_ENV",
     "MAX_DEPTH",
     "MAX_LINE",
+    "MAX_WINDOW_STEPS",
     "ControlError",
     "LineChannel",
     "PrivateDir",
+    "RecordMessage",
     "control_dir",
     "fallback_dirs",
     "is_private",
@@ -51,6 +57,8 @@ MAX_LINE = 64 * 1024
 """Longest message accepted (a request is a few hundred bytes)."""
 MAX_DEPTH = 32
 """Deepest nesting of objects and lists a message may have (a request has 2)."""
+MAX_WINDOW_STEPS = 1000
+"""Longest window one request may ask for (each window is held in memory until written)."""
 SOCKET_SUFFIX = ".sock"
 _UNIX_PATH_MAX = 107
 
@@ -309,3 +317,32 @@ class LineChannel:
     def has_data(self) -> bool:
         """Whether a whole message is already buffered."""
         return b"\n" in self._buffer
+
+
+@dataclass(frozen=True)
+class RecordMessage:
+    """A ``record`` request: ``steps`` whole steps from the next boundary (or from
+    ``start_step``, the same for every rank), recorded and written as ``options`` say."""
+
+    steps: int
+    options: RecordingOptions
+    start_step: int | None = None
+
+    def to_message(self) -> dict[str, Any]:
+        """The request as sent (without its ``op``, which the client adds)."""
+        start = {} if self.start_step is None else {"start_step": self.start_step}
+        return {"steps": self.steps, **start, **self.options.to_wire()}
+
+    @classmethod
+    def from_message(cls, message: Mapping[str, Any]) -> RecordMessage:
+        """The request a client sent; ``ValueError`` names what is wrong."""
+        rest = {k: v for k, v in message.items() if k not in ("op", "steps", "start_step")}
+        steps = message.get("steps")
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise ValueError(f"--steps must be a whole number of 1 or more, got {steps!r}")
+        if steps > MAX_WINDOW_STEPS:
+            raise ValueError(f"--steps {steps} is over the limit of {MAX_WINDOW_STEPS} per window")
+        start = message.get("start_step")
+        if start is not None and (isinstance(start, bool) or not isinstance(start, int)):
+            raise ValueError(f"start_step must be a step number, got {start!r}")
+        return cls(steps, RecordingOptions.from_wire(rest), start)

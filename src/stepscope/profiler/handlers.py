@@ -12,6 +12,7 @@ from stepscope import clock
 from stepscope.atomic import make_directory
 from stepscope.distributed import rank_and_world_size
 from stepscope.failures import failure_log
+from stepscope.trace.model import Trace
 
 __all__ = ["default_worker_name", "tensorboard_trace_handler", "trace_handler", "write_failures"]
 
@@ -36,11 +37,24 @@ class TraceSource(Protocol):
 
     def export_chrome_trace(self, path: str | os.PathLike[str]) -> object: ...
 
+    def trace(self) -> Trace: ...
+
 
 def trace_handler(
-    dir_name: str | os.PathLike[str], worker_name: str | None = None, use_gzip: bool = False
+    dir_name: str | os.PathLike[str],
+    worker_name: str | None = None,
+    use_gzip: bool = False,
+    format: str = "chrome",
 ) -> Callable[[TraceSource], str | None]:
-    """``on_trace_ready`` writing ``{worker}.{unix_ns}.pt.trace.json[.gz]`` into ``dir_name``."""
+    """``on_trace_ready`` writing ``{worker}.{unix_ns}.pt.trace.json[.gz]`` into ``dir_name``;
+    ``format="compact"`` writes ``.pt.trace.sstrace``, ``"perfetto"`` ``.pt.trace.pftrace``."""
+    from stepscope.trace.formats import SUFFIXES, check_format, write_trace
+
+    check_format(format)
+    if use_gzip and format != "chrome":
+        raise ValueError(
+            f"use_gzip=True is for Chrome JSON; format {format!r} is compressed already"
+        )
     directory = Path(dir_name)
     make_directory(directory, "trace_handler", "trace directory")
     if worker_name is not None and (not worker_name or "/" in worker_name):
@@ -49,11 +63,14 @@ def trace_handler(
     def handler(prof: TraceSource) -> str | None:
         worker = worker_name or default_worker_name()
         stamp = clock.to_unix_ns(clock.now_ns())
-        name = f"{worker}.{stamp}.pt.trace.json" + (".gz" if use_gzip else "")
+        name = f"{worker}.{stamp}.pt.trace{SUFFIXES[format]}" + (".gz" if use_gzip else "")
         path = directory / name
         try:
             make_directory(directory, "trace_handler", "trace directory")
-            prof.export_chrome_trace(path)
+            if format == "chrome":
+                prof.export_chrome_trace(path)
+            else:
+                write_trace(prof.trace(), path, format)
         except OSError as exc:
             # A full disk or a vanished directory must not end a long training run; the
             # profile's own strict= (None: config.strict) decides whether it is re-raised.

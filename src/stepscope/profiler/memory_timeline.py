@@ -4,10 +4,13 @@ With torch's data the timeline is torch's own: ``torch.profiler._memory_profiler
 categorizes the window's tensors (it needs ``record_shapes=True`` beside ``profile_memory``, as
 torch's own export does: without operator inputs it can name almost no tensor), and the
 optimizers stepped during the window name their parameters and state (torch finds those with its
-Python tracer, which stepscope does not run). Without torch, the Python heap's snapshots are the
-timeline, one category per allocating module (with the allocation hook, the sampled modules'
-shares of the exact bytes held). The file's suffix picks the shape, as in torch: ``.html`` (a
-self-contained page), ``.json`` / ``.json.gz`` (``[times, sizes]``) and ``.raw.json.gz`` (rows
+Python tracer, which stepscope does not run): torch's in-memory results of the window, which no
+trace file holds. Without torch, the Python heap's snapshots are the timeline, one category per
+allocating module (with the allocation hook, the sampled modules' shares of the exact bytes
+held), read from the window's trace (``stepscope_memory.by_module``, written by the memory
+collector): the file written from a live profile is the one a reader of its saved trace
+computes. The file's suffix picks the shape, as in torch: ``.html`` (a self-contained page),
+``.json`` / ``.json.gz`` (``[times, sizes]``) and ``.raw.json.gz`` (rows
 ``[ts, action, bytes, category]``).
 """
 
@@ -19,15 +22,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from stepscope import clock
 from stepscope.atomic import atomic_output
-from stepscope.collectors.memory import MemoryCollector, PythonHeapPoint, module_of
+from stepscope.collectors.memory import MemoryCollector
 from stepscope.jsonenc import json_bytes
+from stepscope.trace.memory_fields import heap_by_module
+from stepscope.trace.model import Trace
 
-__all__ = ["TORCH_CATEGORIES", "Timeline", "export_memory_timeline", "memory_timeline"]
-
-UNSAMPLED = "(no sample)"
-"""The category of bytes held when no sampled allocation was alive to name their module."""
+__all__ = [
+    "TORCH_CATEGORIES",
+    "Timeline",
+    "export_memory_timeline",
+    "memory_timeline",
+    "python_timeline",
+    "write_timeline",
+]
 
 TORCH_CATEGORIES = (
     "PARAMETER",
@@ -72,12 +80,12 @@ def _memory_collector(prof: Any) -> MemoryCollector:
 def memory_timeline(prof: Any, device: str | None = None) -> Timeline:
     """The last window's memory timeline for ``device`` (``python``, ``cpu``, ``cuda:0``...)."""
     collector = _memory_collector(prof)
-    prof._require_traces("export_memory_timeline()")
+    window: Trace = prof._require_traces("export_memory_timeline()")[-1]
     result = collector.torch_result
     if device is None:
         device = _default_device(prof) if result is not None else "python"
     if device == "python":
-        return python_timeline(collector.python_points)
+        return python_timeline(window)
     if result is None:
         raise ValueError(
             f"device {device!r}: this window recorded no torch tensors (torch was not in use); "
@@ -173,22 +181,20 @@ def torch_timeline(kineto_results: Any, optimizers: Sequence[Any], device: str) 
     return Timeline(device, list(TORCH_CATEGORIES), times, sizes, raw, unknown_bytes, notes)
 
 
-def python_timeline(points: Sequence[PythonHeapPoint]) -> Timeline:
-    """The Python heap's snapshots as a timeline, one category per allocating module."""
-    by_module: list[dict[str, int]] = []
-    for point in points:
-        held: dict[str, int] = {}
-        for (file, _line), (size, _count) in point.sites.items():
-            module = module_of(file)
-            held[module] = held.get(module, 0) + size
-        by_module.append(_scaled(held, point.total))
-    peak: dict[str, int] = {}
-    for held in by_module:
-        for module, size in held.items():
-            peak[module] = max(peak.get(module, 0), size)
-    categories = sorted(peak, key=lambda m: -peak[m])
+def python_timeline(trace: Trace) -> Timeline:
+    """The Python heap's snapshots in ``trace`` as a timeline, one category per allocating
+    module (the biggest first)."""
+    found = heap_by_module(trace)
+    if found is None:
+        raise ValueError(
+            "this trace holds no Python heap by module (stepscope_memory.by_module): record it "
+            "with profile_memory=True (a stepscope older than this one did not write it)"
+        )
+    by_module = [dict(zip(found.modules, held, strict=True)) for _, held in found.points]
+    peak = {m: max((held[m] for held in by_module), default=0) for m in found.modules}
+    categories = sorted(found.modules, key=lambda m: -peak[m])
     index = {m: i for i, m in enumerate(categories)}
-    times = [clock.to_unix_ns(p.t_ns) // 1000 for p in points]
+    times = [t_ns // 1000 for t_ns, _ in found.points]
     sizes = [[0, *(held.get(m, 0) for m in categories)] for held in by_module]
     raw: list[tuple[int, int, int, int]] = []
     before: dict[str, int] = {}
@@ -201,19 +207,6 @@ def python_timeline(points: Sequence[PythonHeapPoint]) -> Timeline:
                 raw.append((t, DESTROY, delta, index[module]))
         before = held
     return Timeline("python", categories, times, sizes, raw)
-
-
-def _scaled(held: dict[str, int], total: int | None) -> dict[str, int]:
-    """Sampled shares scaled to the exact total held (the remainder to the biggest module)."""
-    if total is None:
-        return held
-    sampled = sum(held.values())
-    if sampled <= 0:
-        return {UNSAMPLED: total} if total > 0 else {}
-    out = {module: size * total // sampled for module, size in held.items()}
-    biggest = max(out, key=lambda m: out[m])
-    out[biggest] += total - sum(out.values())
-    return out
 
 
 def _suffix(path: str) -> str:
@@ -229,9 +222,14 @@ def _suffix(path: str) -> str:
 
 def export_memory_timeline(prof: Any, path: str | os.PathLike[str], device: str | None) -> str:
     """Write the last window's memory timeline; the suffix picks the format as in torch."""
+    _suffix(os.fspath(path))  # a path that names no format fails before any work
+    return write_timeline(memory_timeline(prof, device), path)
+
+
+def write_timeline(timeline: Timeline, path: str | os.PathLike[str]) -> str:
+    """Write ``timeline`` in the format its suffix picks, as torch's export does."""
     target = os.fspath(path)
     suffix = _suffix(target)
-    timeline = memory_timeline(prof, device)
     if suffix == ".html":
         from stepscope.report.memory import timeline_page
 

@@ -23,35 +23,21 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from stepscope.activity import coerce_activities
 from stepscope.failures import failure_log
 from stepscope.forks import after_fork_in_child
 from stepscope.profiler.activity import default_activities
-from stepscope.profiler.handlers import trace_handler
+from stepscope.profiler.control_protocol import RecordMessage
+from stepscope.profiler.options import RecordingOptions, adopt
 from stepscope.profiler.profile import profile
 from stepscope.profiler.schedule import ProfilerAction
 
-__all__ = ["LISTEN_ENV", "MAX_WINDOW_STEPS", "OnDemand", "WindowRequest", "listen"]
+__all__ = ["LISTEN_ENV", "OnDemand", "WindowRequest", "listen"]
 
 LISTEN_ENV = "STEPSCOPE_LISTEN"
 STEP_ON_ENV = "STEPSCOPE_STEP_ON"
 EXIT_NOTICE_S = 1.0
 """How long an exiting process waits for its listener to tell a waiting client why."""
-MAX_WINDOW_STEPS = 1000
-"""Longest window one request may ask for (each window is held in memory until written)."""
 _failures = failure_log("listener")
-# What a window request may set on the profile: moved from a profile built for the request.
-_WINDOW_OPTIONS = (
-    "activities",
-    "activity_filters",
-    "record_shapes",
-    "profile_memory",
-    "with_stack",
-    "sampling_rate_hz",
-    "tracer_options",
-    "torch_ops",
-    "collectors",
-)
 
 
 @dataclass
@@ -59,13 +45,8 @@ class WindowRequest:
     """One ``attach``: what to record, and where it stands (updated by the program's thread)."""
 
     steps: int
-    out: str
-    activities: list[str] | None = None
-    with_stack: bool = False
-    memory: bool = False
-    sampling_rate_hz: float = 100.0
+    options: RecordingOptions
     start_step: int | None = None
-    gzip: bool = False
     state: str = "pending"
     """pending -> started -> done | failed; or cancelled while pending."""
     first_step: int | None = None
@@ -85,35 +66,8 @@ class WindowRequest:
     @classmethod
     def from_message(cls, message: dict[str, Any]) -> WindowRequest:
         """A request from the client's message; ``ValueError`` names what is wrong."""
-        steps = message.get("steps")
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-            raise ValueError(f"--steps must be a whole number of 1 or more, got {steps!r}")
-        if steps > MAX_WINDOW_STEPS:
-            raise ValueError(f"--steps {steps} is over the limit of {MAX_WINDOW_STEPS} per window")
-        out = message.get("out")
-        if not isinstance(out, str) or not os.path.isabs(out):
-            raise ValueError(f"the output directory must be an absolute path, got {out!r}")
-        rate = message.get("sampling_rate_hz", 100.0)
-        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not rate > 0:
-            raise ValueError(f"--sampling-rate must be a positive number, got {rate!r}")
-        start = message.get("start_step")
-        if start is not None and (isinstance(start, bool) or not isinstance(start, int)):
-            raise ValueError(f"start_step must be a step number, got {start!r}")
-        activities = message.get("activities")
-        if activities is not None:
-            if not isinstance(activities, list) or not all(isinstance(a, str) for a in activities):
-                raise ValueError(f"--activities must be a list of names, got {activities!r}")
-            coerce_activities(activities)  # the ValueError names the known activities
-        return cls(
-            steps=steps,
-            out=out,
-            activities=activities,
-            with_stack=bool(message.get("with_stack", False)),
-            memory=bool(message.get("memory", False)),
-            sampling_rate_hz=float(rate),
-            start_step=start,
-            gzip=bool(message.get("gzip", False)),
-        )
+        asked = RecordMessage.from_message(message)
+        return cls(asked.steps, asked.options, asked.start_step)
 
     def move_to(self, state: str, reason: str = "") -> None:
         """Change state and wake the listener's thread serving this request."""
@@ -130,7 +84,7 @@ class WindowRequest:
     def describe(self) -> str:
         """Its steps and directory, in words."""
         first = "the next" if self.first_step is None else f"from step {self.first_step},"
-        return f"{first} {self.steps} step(s) into {self.out}"
+        return f"{first} {self.steps} step(s) into {self.options.out}"
 
 
 def _default_activities() -> list[str]:
@@ -222,8 +176,7 @@ class OnDemand:
         assert built is not None
         for collector in prof.collectors:
             prof._guarded(collector, "close", collector.close)
-        for name in _WINDOW_OPTIONS:
-            setattr(prof, name, getattr(built, name))
+        adopt(prof, built)
         request.built = None
         prof.preset_metadata["stepscope_on_demand"] = {
             "steps": request.steps,
@@ -261,18 +214,19 @@ class OnDemand:
         if request.state == "pending":  # it ended in warmup: no step was recorded
             request.move_to("failed", "the process exited before the window started")
             return
+        out = request.options.out
         try:
-            path = trace_handler(request.out, use_gzip=request.gzip)(prof)
+            path = request.options.handler()(prof)
             metadata = prof.trace().metadata
             complete = bool(metadata.get("stepscope_window_complete", True))
             window = metadata.get("stepscope_window")
             end = window.get("last_step") if isinstance(window, dict) else None
         except Exception as exc:  # the window is lost, the program goes on
-            request.move_to("failed", f"could not write the trace to {request.out}: {exc}")
-            _failures.report("window_write_error", request.out, exc, then="the window is lost")
+            request.move_to("failed", f"could not write the trace to {out}: {exc}")
+            _failures.report("window_write_error", out, exc, then="the window is lost")
             return
         if path is None:  # trace_handler counted and logged why
-            request.move_to("failed", f"could not write the trace to {request.out}")
+            request.move_to("failed", f"could not write the trace to {out}")
             return
         request.files.append(path)
         self.trace_files.append(path)
@@ -290,13 +244,8 @@ class OnDemand:
     def submit(self, request: WindowRequest) -> str:
         """Queue ``request`` for the next step boundary; '' when taken, else why not."""
         try:
-            request.built = profile(
-                activities=request.activities or _default_activities(),
-                with_stack=request.with_stack,
-                profile_memory=request.memory,
-                sampling_rate_hz=request.sampling_rate_hz,
-                strict=self.profile.strict,
-            )
+            kwargs = request.options.profile_kwargs(_default_activities())
+            request.built = profile(**kwargs, strict=self.profile.strict)
         except (ValueError, TypeError) as exc:
             return str(exc)
         with self._lock:

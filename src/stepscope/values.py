@@ -1,6 +1,7 @@
-"""Numeric command-line values checked before a command does anything: a value out of range is
-a ``ValueError`` that names its option (one line, exit status 1), whatever else the command
-would have done with it (a schedule option is checked even when no schedule is built)."""
+"""Numeric option values checked before anything is done with them: a value out of range is a
+``ValueError`` that names its option (one line, exit status 1 on the command line, a refusal in
+an attach request), whatever else would have been done with it (a schedule option is checked
+even when no schedule is built)."""
 
 from __future__ import annotations
 
