@@ -112,9 +112,9 @@ class SlowRank:
     phases: dict[str, int] = field(default_factory=dict)
     """Its mean lag per step since ``since_step`` in each phase."""
     collective_ns: int | None = None
-    """Its mean time in collectives per step since ``since_step`` (None: version-1 tables)."""
+    """Its median time in collectives per step since ``since_step`` (None: version-1 tables)."""
     others_collective_ns: int | None = None
-    """The other ranks' (median over them of each one's mean per step) since then."""
+    """The other ranks' (the median over them of each one's median per step) since then."""
     waited_ns: int | None = None
     """How long the others waited for it per step since then: ``others_collective_ns -
     collective_ns``."""
