@@ -7,13 +7,17 @@
   is the hand-written alternative: a Python list of (step, time, CPU time) tuples appended
   every step and written with pyarrow at the end.  Bytes per step: the Parquet files' size /
   rows.
-- **Straggler query**: ``fleet_report`` over a synthetic job of 1,024 ranks x 10,000 steps
-  (10.24 M rows, one file per rank as ranks leave them after the close's compaction, rank 417
-  slow in data loading from step 6,000), one node.  The peer is pandas computing the same
-  per-step reference and lag.
+- **Straggler query**: ``fleet_report`` over a synthetic synchronous job of 1,024 ranks x
+  10,000 steps (10.24 M rows, one file per rank as ranks leave them after the close's
+  compaction, rank 417 slow in data loading from step 6,000 and the others waiting for it in
+  the collective), one node: the rank, its phase, the step and the others' wait.  The peer is
+  pandas computing the same per-step reference and lag.
 - **report --jobs**: ``stepscope report DIR --json`` with --jobs 1 and 2 on 4 GPU-size ranks
   (copies of the shared training trace), each in a fresh process.
-Targets (issue 30): <= 2 us and <= 2 KB per step per rank; the 1,024 x 10,000 query <= 5 s.
+- **Collective hook**: one ``dist.all_reduce`` of a 1-rank gloo group in fresh processes, torch
+  alone, with stepscope's collective hook registered and idle, and with step tables listening.
+Targets (issue 30): <= 2 us and <= 2 KB per step per rank; the 1,024 x 10,000 query <= 5 s
+(issue 40: the query also finds the others' wait).
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness import SRC, Report
+from harness import SRC, Report, run_json_child
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = Path("/work/shared/traces")
@@ -131,41 +135,60 @@ def bench_cost_per_step(report: Report, work: Path) -> None:
 
 
 def synthetic_job(out: Path) -> None:
-    """1,024 ranks x 10,000 steps as ranks leave them: run=/rank= directories, one file per rank
-    (compacted at close), 3 % of the steps recorded with a host breakdown."""
+    """1,024 ranks x 10,000 steps of a synchronous job as ranks leave them: run=/rank=
+    directories, one file per rank (compacted at close), 3 % of the steps recorded with a host
+    breakdown.  Every rank's step lasts 100 ms (120 ms from step 6,000): its own time (data
+    wait, optimizer, GC, 60 ms of compute, each with a little noise), then a collective until
+    the step ends; rank 417 waits 20 ms more for its data from step 6,000, so the others wait
+    that much longer in the collective."""
     import duckdb
 
     con = duckdb.connect()
     con.execute("SET enable_progress_bar = false")
     slow = "CASE WHEN r = 417 AND s >= 6000 THEN 20000000 ELSE 0 END"
+    step = "(100000000 + CASE WHEN s >= 6000 THEN 20000000 ELSE 0 END)::BIGINT"
     con.execute(
         f"""COPY (
+        WITH own AS (
+            SELECT r, s,
+                   (hash(r + s * 3) % 2000000)::BIGINT + {slow} AS data_wait_ns,
+                   5000000 + (hash(r * s) % 500000)::BIGINT AS optimizer_ns,
+                   (hash(r - s) % 3 = 0)::BIGINT * 1000000 AS gc_ns,
+                   60000000 + (hash(r * 7 + s) % 3000000)::BIGINT AS compute_ns
+            FROM range({RANKS}) t(r), range({JOB_STEPS}) u(s)
+        )
         SELECT 'bench' AS run, r AS rank, s AS step,
-               1700000000000000000 + s * 100000000 AS start_unix_ns,
-               100000000 + (hash(r * 7 + s) % 5000000)::BIGINT + {slow} AS duration_ns,
-               (hash(r + s * 3) % 2000000)::BIGINT + {slow} AS data_wait_ns,
-               5000000 + (hash(r * s) % 500000)::BIGINT AS optimizer_ns,
-               (hash(r - s) % 3 = 0)::BIGINT * 1000000 AS gc_ns,
-               60000000 + (hash(r - s) % 3000000)::BIGINT AS cpu_ns,
+               1700000000000000000 + s * 120000000 AS start_unix_ns,
+               {step} AS duration_ns, data_wait_ns, optimizer_ns, gc_ns,
+               compute_ns + optimizer_ns + gc_ns AS cpu_ns,
                2000000000::BIGINT AS rss_bytes, s % 100 < 3 AS recorded,
                'host' || (r // 8) AS host, (1000 + r)::INTEGER AS pid,
-               1::SMALLINT AS schema_version,
+               2::SMALLINT AS schema_version,
                CASE WHEN s % 100 < 3 THEN 60000000 END::BIGINT AS host_computation_ns,
                CASE WHEN s % 100 < 3 THEN 30000000 END::BIGINT AS host_communication_ns,
                CASE WHEN s % 100 < 3 THEN 10000000 END::BIGINT AS host_idle_ns,
                CASE WHEN s % 100 < 3 THEN MAP {{'forward': 20000000::BIGINT}} END
-                   AS host_categories
-        FROM range({RANKS}) t(r), range({JOB_STEPS}) u(s) ORDER BY r, s
+                   AS host_categories,
+               {step} - (data_wait_ns + optimizer_ns + gc_ns + compute_ns) AS collective_ns,
+               data_wait_ns + optimizer_ns + gc_ns + compute_ns AS busy_ns
+        FROM own ORDER BY r, s
         ) TO '{out}' (FORMAT parquet, PARTITION_BY (run, rank), ROW_GROUP_SIZE {JOB_STEPS})"""
     )
 
 
 def _pandas_lags(path: Path) -> int:
+    """The rank lagging most in most steps, by the fleet's phases, computed with pandas."""
     import pandas as pd
     import pyarrow.dataset as ds
 
     df = ds.dataset(path, format="parquet", partitioning="hive").to_table().to_pandas()
-    phases = ["data_wait_ns", "optimizer_ns", "gc_ns", "cpu_ns"]
+    other = (
+        df["duration_ns"] - df["collective_ns"] - df["data_wait_ns"] - df["optimizer_ns"]
+    ) - df["gc_ns"]
+    own_cpu = (df["cpu_ns"] - df["gc_ns"] - df["optimizer_ns"]).clip(lower=0)
+    df["compute"] = pd.concat([other.clip(lower=0), own_cpu], axis=1).min(axis=1)
+    df["host"] = other.clip(lower=0) - df["compute"]
+    phases = ["data_wait_ns", "optimizer_ns", "gc_ns", "compute", "host"]
     ref = df.groupby(["run", "step"])[phases].quantile(0.25, interpolation="lower")
     joined = df.join(ref, on=["run", "step"], rsuffix="_ref")
     lag = sum((joined[p] - joined[p + "_ref"]).clip(lower=0) for p in phases)
@@ -198,6 +221,9 @@ def bench_fleet_query(report: Report, work: Path) -> None:
         assert [(s.rank, s.since_step, s.phase) for s in found.slow_ranks] == [
             (417, 6000, "data_wait")
         ], found.slow_ranks
+        (slow,) = found.slow_ranks  # the others waited 20 ms a step for it, every one
+        assert slow.waited_ns is not None and abs(slow.waited_ns - 20_000_000) < 2_000_000
+        assert (slow.waiting_ranks, slow.least_wait) == (RANKS - 1, True), slow
         start = time.perf_counter()
         assert _pandas_lags(out) == 417
         theirs.append(time.perf_counter() - start)
@@ -237,10 +263,62 @@ def bench_report_jobs(report: Report, work: Path) -> None:
     report.ratio("--jobs 2 / --jobs 1 wall time", two, one)
 
 
+_HOOK_CHILD = """
+import json, sys, tempfile, time
+import torch, torch.distributed as dist
+from torch._C._distributed_c10d import HashStore
+mode, calls = sys.argv[1], int(sys.argv[2])
+dist.init_process_group("gloo", store=HashStore(), rank=0, world_size=1)
+prof = None
+if mode != "plain":
+    from stepscope.collectors import collective_hook
+    collective_hook.ensure_registered()
+if mode == "listening":
+    import stepscope
+    from stepscope.steptables import StepTables
+    prof = stepscope.profile(step_tables=StepTables(tempfile.mkdtemp()), torch_ops=False)
+    prof.start()
+t = torch.ones(16)
+for _ in range(200):
+    dist.all_reduce(t)
+start = time.perf_counter_ns()
+for _ in range(calls):
+    dist.all_reduce(t)
+elapsed = time.perf_counter_ns() - start
+if prof is not None:
+    prof.stop()
+print(json.dumps({"ns": elapsed / calls}))
+"""
+"""One process's all-reduce of 16 floats in a 1-rank gloo group: torch alone (``plain``), with
+the collective hook registered and nobody listening (``idle``), or with step tables on."""
+
+
+def bench_collective_hook(report: Report) -> None:
+    """What the collective hook adds to one collective, in fresh processes side by side."""
+    calls = 1000 if report.quick else 5000
+    case = f"dist.all_reduce of 16 floats, 1-rank gloo, {calls:,} calls"
+    found: dict[str, list[float]] = {"plain": [], "idle": [], "listening": []}
+    for _ in range(2 if report.quick else 4):  # interleaved, so drift hits all alike
+        for mode, samples in found.items():
+            _, out = run_json_child([sys.executable, "-c", _HOOK_CHILD, mode, str(calls)])
+            samples.append(out["ns"] / 1000)
+    plain = report.add(case, "torch alone", "us/collective", found["plain"])
+    idle = report.add(case, "collective hook, no profile listening", "us/collective", found["idle"])
+    on = report.add(case, "collective hook, step tables on", "us/collective", found["listening"])
+    report.ratio("collective hook idle / torch alone", idle, plain)
+    report.ratio("collective hook with step tables / torch alone", on, plain)
+    report.note(
+        f"the collective hook adds {idle.median - plain.median:.1f} us a collective with nobody "
+        f"listening and {on.median - plain.median:.1f} us with step tables on (a DDP step of a "
+        "few buckets: a few collectives)"
+    )
+
+
 def run(report: Report) -> None:
     """Every part, in a temporary directory."""
     with tempfile.TemporaryDirectory(prefix="stepscope-bench-steptables-") as tmp:
         work = Path(tmp)
+        bench_collective_hook(report)
         bench_cost_per_step(report, work)
         bench_fleet_query(report, work)
         bench_report_jobs(report, work)

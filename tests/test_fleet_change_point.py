@@ -24,24 +24,41 @@ SHIFT = 30
 SLOW_RANK = 2
 
 
+def data_waits(extra_wait_ms: dict[int, float]) -> list[list[int]]:
+    """Each rank's data wait per step: 5 ms plus a little noise, and on ``SLOW_RANK`` the
+    extra milliseconds given for the step."""
+    return [
+        [
+            int((5 + (step * 7 + rank * 3) % 5 * 0.1) * MS)
+            + int((extra_wait_ms.get(step, 0.0) if rank == SLOW_RANK else 0) * MS)
+            for step in range(STEPS)
+        ]
+        for rank in range(RANKS)
+    ]
+
+
 def write_tables(root: Path, extra_wait_ms: dict[int, float]) -> Path:
-    """Step tables of a 4-rank job of 100 ms steps where rank ``SLOW_RANK`` waits the extra
-    milliseconds given for each step on its data (the others, 5 ms plus a little noise)."""
+    """Step tables of a synchronous 4-rank job where every rank spends 70 ms a step on its
+    own (10 of them in the optimizer) besides its data wait (``data_waits``), and a step ends
+    20 ms after the last rank's busy time ends, at a collective that all of them were in until
+    then: the others wait for the slowest there."""
     schema = arrow_schema()
+    waits = data_waits(extra_wait_ms)
+    durations = [max(w[step] for w in waits) + 90 * MS for step in range(STEPS)]
     for rank in range(RANKS):
         rows: dict[str, list[object]] = {name: [] for name, _ in INT_COLUMNS}
+        collective: list[int] = []
         for step in range(STEPS):
-            wait = (5 + (step * 7 + rank * 3) % 5 * 0.1) * MS
-            if rank == SLOW_RANK:
-                wait += extra_wait_ms.get(step, 0.0) * MS
+            wait, duration = waits[rank][step], durations[step]
+            collective.append(duration - wait - 70 * MS)
             values = {
                 "step": step,
-                "start_unix_ns": 1_700_000_000_000_000_000 + step * 100 * MS,
-                "duration_ns": 100 * MS,
-                "data_wait_ns": int(wait),
+                "start_unix_ns": 1_700_000_000_000_000_000 + step * 200 * MS,
+                "duration_ns": duration,
+                "data_wait_ns": wait,
                 "optimizer_ns": 10 * MS,
                 "gc_ns": 0,
-                "cpu_ns": 60 * MS,
+                "cpu_ns": 70 * MS,
                 "rss_bytes": 1 << 30,
             }
             for name, _ in INT_COLUMNS:
@@ -57,6 +74,8 @@ def write_tables(root: Path, extra_wait_ms: dict[int, float]) -> Path:
                 "host_communication_ns": [None] * STEPS,
                 "host_idle_ns": [None] * STEPS,
                 "host_categories": [None] * STEPS,
+                "collective_ns": collective,
+                "busy_ns": [d - c for d, c in zip(durations, collective, strict=True)],
             },
             schema=schema,
         )

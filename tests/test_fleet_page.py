@@ -61,4 +61,7 @@ def test_fleet_tables_have_room_between_columns(browser: Any, tmp_path: Path) ->
         ["30/30", "right"],
         ["20.1", "right"],
         ["data_wait", "left"],
+        ["20.1", "right"],  # the others waited for it this long a step at the collective
+        ["0.0", "right"],  # and before step 30 (the blip at 27 was one step)
+        ["3/3", "right"],
     ], align

@@ -145,7 +145,7 @@ def test_fleet_page_in_browser(job: Any, browser: Any, tmp_path: Path) -> None:
     assert inked_pixels(browser, "#lag-chart") > 100
     first_table = browser.find_element(By.CSS_SELECTOR, "#slow-ranks tbody tr")
     cells = [c.text for c in first_table.find_elements(By.TAG_NAME, "td")]
-    assert cells[1:3] == ["1", "0"] and cells[-1] == "data_wait"  # rank 1 since step 0
+    assert cells[1:3] == ["1", "0"] and cells[5] == "data_wait"  # rank 1 since step 0
 
 
 def test_fleet_sql_and_bad_input(job: Any, tmp_path: Path) -> None:
@@ -212,7 +212,8 @@ def test_columns_match_times_measured_around_the_loop(tmp_path: Path) -> None:
         assert row["cpu_ns"] >= m["busy_cpu"]
         assert row["duration_ns"] == pytest.approx(m["dur"], rel=0.1)
         assert row["rss_bytes"] > 10 << 20
-        assert row["host"] and row["pid"] == os.getpid() and row["schema_version"] == 1
+        assert row["host"] and row["pid"] == os.getpid() and row["schema_version"] == 2
+        assert row["collective_ns"] == 0 and row["busy_ns"] == row["duration_ns"]
         # every step was recorded (the default schedule): the trace's own spans agree (span
         # edges and the ring's clock readings are a few instructions apart too)
         categories = dict(row["host_categories"])
@@ -439,17 +440,17 @@ def test_the_ring_times_phases_per_step_and_hands_over_what_it_kept(implementati
         column = array("q")
         column.frombytes(raw)
         columns.append(column)
-    starts_a, ends_a, data_a, opt_a, gc_a, cpu_a = columns
+    starts_a, ends_a, data_a, opt_a, gc_a, collective_a, cpu_a = columns
     assert list(starts_a) == sorted(starts_a) and all(
         e > s for s, e in zip(starts_a, ends_a, strict=True)
     )
     for n, (opt, data, cpu) in enumerate(measured[2:]):
         assert opt_a[n] == pytest.approx(opt, rel=0.2)
         assert data_a[n] == pytest.approx(data, rel=0.2)
-        assert cpu_a[n] >= cpu and gc_a[n] == 0
+        assert cpu_a[n] >= cpu and gc_a[n] == 0 and collective_a[n] == 0
     assert ring.take(5)[:2] == (5, 5)
     with pytest.raises(ValueError, match="phase"):
-        ring.enter(3)
+        ring.enter(4)
 
 
 def test_short_steps_share_one_cpu_reading_settled_from_another_thread(

@@ -341,13 +341,14 @@ class StepRing:
     def end(self) -> None:
         """The open step ends now (none open: nothing)."""
     def enter(self, phase: int, /) -> None:
-        """Phase 0 data wait, 1 optimizer, 2 GC begins (nested: counted once)."""
+        """Phase 0 data wait, 1 optimizer, 2 GC, 3 collective begins (nested: counted once)."""
     def leave(self, phase: int, /) -> None:
         """The phase entered last ends now."""
     def take(
         self, since: int, /
-    ) -> tuple[int, int, bytes, bytes, bytes, bytes, bytes, bytes, bytes]:
-        """(first, count, starts, ends, kinds, data, optimizer, gc, cpu) of steps first..count-1."""
+    ) -> tuple[int, int, bytes, bytes, bytes, bytes, bytes, bytes, bytes, bytes]:
+        """(first, count, starts, ends, kinds, data, optimizer, gc, collective, cpu) of steps
+        first..count-1."""
     def settle(self) -> None:
         """Read the CPU clock now: every ended step's CPU time is then settled."""
     def export(self) -> tuple[bytes, bytes, bytes, int]:

@@ -19,7 +19,11 @@ end), less the median of the ordinary steps of its kind (those near no edge).  T
 the profile's stop, and a save's effect on the steps it overlapped (the GIL, the CPU).
 
 A ring made with ``phases=True`` (for the step tables) also keeps, per step, the time spent in
-each of ``PHASES`` (bracketed by ``enter``/``leave`` from the tables' hooks) and the CPU time of
+each of ``PHASES`` (bracketed by ``enter``/``leave`` from the tables' hooks; nested or
+overlapping brackets count once, so the collective phase — entered where a collective starts,
+left on the thread that completes it — is the time any collective was in flight, counted only
+while no other phase is open: data wait, optimizer and GC are the thread's own time) and the CPU
+time of
 the thread calling ``step()``, stored by the same ``end`` with the same clock reading; ``take``
 hands the rows ended since a given step to the tables' writer thread.  The thread's CPU clock is
 a system call (about 1 us on a VM), so it is read at most every ``CPU_READ_NS``: a step that
@@ -50,7 +54,9 @@ __all__ = ["KINDS", "PHASES", "PyStepRing", "StepTimes", "Taken"]
 
 KINDS = ("unrecorded", "warmup", "recorded")
 """What a step ran under: no profiling, the schedule's warmup, a recording window."""
-PHASES = ("data_wait", "optimizer", "gc")
+PHASES = ("data_wait", "optimizer", "gc", "collective")
+COLLECTIVE = 3
+"""The phase counted only while no other is open."""
 """The phases a ring with ``phases=True`` times per step, by their ``enter``/``leave`` number."""
 
 COLD_RATIO = 1.5
@@ -73,9 +79,9 @@ LISTED_EDGES = 32
 CPU_READ_NS = 1_000_000
 """The least wall time between two readings of the thread's CPU clock (phases only)."""
 
-Taken = tuple[int, int, bytes, bytes, bytes, bytes, bytes, bytes, bytes]
-"""``take``'s answer: first, count, then starts, ends, kinds (uint8), data wait, optimizer, GC
-and CPU ns columns (int64) of the steps first..count-1."""
+Taken = tuple[int, int, bytes, bytes, bytes, bytes, bytes, bytes, bytes, bytes]
+"""``take``'s answer: first, count, then starts, ends, kinds (uint8), data wait, optimizer, GC,
+collective and CPU ns columns (int64) of the steps first..count-1."""
 
 
 def _loop_thread_cpu_clock() -> tuple[Callable[[], int], int | None]:
@@ -100,6 +106,7 @@ class PyStepRing:
         "_kinds",
         "_last_cpu",
         "_open",
+        "_phase_lock",
         "_phase_ns",
         "_phase_start",
         "_phases",
@@ -133,6 +140,7 @@ class PyStepRing:
         self._cpu_clock: Callable[[], int] = time.thread_time_ns
         self._cpu_owner: int | None = None
         self._settle_lock = threading.Lock()  # the writer thread settles too
+        self._phase_lock = threading.Lock()  # a collective is left on another thread
 
     def begin(self, kind: int, /) -> None:
         """A step starts now (kind 0 unrecorded, 1 warmup, 2 and more recorded)."""
@@ -152,12 +160,13 @@ class PyStepRing:
             slot = self._slot
             self._ends[slot] = now
             if self._phases:
-                for k in range(len(PHASES)):
-                    if self._depth[k]:  # open across the boundary: split it
-                        self._phase_ns[k] += now - self._phase_start[k]
-                        self._phase_start[k] = now
-                    self._wide[k][slot] = self._phase_ns[k]
-                    self._phase_ns[k] = 0
+                with self._phase_lock:
+                    for k in range(len(PHASES)):
+                        if self._counting(k):  # open across the boundary: split it
+                            self._phase_ns[k] += now - self._phase_start[k]
+                            self._phase_start[k] = now
+                        self._wide[k][slot] = self._phase_ns[k]
+                        self._phase_ns[k] = 0
             self._open = False
             self._count += 1
             self._slot = self._count % self.capacity
@@ -192,21 +201,41 @@ class PyStepRing:
             self._settled, self._last_cpu, self._cpu_read_at = count, cpu, now
 
     def enter(self, phase: int, /) -> None:
-        """Phase 0 data wait, 1 optimizer, 2 GC begins (nested: counted once)."""
+        """Phase 0 data wait, 1 optimizer, 2 GC, 3 collective begins (nested or overlapping:
+        counted once)."""
         if not 0 <= phase < len(PHASES):
             raise ValueError(f"phase must be 0 to {len(PHASES) - 1}, got {phase}")
-        self._depth[phase] += 1
-        if self._depth[phase] == 1:
-            self._phase_start[phase] = now_ns()
+        with self._phase_lock:
+            self._move(phase, 1)
 
     def leave(self, phase: int, /) -> None:
         """The phase entered last ends now."""
         if not 0 <= phase < len(PHASES):
             raise ValueError(f"phase must be 0 to {len(PHASES) - 1}, got {phase}")
-        if self._depth[phase] > 0:
-            self._depth[phase] -= 1
-            if not self._depth[phase]:
-                self._phase_ns[phase] += now_ns() - self._phase_start[phase]
+        with self._phase_lock:
+            if self._depth[phase] > 0:
+                self._move(phase, -1)
+
+    def _counting(self, phase: int) -> bool:
+        """Whether ``phase`` is counted now: open, and for the collective, no other open."""
+        if not self._depth[phase]:
+            return False
+        return phase != COLLECTIVE or not any(
+            d for k, d in enumerate(self._depth) if k != COLLECTIVE
+        )
+
+    def _move(self, phase: int, by: int) -> None:
+        """Change ``phase``'s depth, starting or stopping each count that changes with it."""
+        before = [self._counting(k) for k in range(len(PHASES))]
+        self._depth[phase] += by
+        now = 0
+        for k, was in enumerate(before):
+            if self._counting(k) != was:
+                now = now or now_ns()
+                if was:
+                    self._phase_ns[k] += now - self._phase_start[k]
+                else:
+                    self._phase_start[k] = now
 
     def take(self, since: int, /) -> Taken:
         """The rows of the steps ended since step ``since`` (see ``Taken``; phases only)."""
@@ -220,8 +249,8 @@ class PyStepRing:
             return bytes(column[lo : lo + n]) + bytes(column[: max(0, lo + n - self.capacity)])
 
         starts, ends, kinds = cut(self._starts), cut(self._ends), cut(self._kinds)
-        data, optimizer, gc_ns, cpu = (cut(column) for column in self._wide)
-        return first, count, starts, ends, kinds, data, optimizer, gc_ns, cpu
+        data, optimizer, gc_ns, collective, cpu = (cut(column) for column in self._wide)
+        return first, count, starts, ends, kinds, data, optimizer, gc_ns, collective, cpu
 
     def export(self) -> tuple[bytes, bytes, bytes, int]:
         """(starts, ends, kinds, count): int64 and uint8 columns of the ring, steps ended."""

@@ -2,9 +2,14 @@
  * (the C half of stepscope/step_times.py; its twin is PyStepRing there).
  *
  * With phases (the step tables), end() also stores the time each phase (data wait, optimizer,
- * GC) was open during the step and the thread's CPU time, so the step tables need no hook of
- * their own in step(): enter(k)/leave(k) bracket a phase, nested calls counting once, and a phase
- * open across a step boundary is split between the two steps.  The thread's CPU clock is a system
+ * GC, a collective in flight) was open during the step and the thread's CPU time, so the step
+ * tables need no hook of their own in step(): enter(k)/leave(k) bracket a phase, nested or
+ * overlapping calls counting once (the collective phase is entered on the thread that starts a
+ * collective and left on the backend's thread that completes it, always under the GIL), and a
+ * phase open across a step boundary is split between the two steps.  The collective phase
+ * counts only while none of the others is open: time in data wait, the optimizer or GC is the
+ * thread's own, even with a collective in flight (and a completion whose callback waited for
+ * the GIL while the thread collected garbage is not stretched over the collection).  The thread's CPU clock is a system
  * call (about 1 us on a VM), so end() reads it only when SS_CPU_READ_NS have passed since the
  * last reading: a step that long gets its own CPU time, shorter ones share the reading's CPU in
  * proportion to their wall time.  take() hands over only rows whose CPU time is settled;
@@ -17,7 +22,8 @@
 #include <string.h>
 #include <time.h>
 
-#define SS_PHASES 3
+#define SS_PHASES 4     /* data wait, optimizer, GC, collective */
+#define SS_COLLECTIVE 3 /* counted only while no other phase is open */
 #define SS_WIDE_COLUMNS (SS_PHASES + 1) /* the phases, then CPU ns */
 #define SS_CPU_READ_NS 1000000LL        /* the CPU clock is read at most once a millisecond */
 
@@ -168,14 +174,35 @@ static void settle_at(StepRing *self, int64_t now) {
     self->cpu_read_at = now;
 }
 
+/* Whether phase k is being counted now: open, and for the collective, no other phase open. */
+static int counting(const StepRing *self, int k) {
+    if (self->phase_depth[k] <= 0) {
+        return 0;
+    }
+    if (k != SS_COLLECTIVE) {
+        return 1;
+    }
+    for (int j = 0; j < SS_PHASES; j++) {
+        if (j != SS_COLLECTIVE && self->phase_depth[j] > 0) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
 static PyObject *ring_end(StepRing *self, PyObject *Py_UNUSED(ignored)) {
     if (self->open) {
         int64_t now = ss_now_ns();
         Py_ssize_t slot = self->slot;
         self->ends[slot] = now;
         if (self->phases) {
+            int others_open = 0; /* the collective counts only while none of these is open */
             for (int k = 0; k < SS_PHASES; k++) {
-                if (self->phase_depth[k] > 0) { /* open across the boundary: split it */
+                others_open |= k != SS_COLLECTIVE && self->phase_depth[k] > 0;
+            }
+            for (int k = 0; k < SS_PHASES; k++) {
+                int open = self->phase_depth[k] > 0 && (k != SS_COLLECTIVE || !others_open);
+                if (open) { /* open across the boundary: split it */
                     self->phase_ns[k] += now - self->phase_start[k];
                     self->phase_start[k] = now;
                 }
@@ -205,14 +232,36 @@ static int phase_of(PyObject *arg, long *k) {
     return 0;
 }
 
+/* Change phase k's depth by `by`, starting or stopping the count of every phase whose counting
+ * that changes (k itself, and the collective when another phase opens or closes). */
+static void move_phase(StepRing *self, long k, long by) {
+    int before[SS_PHASES];
+    for (int j = 0; j < SS_PHASES; j++) {
+        before[j] = counting(self, j);
+    }
+    self->phase_depth[k] += by;
+    int64_t now = 0;
+    for (int j = 0; j < SS_PHASES; j++) {
+        int after = counting(self, j);
+        if (after != before[j]) {
+            if (now == 0) {
+                now = ss_now_ns();
+            }
+            if (after) {
+                self->phase_start[j] = now;
+            } else {
+                self->phase_ns[j] += now - self->phase_start[j];
+            }
+        }
+    }
+}
+
 static PyObject *ring_enter(StepRing *self, PyObject *arg) {
     long k;
     if (phase_of(arg, &k) < 0) {
         return NULL;
     }
-    if (self->phase_depth[k]++ == 0) {
-        self->phase_start[k] = ss_now_ns();
-    }
+    move_phase(self, k, 1);
     Py_RETURN_NONE;
 }
 
@@ -221,8 +270,8 @@ static PyObject *ring_leave(StepRing *self, PyObject *arg) {
     if (phase_of(arg, &k) < 0) {
         return NULL;
     }
-    if (self->phase_depth[k] > 0 && --self->phase_depth[k] == 0) {
-        self->phase_ns[k] += ss_now_ns() - self->phase_start[k];
+    if (self->phase_depth[k] > 0) {
+        move_phase(self, k, -1);
     }
     Py_RETURN_NONE;
 }
@@ -310,10 +359,12 @@ static PyMethodDef ring_methods[] = {
     {"begin", (PyCFunction)ring_begin, METH_O, "begin(kind): a step starts now (kind 0, 1, 2+)."},
     {"end", (PyCFunction)ring_end, METH_NOARGS, "end(): the open step ends now (none open: nothing)."},
     {"enter", (PyCFunction)ring_enter, METH_O,
-     "enter(phase): phase 0 data wait, 1 optimizer, 2 GC begins (nested: counted once)."},
+     "enter(phase): phase 0 data wait, 1 optimizer, 2 GC, 3 collective begins (nested or "
+     "overlapping: counted once)."},
     {"leave", (PyCFunction)ring_leave, METH_O, "leave(phase): the phase entered last ends now."},
     {"take", (PyCFunction)ring_take, METH_O,
-     "take(since): (first, count, starts, ends, kinds, data, optimizer, gc, cpu): the rows of "
+     "take(since): (first, count, starts, ends, kinds, data, optimizer, gc, collective, cpu): "
+     "the rows of "
      "steps first..count-1 ended since step `since` whose CPU time is settled (older ones are "
      "gone: first > since), as int64 (kinds uint8) column bytes; phases=True only."},
     {"settle", (PyCFunction)ring_settle, METH_NOARGS,

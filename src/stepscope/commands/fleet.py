@@ -2,9 +2,11 @@
 
 DIR holds the step tables written by ``profile(step_tables=DIR)`` or ``stepscope run
 --step-tables DIR`` (``DIR/run=<run>/rank=<rank>/*.parquet``); DuckDB reads them in place.
-The report names, per step, the rank that lagged the others most and in which phase; the ranks
-slow since a step; and how step times drifted over the run.  ``--sql`` runs your own query over
-the view ``steps`` (every column of docs/step-tables.md, with ``run`` and ``rank``).
+The report names the rank the others waited for at collectives, since which step, in which
+phase (data, optimizer, GC, compute, host) and how many ranks waited how long for it; per step,
+the rank that lagged the others most; and how step times drifted over the run.  ``--sql`` runs
+your own query over the view ``steps`` (every column of docs/step-tables.md, with ``run`` and
+``rank``).
 
 Only ``*.parquet`` files under ``run=NAME/rank=N`` directories (N in decimal digits) are read,
 each by its own name; a damaged file, a directory whose rank is no number and a row found in

@@ -14,10 +14,17 @@ from rich.text import Text
 
 from stepscope.atomic import atomic_output
 from stepscope.report.html import VENDOR_STYLES, asset, offline_page, script_json
-from stepscope.steptables.fleet import FleetReport
+from stepscope.steptables.fleet import FleetReport, SlowRank
 from stepscope.text import clean_text
 
-__all__ = ["fleet_html", "render_fleet", "render_rows", "write_fleet_html"]
+__all__ = [
+    "PHASE_WORDS",
+    "finding",
+    "fleet_html",
+    "render_fleet",
+    "render_rows",
+    "write_fleet_html",
+]
 
 WORST_STEPS = 10
 """Steps listed with their straggler (the ones with the largest lag)."""
@@ -26,8 +33,39 @@ TABLE_IDS = ("slow-ranks", "worst-steps", "drift")
 """The page's sections, in ``_sections`` order."""
 
 
+PHASE_WORDS = {
+    "data_wait": "waiting for its data (the DataLoader)",
+    "optimizer": "in the optimizer step",
+    "gc": "in Python's garbage collection",
+    "compute": "computing (forward and backward on the host's CPU)",
+    "host": "in its own host Python off the CPU (sleeps, I/O, locks, waiting for a device)",
+}
+"""What each fleet phase means, in the finding's words."""
+
+
 def _ms(ns: float) -> str:
     return f"{ns / 1e6:,.1f}"
+
+
+def finding(s: SlowRank, ranks: int) -> str:
+    """One slow rank's evidence in a sentence: who waited for it since when, and why."""
+    where = PHASE_WORDS.get(s.phase, s.phase)
+    busy = f"its own time exceeds the others' by {_ms(s.mean_lag_ns)} ms a step, mostly {where}"
+    if s.waited_ns is None or s.waiting_ranks is None:  # version-1 tables: no collective time
+        return f"Rank {s.rank} lags the others since step {s.since_step}: {busy}."
+    before = "" if s.waited_before_ns is None else f" ({_ms(s.waited_before_ns)} ms before)"
+    least = "" if s.least_wait else "; another rank waited less than it"
+    others = ranks - 1
+    who = (
+        ("the other rank" if others == 1 else f"all {others} other ranks")
+        if s.waiting_ranks == others
+        else f"{s.waiting_ranks} of the {others} other ranks"
+    )
+    return (
+        f"Rank {s.rank} is the rank the others waited for since step {s.since_step}: "
+        f"{who} waited for it at collectives, {_ms(s.waited_ns)} ms a step{before}; "
+        f"{busy}{least}."
+    )
 
 
 def _sections(r: FleetReport) -> list[tuple[str, list[str], list[list[str]]]]:
@@ -36,10 +74,13 @@ def _sections(r: FleetReport) -> list[tuple[str, list[str], list[list[str]]]]:
     return [
         (
             "Ranks slow since a step",
-            ["run", "rank", "since step", "slow steps", "mean lag ms", "phase"],
+            ["run", "rank", "since step", "slow steps", "mean lag ms", "phase",
+             "others waited ms", "before ms", "ranks waiting"],
             [
                 [s.run, str(s.rank), str(s.since_step), f"{s.slow_steps}/{s.steps}",
-                 _ms(s.mean_lag_ns), s.phase]
+                 _ms(s.mean_lag_ns), s.phase, _maybe_ms(s.waited_ns),
+                 _maybe_ms(s.waited_before_ns),
+                 "-" if s.waiting_ranks is None else f"{s.waiting_ranks}/{r.ranks - 1}"]
                 for s in r.slow_ranks
             ],
         ),
@@ -64,6 +105,10 @@ def _sections(r: FleetReport) -> list[tuple[str, list[str], list[list[str]]]]:
     ]  # fmt: skip
 
 
+def _maybe_ms(ns: int | None) -> str:
+    return "-" if ns is None else _ms(ns)
+
+
 def _headline(r: FleetReport) -> str:
     runs = ", ".join(r.runs)
     return f"{r.rows:,} step rows: {r.ranks} ranks, {r.steps:,} steps, run {runs}"
@@ -83,6 +128,8 @@ def render_fleet(r: FleetReport) -> RenderableType:
     parts: list[RenderableType] = [Text(_headline(r), style="bold")]
     if not r.slow_ranks:
         parts.append(Text("no rank lags the others in most of its steps", style="green"))
+    for slow in r.slow_ranks:
+        parts.append(Text(finding(slow, r.ranks), style="yellow"))
     for title, columns, rows in _sections(r):
         if rows:
             parts.append(_rich_table(title, columns, rows))
@@ -124,6 +171,7 @@ def fleet_html(r: FleetReport) -> str:
         f'<header id="top"><h1>{title}</h1></header>',
         "<main>",
         f"<p>{html.escape(_headline(r))}</p>",
+        *(f'<p class="finding">{html.escape(finding(s, r.ranks))}</p>' for s in r.slow_ranks),
         '<section class="card"><h2>Largest lag per step (ms)</h2><div id="lag-chart"></div>'
         "</section>",
         *(

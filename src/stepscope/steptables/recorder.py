@@ -1,12 +1,15 @@
 """The step tables' recorder: one row per step, taken from the profile's step ring.
 
 The profile's ``step_times`` ring (made by ``StepTables.step_times``, with phases) already stamps
-every step's start and end; with phases it also stores each step's data-wait, optimizer and GC
-time and its CPU time, with the same clock reading.  So the tables add no hook to ``step()``:
-their hooks only open and close phases on the ring (the DataLoader iterator's ``__next__``,
-wrapped on its class; the optimizer step, through the process's one optimizer hook dispatcher;
-``gc.callbacks``), and the writer thread takes the new rows every 20 ms.  Rows of recorded
-steps wait for their window's trace; a killed rank loses at most its open row group.
+every step's start and end; with phases it also stores each step's data-wait, optimizer, GC and
+collective time and its CPU time, with the same clock reading.  So the tables add no hook to
+``step()``: their hooks only open and close phases on the ring (the DataLoader iterator's
+``__next__``, wrapped on its class; the optimizer step, through the process's one optimizer hook
+dispatcher; ``gc.callbacks``; host collectives, through the process's one collective hook), and
+the writer thread takes the new rows every 20 ms.  A device collective's time (NCCL: its start
+and end events) is known only once it completed: the writer thread adds it to the step that
+launched it, and takes no row from that step on until then.  Rows of recorded steps wait for
+their window's trace; a killed rank loses at most its open row group.
 """
 
 from __future__ import annotations
@@ -18,13 +21,14 @@ import re
 import socket
 import threading
 from array import array
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from stepscope import clock
 from stepscope.atomic import make_directory
-from stepscope.collectors import import_watch, optimizer_hook
+from stepscope.collectors import collective_hook, import_watch, optimizer_hook
 from stepscope.collectors.base import Collector
 from stepscope.config import config
 from stepscope.distributed import rank_and_world_size
@@ -52,8 +56,13 @@ rank can lose at most."""
 RING_STEPS = 1 << 15
 """Steps the profile's ring keeps with step tables: the writer thread, taking rows every 20 ms,
 falls behind (and counts the rows lost) only past 1.6 million steps a second."""
-DATA, OPTIMIZER, GC = 0, 1, 2
+DATA, OPTIMIZER, GC, COLLECTIVE = 0, 1, 2, 3
 """The ring's phase numbers (``step_times.PHASES``)."""
+DEVICE_PENDING = 4096
+"""Device collectives waiting for their completion at most (more are not timed, and counted)."""
+DEVICE_WAIT_NS = 10_000_000_000
+"""How long rows wait for a device collective launched in their step: one still running after
+this (a hang, a rank that never joined) is not timed, and counted."""
 _RUNS = re.compile(rb"\x02+|[^\x02]+")  # kind 2: a recorded step
 _failures = failure_log("step_tables")
 
@@ -109,6 +118,12 @@ class StepTables(Collector):
         self._held = Rows(recorded=True)
         """Rows of recorded steps, until their window's trace is built."""
         self._lost = 0
+        self._device: deque[tuple[int, int, Any]] = deque()
+        """Device collectives not yet complete: (step launched in, launch ns, work)."""
+        self._device_ns: dict[int, int] = {}
+        """Device collective time of steps not yet taken, by step."""
+        self.untimed_collectives = 0
+        """Device collectives not timed (too many waiting, too long, no duration)."""
 
     @property
     def dropped_rows(self) -> int:
@@ -151,6 +166,8 @@ class StepTables(Collector):
         self._undo.append(lambda: gc.callbacks.remove(self._on_gc))
         import_watch.when_imported("torch.utils.data", self._hook_dataloader)
         import_watch.when_imported("torch.optim", self._hook_optimizer)
+        collective_hook.add_listener(self)
+        self._undo.append(lambda: collective_hook.remove_listener(self))
 
     def follow(self, step_times: StepTimes, step_now: Callable[[], int]) -> None:
         """Take rows from ``step_times``'s ring from now on; ``step_now()`` is the profile's
@@ -158,6 +175,8 @@ class StepTables(Collector):
         ring = step_times.ring
         self._first_index = self._next = ring.take(1 << 62)[1]
         self._first_step, self._step_now = step_now(), step_now
+        self._device.clear()
+        self._device_ns.clear()
         self._ring = ring
 
     def close(self) -> None:
@@ -178,6 +197,9 @@ class StepTables(Collector):
             self._take_locked(final=True)
             self._hand_over(self._held, None)  # recorded steps whose window was never built
             self._hand_over(self._pending, None)
+            self.untimed_collectives += len(self._device) + len(self._device_ns)
+            self._device.clear()  # works still running: not timed, and not kept alive
+            self._device_ns.clear()
         self._ring = None
         writer.close()
 
@@ -211,17 +233,30 @@ class StepTables(Collector):
         ring, writer = self._ring, self._writer
         if ring is None or writer is None:
             return
+        waiting = self._time_device(final)
         first, count, *raw = ring.take(self._next)
         self._lost += first - self._next
+        base = self._first_step + first - self._first_index
+        if waiting is not None:  # no row from the step a device collective runs in
+            count = first + max(0, min(count - first, waiting - base))
         self._next = count
         if count > first:
-            kinds = raw[2]
+            n = count - first
+            kinds = raw[2][:n]
             new = Rows()
-            base = self._first_step + first - self._first_index
-            new.columns[0].extend(range(base, base + count - first))
-            for column, data in zip(new.columns[1:7], (raw[0], raw[1], *raw[3:]), strict=True):
-                column.frombytes(data)
-            new.columns[7].extend(array("q", [writer.rss]) * (count - first))
+            new.columns[0].extend(range(base, base + n))
+            # the ring's starts, ends, data, optimizer, GC, collective, CPU: RAW_COLUMNS 1-7
+            for column, data in zip(new.columns[1:8], (raw[0], raw[1], *raw[3:]), strict=True):
+                column.frombytes(data[: 8 * n])
+            new.columns[8].extend(array("q", [writer.rss]) * n)
+            if self._device_ns:
+                collective = new.columns[6]
+                for i in range(n):
+                    collective[i] += self._device_ns.pop(base + i, 0)
+                late = [step for step in self._device_ns if step < base + n]
+                for step in late:  # completed after its step's row was taken (at a window)
+                    del self._device_ns[step]
+                self.untimed_collectives += len(late)
             for run in _RUNS.finditer(kinds):
                 into = self._held if run.group()[0] == 2 else self._pending
                 into.extend(new, run.start(), run.end())
@@ -235,6 +270,55 @@ class StepTables(Collector):
                 writer.submit(rows.split(self.rows_per_file))
             if len(rows) > 1 and now - rows.columns[1][0] >= self.flush_ns:
                 writer.submit(rows.split(len(rows) - 1))  # the last: maybe a stop's unfinished
+
+    def _time_device(self, final: bool) -> int | None:
+        """Credit each completed device collective's time to the step that launched it; the
+        step of the oldest one still running, whose row must wait (None: none, or ``final``:
+        at a window's end or the close every row is taken, and a collective that completes
+        later is not timed)."""
+        pending, now = self._device, clock.now_ns()
+        while pending:
+            step, launched, work = pending[0]
+            try:
+                done = work.is_completed()
+                if done:
+                    self._device_ns[step] = self._device_ns.get(step, 0) + int(
+                        work._get_duration() * 1e6  # ms, from its start and end events
+                    )
+            except Exception as exc:  # a backend without durations: counted, logged once
+                done = True
+                self.untimed_collectives += 1
+                _failures.report(
+                    type(exc).__name__,
+                    "device collective time",
+                    exc,
+                    strict=False,
+                    then="that collective is not in collective_ns",
+                )
+            if not done and now - launched < DEVICE_WAIT_NS:
+                return None if final else step
+            pending.popleft()
+            if not done:
+                self.untimed_collectives += 1
+        return None
+
+    # -- collectives: collective_hook's listener --------------------------------------------
+    def collective_started(self) -> Callable[[], None] | None:
+        """A host collective starts: the ring's collective phase is open until it completes."""
+        ring = self._ring
+        if ring is None:
+            return None
+        ring.enter(COLLECTIVE)
+        return functools.partial(ring.leave, COLLECTIVE)
+
+    def device_collective(self, work: Any) -> None:
+        """A device collective was launched in the current step: timed once it completes."""
+        if self._ring is None:
+            return
+        if len(self._device) >= DEVICE_PENDING:
+            self.untimed_collectives += 1
+            return
+        self._device.append((self._step_now(), clock.now_ns(), work))
 
     def _hand_over(self, rows: Rows, trace: Trace | None) -> None:
         if len(rows) and self._writer is not None:

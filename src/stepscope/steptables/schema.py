@@ -1,4 +1,4 @@
-"""The step tables' columns (version 1): one row per step per rank, hive-partitioned by run and
+"""The step tables' columns (version 2): one row per step per rank, hive-partitioned by run and
 rank so DuckDB, Spark or Trino read ``DIR/**/*.parquet`` unchanged."""
 
 from __future__ import annotations
@@ -9,16 +9,17 @@ from typing import Any
 from stepscope.extras import require
 
 __all__ = [
+    "ADDED_IN_2",
     "COLUMNS",
     "INT_COLUMNS",
-    "PHASES",
     "SCHEMA_VERSION",
     "arrow_schema",
     "partition_value",
 ]
 
-SCHEMA_VERSION = 1
-"""Bumped when a column changes meaning or type; new columns are added at the end."""
+SCHEMA_VERSION = 2
+"""Bumped when columns are added (at the end) or one changes meaning or type.  Version 2 added
+``collective_ns`` and ``busy_ns``."""
 
 INT_COLUMNS: tuple[tuple[str, str], ...] = (
     ("step", "the step number (the profiler's, shared by every rank)"),
@@ -42,11 +43,13 @@ COLUMNS: tuple[tuple[str, str], ...] = (
     ("host_communication_ns", "int64, recorded steps: host time with a collective in flight"),
     ("host_idle_ns", "int64, recorded steps: host time with nothing open"),
     ("host_categories", "map<string, int64>, recorded steps: the step's host time by category"),
+    ("collective_ns", "int64: time with a collective of this process in flight (version 2)"),
+    ("busy_ns", "int64: duration_ns - collective_ns, the step's own time (version 2)"),
 )
 """Every column of a step table file (``run`` and ``rank`` come from the directory names)."""
 
-PHASES = ("data_wait_ns", "optimizer_ns", "gc_ns", "cpu_ns")
-"""Columns a rank can lag the others in (the rest of a step includes waits for the others)."""
+ADDED_IN_2 = ("collective_ns", "busy_ns")
+"""Columns a version-1 file lacks (read as null from it)."""
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
@@ -70,5 +73,7 @@ def arrow_schema() -> Any:
         pa.field("host_communication_ns", pa.int64()),
         pa.field("host_idle_ns", pa.int64()),
         pa.field("host_categories", pa.map_(pa.string(), pa.int64())),
+        pa.field("collective_ns", pa.int64(), nullable=False),
+        pa.field("busy_ns", pa.int64(), nullable=False),
     ]
     return pa.schema(fields, metadata={"stepscope.step_tables.version": str(SCHEMA_VERSION)})

@@ -34,10 +34,10 @@ MAX_PENDING = 4
 _failures = failure_log("step_tables")
 
 
-RAW_COLUMNS = ("step", "start_ns", "end_ns", "data_wait_ns", "optimizer_ns", "gc_ns", "cpu_ns",
-               "rss_bytes")  # fmt: skip
-"""A ``Rows`` block's int64 columns: the step ring's, before ``start_unix_ns`` and
-``duration_ns`` are worked out from the monotonic start and end at write time."""
+RAW_COLUMNS = ("step", "start_ns", "end_ns", "data_wait_ns", "optimizer_ns", "gc_ns",
+               "collective_ns", "cpu_ns", "rss_bytes")  # fmt: skip
+"""A ``Rows`` block's int64 columns: the step ring's, before ``start_unix_ns``, ``duration_ns``
+and ``busy_ns`` are worked out from the monotonic start and end at write time."""
 
 
 @dataclass
@@ -208,6 +208,8 @@ class TableWriter:
         else:
             categories = [list(b.categories.items()) if b is not None else None for b in found]
             columns.append(pa.array(categories, type=categories_type))
+        busy = pc.max_element_wise(pc.subtract(raw["duration_ns"], raw["collective_ns"]), 0)
+        columns += [raw["collective_ns"], busy]
         table = pa.Table.from_arrays(columns, schema=arrow_schema())
         name = f"steps-{steps[0]:010d}-{self.pid}-{self._token}-{self.files_written:05d}.parquet"
         with atomic_output(self.directory / name, what="step table") as fh:
