@@ -43,7 +43,7 @@ from tests.metrics_fixtures import free_port
 from tests.step_split import step_outline, step_split
 
 pytest.importorskip("torch")
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.whole_trainers]
 
 ROOT = Path(__file__).resolve().parents[1]
 PROGRAM = ROOT / "tests" / "shape_programs.py"

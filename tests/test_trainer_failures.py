@@ -27,7 +27,7 @@ from stepscope.failures import failure_log
 from stepscope.profiler.profile import active_profile
 from stepscope.trace.chrome_reader import read_chrome_trace
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.whole_trainers]
 torch = pytest.importorskip("torch")
 
 ROOT = Path(__file__).resolve().parent.parent
