@@ -349,7 +349,8 @@ class profile:
             if joined != self.step_num:  # a rank that started late takes the leader's numbering
                 self.step_num, self.current_action = joined, action_at(self.schedule, joined)
             for collector in self.collectors:  # what must see the program before any window
-                self._guarded(collector, "begin", collector.begin)
+                if collector is not self.step_tables:  # (begun above, first)
+                    self._guarded(collector, "begin", collector.begin)
             if self._step_trigger is not None:
                 self._step_trigger.install()
             if not self._paused:
