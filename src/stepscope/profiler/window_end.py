@@ -68,6 +68,9 @@ class StoppedWindow:
     edge: int
     """The index of the step at whose end the window stopped (``StepTimes.mark_edge``)."""
     thread_names: dict[int, str]
+    step_source: dict[str, Any] | None
+    """What ends steps (``stepscope_step_source``), taken at the stop: the optimizers it names
+    are the live ones, and a save off the loop can outlive them."""
     broken: set[int] = field(default_factory=set)
     """Collectors switched off for this window (by ``id``)."""
 
@@ -87,10 +90,21 @@ def stopped(prof: profile, ctx: WindowContext, edge: int) -> StoppedWindow:
         metadata={**prof.preset_metadata, **prof._window_metadata},
         edge=edge,
         thread_names=names,
+        step_source=_step_source(prof),
         broken=set(prof._broken),
     )
     prof._window_metadata = {}  # what ``add_metadata`` gives from now on: the next window
     return window
+
+
+def _step_source(prof: profile) -> dict[str, Any] | None:
+    trigger = prof._step_trigger
+    if trigger is None:
+        return None
+    source: dict[str, Any] = {"on": trigger.spec}
+    if trigger.spec == "optimizer":
+        source["optimizers"] = trigger.optimizers()
+    return source
 
 
 def collect(
@@ -223,12 +237,8 @@ def finish_metadata(prof: profile, window: StoppedWindow, builder: TraceBuilder)
         "end_ns": ctx.end_ns,
     }
     meta["stepscope_activities"] = sorted(a.name for a in prof.activities)
-    trigger = prof._step_trigger
-    if trigger is not None:
-        source: dict[str, Any] = {"on": trigger.spec}
-        if trigger.spec == "optimizer":
-            source["optimizers"] = trigger.optimizers()
-        meta["stepscope_step_source"] = source
+    if window.step_source is not None:
+        meta["stepscope_step_source"] = window.step_source
     meta["stepscope_overhead"] = prof.step_times.summary()
     if prof.windows_skipped:
         meta["stepscope_windows_skipped"] = prof.windows_skipped
