@@ -56,7 +56,8 @@ def write_tables(
         for rank in range(RANKS)
     ]
     busy = [
-        [w + o + 60 * MS for w, o in zip(*ranks, strict=True)] for ranks in zip(waits, optimizer)
+        [w + o + 60 * MS for w, o in zip(wait, opt, strict=True)]
+        for wait, opt in zip(waits, optimizer, strict=True)
     ]
     durations = [max(b[step] for b in busy) + 20 * MS for step in range(STEPS)]
     for rank in range(RANKS):
