@@ -74,7 +74,7 @@ def gloo_pair() -> list[Any]:
 
 
 PEER = """
-import datetime, sys, time
+import datetime, os, sys, time
 import torch
 sys.path.insert(0, sys.argv[3])
 from tests.test_collective_wait import gloo_group
@@ -86,6 +86,7 @@ for ms in map(int, sys.argv[2].split(",")):
     store.delete_key("go")
     time.sleep(ms / 1000)
     group.allreduce([torch.ones(1000)]).wait()
+os._exit(0)  # as tests/ranks_job.py: gloo's threads sometimes abort the interpreter's teardown
 """
 """Rank 1, in a process of its own: it all-reduces the given milliseconds after rank 0."""
 

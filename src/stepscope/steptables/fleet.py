@@ -153,7 +153,8 @@ class FleetReport:
     slow_ranks: list[SlowRank] = field(default_factory=list)
     drift: list[Drift] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-    """What was left out of the tables read (files, directories) or counted once."""
+    """What was left out of the tables read (files, directories) or counted once, and the
+    lagging ranks nobody waited for."""
 
     def to_dict(self) -> dict[str, Any]:
         """The versioned JSON form (``stepscope.fleet``)."""
@@ -312,7 +313,7 @@ def fleet_report(path: str | os.PathLike[str], tables: FleetTables | None = None
     """The fleet report of the step tables under ``path``."""
     found = connect(path) if tables is None else tables
     report = retrying(found, lambda: _report(path, found), f"{path}: cannot read its Parquet files")
-    report.notes = list(found.notes)
+    report.notes = [*found.notes, *report.notes]
     return report
 
 
@@ -351,15 +352,16 @@ def _report(path: str | os.PathLike[str], tables: FleetTables) -> FleetReport:
         )
         for r in found
     ]
-    report.slow_ranks = _with_waits(con, report.slow_ranks)
+    report.slow_ranks = _with_waits(con, report.slow_ranks, report.notes)
     report.drift = [Drift(str(r[0]), *_ints(r[1:6])) for r in con.execute(_DRIFT).fetchall()]
     return report
 
 
-def _with_waits(con: Any, slow: list[SlowRank]) -> list[SlowRank]:
+def _with_waits(con: Any, slow: list[SlowRank], notes: list[str]) -> list[SlowRank]:
     """Each slow rank with the collective time of every rank since and before its first slow
     step: who waited for it, how long, and how far the wait spread (one scan of the
-    ``collective_ns`` column for them all)."""
+    ``collective_ns`` column for them all).  A rank the others did not wait for, though they
+    spent time in collectives, is left out, with a note."""
     if not slow:
         return slow
     cuts = sorted({(s.run, s.since_step) for s in slow})
@@ -390,6 +392,13 @@ def _with_waits(con: Any, slow: list[SlowRank]) -> list[SlowRank]:
             continue
         middle = statistics.median(others)
         threshold = max(MIN_LAG_NS, LAG_FRACTION * float(mean_step or 0))
+        if middle > 0 and middle - own <= threshold:  # the others were in collectives, and
+            notes.append(  # not waiting for it: its lag cost nobody anything
+                f"rank {s.rank} of run {s.run} lagged the others since step {s.since_step} "
+                f"({s.mean_lag_ns / 1e6:,.1f} ms a step, {s.phase}), but they did not wait for "
+                f"it at collectives ({(middle - own) / 1e6:,.1f} ms a step): not named"
+            )
+            continue
         earlier = [v for r, v in before.items() if r != s.rank]
         waited_before = (
             int(statistics.median(earlier) - before[s.rank])
