@@ -18,8 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
-from torch.utils.data import DataLoader
+
+torch = pytest.importorskip("torch")
+
+from torch.utils.data import DataLoader  # noqa: E402
 
 import stepscope
 from stepscope.analysis.analyze import analyze, analyze_trace

@@ -453,6 +453,54 @@ def test_the_ring_times_phases_per_step_and_hands_over_what_it_kept(implementati
         ring.enter(4)
 
 
+def test_a_gc_callback_inside_the_ring_s_own_update_neither_hangs_nor_loses_time(
+    implementation: str,
+) -> None:
+    """A collection can run inside the ring's own phase update (the twin's Python allocates
+    there), and step tables' GC callback then enters the GC phase on the same thread: it must
+    not wait for itself (the twin hung a DDP rank under ``stepscope run`` so), and each phase
+    still ends closed, the GC time counted."""
+    import threading
+
+    times = StepTimes(capacity=256, implementation=implementation, phases=True)
+    ring = times.ring
+
+    def on_gc(phase: str, info: dict[str, int]) -> None:
+        (ring.enter if phase == "start" else ring.leave)(2)
+
+    def loop() -> None:
+        for _ in range(200):
+            times.begin(0)
+            ring.enter(1)
+            junk = [[] for _ in range(20)]  # containers: collections come often
+            ring.leave(1)
+            ring.enter(3)
+            ring.leave(3)
+            del junk
+            times.end()
+
+    threshold = gc.get_threshold()
+    gc.callbacks.append(on_gc)
+    gc.set_threshold(1, 10**6, 10**6)  # a young collection at nearly every container made
+    try:
+        worker = threading.Thread(target=loop, daemon=True)
+        worker.start()
+        worker.join(60)
+        hung = worker.is_alive()
+    finally:
+        gc.set_threshold(*threshold)
+        gc.callbacks.remove(on_gc)
+    assert not hung, "the ring waited for itself inside a GC callback"
+    times.ring.settle()
+    first, count, _, _, _, data, optimizer, gc_ns, collective, _ = ring.take(0)
+    assert (first, count) == (0, 200)
+    gc_column = array("q")
+    gc_column.frombytes(gc_ns)
+    assert sum(gc_column) > 0 and min(gc_column) >= 0
+    ring.enter(0)  # every phase was left: the next one opens from depth 0 and closes again
+    ring.leave(0)
+
+
 def test_short_steps_share_one_cpu_reading_settled_from_another_thread(
     implementation: str,
 ) -> None:

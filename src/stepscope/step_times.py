@@ -101,6 +101,7 @@ class PyStepRing:
         "_cpu_clock",
         "_cpu_owner",
         "_cpu_read_at",
+        "_deferred",
         "_depth",
         "_ends",
         "_kinds",
@@ -108,6 +109,7 @@ class PyStepRing:
         "_open",
         "_phase_lock",
         "_phase_ns",
+        "_phase_owner",
         "_phase_start",
         "_phases",
         "_settle_lock",
@@ -141,6 +143,8 @@ class PyStepRing:
         self._cpu_owner: int | None = None
         self._settle_lock = threading.Lock()  # the writer thread settles too
         self._phase_lock = threading.Lock()  # a collective is left on another thread
+        self._phase_owner = 0  # the thread inside a phase update (0: none)
+        self._deferred: list[tuple[int, int]] = []  # changes made inside it by a GC callback
 
     def begin(self, kind: int, /) -> None:
         """A step starts now (kind 0 unrecorded, 1 warmup, 2 and more recorded)."""
@@ -160,13 +164,7 @@ class PyStepRing:
             slot = self._slot
             self._ends[slot] = now
             if self._phases:
-                with self._phase_lock:
-                    for k in range(len(PHASES)):
-                        if self._counting(k):  # open across the boundary: split it
-                            self._phase_ns[k] += now - self._phase_start[k]
-                            self._phase_start[k] = now
-                        self._wide[k][slot] = self._phase_ns[k]
-                        self._phase_ns[k] = 0
+                self._owned(self._cut, now, slot)
             self._open = False
             self._count += 1
             self._slot = self._count % self.capacity
@@ -205,37 +203,75 @@ class PyStepRing:
         counted once)."""
         if not 0 <= phase < len(PHASES):
             raise ValueError(f"phase must be 0 to {len(PHASES) - 1}, got {phase}")
-        with self._phase_lock:
-            self._move(phase, 1)
+        self._owned(self._move, phase, 1)
 
     def leave(self, phase: int, /) -> None:
         """The phase entered last ends now."""
         if not 0 <= phase < len(PHASES):
             raise ValueError(f"phase must be 0 to {len(PHASES) - 1}, got {phase}")
-        with self._phase_lock:
-            if self._depth[phase] > 0:
-                self._move(phase, -1)
+        self._owned(self._move, phase, -1)
 
+    def _owned(self, change: Callable[[int, int], None], a: int, b: int) -> None:
+        """``change(a, b)`` under the phase lock.  A GC callback run inside this thread's own
+        change (Python code allocates, and a collection calls the program's callbacks there)
+        would wait for a lock its own thread holds: its change is made right after instead."""
+        me = threading.get_ident()
+        if self._phase_owner == me:
+            self._deferred.append((a, b))
+            return
+        with self._phase_lock:
+            self._phase_owner = me
+            try:
+                change(a, b)
+                while self._deferred:
+                    phase, by = self._deferred.pop(0)
+                    self._move(phase, by)
+            finally:
+                self._phase_owner = 0
+
+    def _cut(self, now: int, slot: int) -> None:
+        """The step boundary at ``now``: each phase's time so far goes to row ``slot``."""
+        for k in range(len(PHASES)):
+            if self._counting(k):  # open across the boundary: split it
+                self._phase_ns[k] += now - self._phase_start[k]
+                self._phase_start[k] = now
+            self._wide[k][slot] = self._phase_ns[k]
+            self._phase_ns[k] = 0
+
+    # _counting and _move allocate no container: a collection there would run the program's
+    # GC callbacks (step tables' own among them) inside the update they would make again.
     def _counting(self, phase: int) -> bool:
         """Whether ``phase`` is counted now: open, and for the collective, no other open."""
-        if not self._depth[phase]:
+        depth = self._depth
+        if not depth[phase]:
             return False
-        return phase != COLLECTIVE or not any(
-            d for k, d in enumerate(self._depth) if k != COLLECTIVE
-        )
+        if phase == COLLECTIVE:
+            for k in range(len(PHASES)):
+                if k != COLLECTIVE and depth[k]:
+                    return False
+        return True
 
     def _move(self, phase: int, by: int) -> None:
-        """Change ``phase``'s depth, starting or stopping each count that changes with it."""
-        before = [self._counting(k) for k in range(len(PHASES))]
-        self._depth[phase] += by
+        """Change ``phase``'s depth, starting or stopping each count that changes with it (a
+        phase not open is not left)."""
+        depth = self._depth
+        if by < 0 and not depth[phase]:
+            return
+        was_open, collective_was = depth[phase] > 0, self._counting(COLLECTIVE)
+        depth[phase] += by
         now = 0
-        for k, was in enumerate(before):
-            if self._counting(k) != was:
-                now = now or now_ns()
-                if was:
-                    self._phase_ns[k] += now - self._phase_start[k]
-                else:
-                    self._phase_start[k] = now
+        if phase != COLLECTIVE and (depth[phase] > 0) != was_open:
+            now = now_ns()
+            self._flip(phase, not was_open, now)
+        if self._counting(COLLECTIVE) != collective_was:
+            self._flip(COLLECTIVE, not collective_was, now or now_ns())
+
+    def _flip(self, phase: int, starts: bool, now: int) -> None:
+        """``phase``'s count starts (or stops, adding its time) at ``now``."""
+        if starts:
+            self._phase_start[phase] = now
+        else:
+            self._phase_ns[phase] += now - self._phase_start[phase]
 
     def take(self, since: int, /) -> Taken:
         """The rows of the steps ended since step ``since`` (see ``Taken``; phases only)."""
