@@ -37,6 +37,8 @@ NEEDS_AT_IMPORT = {
     "test_metrics_servers.py": "prometheus_client",
     "test_reliability_prometheus.py": "prometheus_client",
     "test_reliability_property.py": "opentelemetry",
+    "test_dataloader_workers.py": "torch",
+    "test_dataloader_workers_real.py": "torch",
 }
 collect_ignore = [
     name for name, package in NEEDS_AT_IMPORT.items() if importlib.util.find_spec(package) is None

@@ -12,11 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-pytest.importorskip("torch")
-
-from torch.utils.data import DataLoader, dataloader  # noqa: E402
-from torch.utils.data._utils import worker as torch_worker  # noqa: E402
+from torch.utils.data import DataLoader, dataloader
+from torch.utils.data._utils import worker as torch_worker
 
 import stepscope
 from stepscope.analysis.analyze import analyze_trace

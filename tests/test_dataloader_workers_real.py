@@ -18,10 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-torch = pytest.importorskip("torch")
-
-from torch.utils.data import DataLoader  # noqa: E402
+import torch
+from torch.utils.data import DataLoader
 
 import stepscope
 from stepscope.analysis.analyze import analyze, analyze_trace

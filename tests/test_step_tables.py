@@ -472,7 +472,7 @@ def test_a_gc_callback_inside_the_ring_s_own_update_neither_hangs_nor_loses_time
         for _ in range(200):
             times.begin(0)
             ring.enter(1)
-            junk = [[] for _ in range(20)]  # containers: collections come often
+            junk: list[list[int]] = [[] for _ in range(20)]  # containers: collections come often
             ring.leave(1)
             ring.enter(3)
             ring.leave(3)
@@ -492,7 +492,7 @@ def test_a_gc_callback_inside_the_ring_s_own_update_neither_hangs_nor_loses_time
         gc.callbacks.remove(on_gc)
     assert not hung, "the ring waited for itself inside a GC callback"
     times.ring.settle()
-    first, count, _, _, _, data, optimizer, gc_ns, collective, _ = ring.take(0)
+    first, count, *_, gc_ns, _, _ = ring.take(0)
     assert (first, count) == (0, 200)
     gc_column = array("q")
     gc_column.frombytes(gc_ns)
