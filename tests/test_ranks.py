@@ -203,6 +203,11 @@ def test_report_names_the_slow_rank_and_phase(job: Any, tmp_path: Path) -> None:
     first = report.combined.recommendations[0]
     assert first.rule == "straggler" and first.evidence["rank"] == slow
     assert first.evidence["phase"] == "data_loading"
+    # "the other ranks wait for it N ms a step": the others' waits per step, not the window's
+    others = [ns for rank, ns in waits.items() if rank != slow]
+    per_step_ms = sum(others) / len(others) / len(r["steps"]) / 1e6
+    assert first.evidence["late_ms_per_step"] == pytest.approx(per_step_ms, rel=0.2)
+    assert f"{first.evidence['late_ms_per_step']:,.3f} ms a step" in first.title
     summary = report_markdown(report)
     assert f"**3 steps × {len(r['ranks'])} ranks**" in summary
     assert f"Rank {slow} is the straggler" in summary

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from stepscope.analysis.collectives import CollectiveKey, collective_calls, host_partitions
 from stepscope.analysis.result import DeviceBreakdown, TraceSummary
@@ -88,6 +88,7 @@ class Straggler:
 
     rank: int
     late_ns: int
+    """Mean time the other ranks waited for it at collectives, summed over the steps."""
     excess_ns: int
     """Busy time beyond the median of the other ranks' busy times, summed over steps."""
     slowest_steps: int
@@ -102,6 +103,8 @@ class Straggler:
     """The phase's time per step on the other ranks (median over steps of their median)."""
     excess_per_step_ns: int = 0
     """Busy time beyond the other ranks' median, per step (median over steps)."""
+    late_per_step_ns: int = 0
+    """``late_ns`` over the steps whose collectives were seen on every rank."""
 
 
 @dataclass(frozen=True)
@@ -240,9 +243,11 @@ def reduce_ranks(
     late: dict[int, float] = dict.fromkeys(ranks, 0.0)
     step_wait: dict[tuple[int, int], int] = {}
     per_key: dict[CollectiveKey, tuple[int, dict[int, int]]] = {}
+    seen_everywhere: set[int] = set()  # the steps whose collectives every rank has
     for (step, key, _), durs in calls.items():
         if len(durs) != len(ranks):
             continue
+        seen_everywhere.add(step)
         fastest = min(durs.values())
         waits = {r: d - fastest for r, d in durs.items()}
         last = min(waits, key=lambda r: (waits[r], r))
@@ -313,7 +318,10 @@ def reduce_ranks(
         )
     order = sorted(ranks, key=lambda r: (-late[r], -excess[r], r))
     stragglers = [
-        _straggler(r, int(late[r]), excess[r], slowest_count[r], phases, ranks, step_excess[r])
+        replace(
+            _straggler(r, int(late[r]), excess[r], slowest_count[r], phases, ranks, step_excess[r]),
+            late_per_step_ns=int(late[r] / max(1, len(seen_everywhere))),
+        )
         for r in order
         if late[r] > 0 or excess[r] > 0
     ]

@@ -446,7 +446,7 @@ def straggler_recommendations(ranks: RanksReport) -> list[Recommendation]:
             Recommendation(
                 "straggler",
                 f"Rank {s.rank} is the straggler: the other ranks wait for it "
-                f"{s.late_ns / 1e6:,.3f} ms a step at collectives",
+                f"{s.late_per_step_ns / 1e6:,.3f} ms a step at collectives",
                 f"Look at rank {s.rank}'s {s.phase} (its {s.phase_ns / 1e6:,.3f} ms a step "
                 f"against the others' {s.others_median_ns / 1e6:,.3f} ms): uneven data or "
                 "shards, a slower host or device, or work only that rank does (logging, "
@@ -455,6 +455,7 @@ def straggler_recommendations(ranks: RanksReport) -> list[Recommendation]:
                 {
                     "rank": s.rank,
                     "late_ms": _ms(s.late_ns),
+                    "late_ms_per_step": _ms(s.late_per_step_ns),
                     "busy_excess_ms_per_step": _ms(s.excess_per_step_ns),
                     "phase": s.phase,
                     "since_step": s.step,
