@@ -243,6 +243,14 @@ def test_the_repository_keeps_every_rule_of_the_design() -> None:
         assert existing <= set(ours["parts"][part]["is"]), part
 
 
+def test_every_import_between_parts_is_an_arrow_of_the_layers_file() -> None:
+    """The layers file draws every edge the code has (a new one is drawn, or the import goes)."""
+    layers = load_layers()
+    arrows = {(a[0], a[1]) for a in layers["arrows"]}
+    drawn = {(p, t) for p, ts in part_graph(layers).items() for t in ts if p != t}
+    assert drawn - arrows == set()
+
+
 def test_the_graph_sees_every_folder() -> None:
     graph = folder_graph()
     assert {"trace", "profiler", "collectors", "metrics", "events", "jsonenc", "clock"} <= set(
