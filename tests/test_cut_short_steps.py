@@ -120,7 +120,10 @@ def test_a_rank_cut_short_after_one_step_is_no_straggler(tmp_path: Path) -> None
     assert report.ranks is not None
     assert all(s.rank != 1 for s in report.ranks.stragglers)
     assert sorted(s.step or 0 for s in report.combined.cut_short) == [2, 5]  # rank 1, rank 0
-    assert all(s.dur_ns < 0.02e9 for s in report.combined.step_stats.slowest)
+    # the stalled step rank 1 died in is no "slowest step" (it is cut short, not slow)
+    slowest = {(s.source, s.step) for s in report.combined.step_stats.slowest}
+    assert {source for source, _ in slowest} <= {name for name, _ in traces}, slowest
+    assert ("host_1_rank1.1.pt.trace.json", 2) not in slowest, slowest
     assert any("missing on rank(s) [1]" in n for n in report.ranks.notes)
 
 
