@@ -48,7 +48,7 @@ test-services:
 COVERAGE_FLOOR ?= 78
 test: $(VENV)/.stamp-test native test-services
 	@bash scripts/test-stages.sh \
-	  "the whole suite with the C extension" "$(PY) -m pytest -q" \
+	  "the whole suite with the C extension" "$(PY) -m pytest -q --durations=15" \
 	  "the suite on the pure-Python twins" "$(MAKE) --no-print-directory test-twins" \
 	  "C-part tests under Python 3.12 and 3.13" "$(MAKE) --no-print-directory test-monitoring" \
 	  "line coverage (the fast tier)" "$(MAKE) --no-print-directory test-coverage"
@@ -72,7 +72,7 @@ test-fast: $(VENV)/.stamp-test native
 # many whole HF/Lightning runs whose subject is the analysis or the failure path) run in the
 # first stage only; each C part's agreement with its twin has tests of its own here.
 test-twins: $(VENV)/.stamp-test
-	STEPSCOPE_IMPLEMENTATION=python $(PY) -m pytest -q -m "not implementation_independent and not whole_trainers"
+	STEPSCOPE_IMPLEMENTATION=python $(PY) -m pytest -q --durations=15 -m "not implementation_independent and not whole_trainers"
 
 # The C parts' tests (marked `native`: the tracer's sys.monitoring path, the sampler's frame
 # walk, record_function, the clock, the Chrome scanner) under Python 3.12 and 3.13, where
