@@ -42,16 +42,17 @@ test-services:
 	@bash scripts/install-test-services.sh
 
 # Every stage runs whatever the others did; one summary of all of them closes the run.
-# The last stage measures line coverage of the package over the fast tier and holds the floor
-# below (a stage of its own: coverage's tracer changes what the memory and overhead tests
-# measure, so they run without it in the first stage and are left out of this one).
+# The suite with the C extension runs once, in two stages: the fast tier under line coverage
+# (holding the floor below), then the slow tier with the tests that measure the interpreter's own
+# allocations or speed (marked `measures_interpreter` by tests/conftest.py: coverage's tracer
+# changes what they measure, so they run without it).
 COVERAGE_FLOOR ?= 78
 test: $(VENV)/.stamp-test native test-services
 	@bash scripts/test-stages.sh \
-	  "the whole suite with the C extension" "$(PY) -m pytest -q --durations=15" \
+	  "the fast tier with the C extension, under line coverage" "$(MAKE) --no-print-directory test-coverage" \
+	  "the slow tier and the measuring tests with the C extension" "$(PY) -m pytest -q --durations=15 -m 'slow or measures_interpreter'" \
 	  "the suite on the pure-Python twins" "$(MAKE) --no-print-directory test-twins" \
-	  "C-part tests under Python 3.12 and 3.13" "$(MAKE) --no-print-directory test-monitoring" \
-	  "line coverage (the fast tier)" "$(MAKE) --no-print-directory test-coverage"
+	  "C-part tests under Python 3.12 and 3.13" "$(MAKE) --no-print-directory test-monitoring"
 
 # Line coverage of the package over the fast tier; fails under COVERAGE_FLOOR percent.
 test-coverage: $(VENV)/.stamp-test native
@@ -69,8 +70,8 @@ test-fast: $(VENV)/.stamp-test native
 # for the processes they start, so this stage would run exactly what the first one did.  The
 # marker is set by each test and held by tests/implementation_guard.py: a marked test that
 # reaches a choice fails.  Tests marked `whole_trainers` (the shapes matrix, trainer failures:
-# many whole HF/Lightning runs whose subject is the analysis or the failure path) run in the
-# first stage only; each C part's agreement with its twin has tests of its own here.
+# many whole HF/Lightning runs whose subject is the analysis or the failure path) run with the
+# extension only; each C part's agreement with its twin has tests of its own here.
 test-twins: $(VENV)/.stamp-test
 	STEPSCOPE_IMPLEMENTATION=python $(PY) -m pytest -q --durations=15 -m "not implementation_independent and not whole_trainers"
 

@@ -55,19 +55,19 @@ def pytest_report_header() -> list[str]:
 
 # Tests that measure the interpreter's own allocations or speed: coverage's tracer (which
 # allocates and slows every line) changes what they measure, so `make test-coverage` leaves them
-# out; the suite's first stage runs them without it.
+# out; they are marked `measures_interpreter` and `make test` runs them without it.
 MEASURE_THE_INTERPRETER = {"test_memory.py", "test_memory_sampled.py", "test_overhead.py"}
 UNDER_COVERAGE = os.environ.get("STEPSCOPE_UNDER_COVERAGE") == "1"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Under coverage, skips the tests of :data:`MEASURE_THE_INTERPRETER`."""
-    if not UNDER_COVERAGE:
-        return
+    """Marks the tests of :data:`MEASURE_THE_INTERPRETER`; under coverage, skips them."""
     skip = pytest.mark.skip(reason="coverage's tracer changes what it measures (run without it)")
     for item in items:
         if item.path.name in MEASURE_THE_INTERPRETER:
-            item.add_marker(skip)
+            item.add_marker(pytest.mark.measures_interpreter)
+            if UNDER_COVERAGE:
+                item.add_marker(skip)
 
 
 def pytest_configure(config: pytest.Config) -> None:
