@@ -168,3 +168,57 @@ def test_console_command_runs_a_torch_loop_with_steps_from_the_optimizer(tmp_pat
     addmm = [s for s in spans if s.name == "aten::addmm"]
     assert len(addmm) == 3 * 2 and all(s.args and "Input Dims" in s.args for s in addmm)
     assert "7 steps, 1 trace(s) written" in done.stderr and "aten::addmm" in done.stderr
+
+
+TIMED_SCRIPT = """
+import json, sys, time
+import helper
+
+own = []  # the program's own clock: each train_step from its start to the next one's
+
+def body():
+    own.append(time.perf_counter_ns())
+    deadline = time.perf_counter() + 0.003
+    while time.perf_counter() < deadline:
+        pass
+
+for _ in range(40):
+    helper.train_step(body)
+own.append(time.perf_counter_ns())
+json.dump([b - a for a, b in zip(own, own[1:])], open(sys.argv[1], "w"))
+"""
+
+
+def test_the_closing_line_states_the_overhead_over_the_whole_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The first window's trace has too few unrecorded steps before it for a figure; the closing
+    line states one over every warm unrecorded step of the run, its medians those of the
+    program's own clock over the same steps."""
+    import json
+    import re
+    import statistics
+
+    script = write_program(tmp_path, TIMED_SCRIPT)
+    out, own_file = tmp_path / "out", tmp_path / "own.json"
+    argv = ["run", "-o", str(out), "--step-on", "helper:train_step", str(script), str(own_file)]
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    found = re.search(
+        r"over the whole run: overhead: recorded steps took ([-+][0-9.]+)% against unrecorded "
+        r"steps \(median ([0-9.]+) ms vs ([0-9.]+) ms; 3 recorded, ([0-9]+) warm unrecorded"
+        r"(?: \(and ([0-9]+) cold first steps left out\))?, 1 warmup steps",
+        err,
+    )
+    assert found is not None, err
+    pct, recorded_ms, unrecorded_ms = (float(found[i]) for i in (1, 2, 3))
+    warm, cold = int(found[4]), int(found[5] or 0)
+    own = json.loads(own_file.read_text())  # steps 0..39: 0 waits, 1 warms up, 2-4 recorded
+    assert warm + cold == len(own) - 3 - 1 == 36
+    own_recorded = statistics.median(own[2:5]) / 1e6
+    own_unrecorded = statistics.median(own[5:]) / 1e6  # (the first, cold one left out)
+    # a step as stepscope times it ends where the next begins: the program's own clock, give or
+    # take the hook's time at the edge (a scheduler slice on a loaded machine)
+    assert recorded_ms == pytest.approx(own_recorded, rel=0.25, abs=1.0)
+    assert unrecorded_ms == pytest.approx(own_unrecorded, rel=0.25, abs=1.0)
+    assert pct == pytest.approx(100 * (recorded_ms / unrecorded_ms - 1), abs=0.2)

@@ -297,7 +297,16 @@ class StepTimes:
     """The step hook (``begin``/``end``: the C ``StepRing`` or its twin, whichever the
     process-wide implementation choice gives) and what the ring holds, summarised."""
 
-    __slots__ = ("_edges", "begin", "capacity", "collector_ns", "end", "first_step", "ring")
+    __slots__ = (
+        "_cut",
+        "_edges",
+        "begin",
+        "capacity",
+        "collector_ns",
+        "end",
+        "first_step",
+        "ring",
+    )
 
     def __init__(
         self, capacity: int = 8192, implementation: str | None = "auto", phases: bool = False
@@ -317,6 +326,18 @@ class StepTimes:
         self._edges: OrderedDict[int, int | None] = OrderedDict()
         """Window edges by the index of the step that ended at them: when their save ended
         (0: nothing was saved off the loop; None: still saving)."""
+        self._cut: OrderedDict[int, None] = OrderedDict()
+        """The indexes of steps a stop or pause cut short (the last ``MAX_EDGES``)."""
+
+    def cut_short(self) -> None:
+        """The open step ends now, cut short by a stop or pause (the program's tail after its
+        last step, not a step): its row stays, its time enters no duration or median."""
+        count = self.ring.export()[3]
+        self.ring.end()
+        if self.ring.export()[3] > count:
+            self._cut[count] = None
+            while len(self._cut) > MAX_EDGES:
+                self._cut.popitem(last=False)
 
     def mark_edge(self, saving: bool = False) -> int:
         """A window edge right after the last ended step; returns that step's index (-1 before
@@ -367,8 +388,9 @@ class StepTimes:
         starts, ends, kinds, kept = columns
         found: dict[str, list[int]] = {kind: [] for kind in KINDS}
         for n in kept:
-            slot = n % self.capacity
-            found[KINDS[kinds[slot]]].append(ends[slot] - starts[slot])
+            if n not in self._cut:
+                slot = n % self.capacity
+                found[KINDS[kinds[slot]]].append(ends[slot] - starts[slot])
         return found
 
     def edges(self) -> dict[str, int]:
@@ -399,7 +421,7 @@ class StepTimes:
         for n in kept:
             slot = n % self.capacity
             windowed = windowed or kinds[slot] != 0
-            if kinds[slot] == 0:
+            if kinds[slot] == 0 and n not in self._cut:
                 (after if windowed else before).append(ends[slot] - starts[slot])
         cold = 0
         if kept.start == 0 and before:

@@ -12,7 +12,7 @@ from typing import Any
 from stepscope.analysis.result import Overhead, TraceSummary
 from stepscope.trace.model import Trace
 
-__all__ = ["MIN_COMPARED", "pick_overhead", "trace_overhead"]
+__all__ = ["MIN_COMPARED", "pick_overhead", "stated_overhead", "trace_overhead"]
 
 
 def _int_or_none(value: Any) -> int | None:
@@ -32,7 +32,18 @@ the program's warm-up with its steady state, not recorded with unrecorded steps.
 
 def trace_overhead(trace: Trace) -> Overhead | None:
     """The trace's stated overhead, or None (no or malformed ``stepscope_overhead``)."""
-    found = trace.metadata.get("stepscope_overhead")
+    return stated_overhead(
+        trace.metadata.get("stepscope_overhead"),
+        trace.metadata.get("stepscope_step_source"),
+        trace.metadata,
+    )
+
+
+def stated_overhead(
+    found: Any, source: Any, metadata: Mapping[str, Any] | None = None
+) -> Overhead | None:
+    """The overhead a step-times summary states (``StepTimes.summary()``, or a trace's
+    ``stepscope_overhead``), given the step source; None when it is no such summary."""
     if not isinstance(found, Mapping) or not isinstance(found.get("steps"), Mapping):
         return None
     kinds = found["steps"]
@@ -47,7 +58,6 @@ def trace_overhead(trace: Trace) -> Overhead | None:
     settled = not (isinstance(entry, Mapping) and entry.get("settled") is False)
     # steps of several optimizers in turn (a GAN's D and G) differ by kind: medians of the two
     # sides mix them in different proportions and compare nothing
-    source = trace.metadata.get("stepscope_step_source")
     turn = source.get("optimizers") if isinstance(source, Mapping) else None
     in_turn = isinstance(turn, list) and len(turn) > 1
     slowdown = (
@@ -67,7 +77,7 @@ def trace_overhead(trace: Trace) -> Overhead | None:
         edge_ns=_ns_map(found.get("edge_ns")),
         collector_ns=_ns_map(found.get("collector_ns")),
         dropped=_int_or_none(found.get("dropped")) or 0,
-        in_steps_ns=_measured_in_steps(trace.metadata),
+        in_steps_ns=_measured_in_steps(metadata or {}),
         cold_steps=stat("unrecorded", "cold") or 0,
         settled=settled,
         optimizers_in_turn=len(turn) if in_turn and isinstance(turn, list) else 0,

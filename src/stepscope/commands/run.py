@@ -330,6 +330,24 @@ def _summary(
     )
     for path in prof.trace_files:
         print(f"  {path}", file=out)
+    whole = _whole_run_overhead(prof)
+    if whole is not None:
+        print(f"stepscope run: {name}: over the whole run: {whole}", file=out)
+
+
+def _whole_run_overhead(prof: profile) -> str | None:
+    """The recorded steps' slowdown over every warm unrecorded step of the run (a trace states
+    it up to its window's end: the first window often has too few unrecorded steps before it);
+    None when the run gives no figure either."""
+    from stepscope.analysis.overhead import stated_overhead
+    from stepscope.report.overhead import overhead_lines
+
+    source = prof.traces[-1].metadata.get("stepscope_step_source") if prof.traces else None
+    overhead = stated_overhead(prof.step_times.summary(), source)
+    if overhead is None or overhead.slowdown_pct is None:
+        return None
+    line = overhead_lines(overhead)[0]
+    return line[0].lower() + line[1:]
 
 
 COMMAND = Command("run", __doc__ or "", add_arguments, run)

@@ -481,7 +481,7 @@ class profile:
         self._step_span = span
 
     def _close_step_span(self, stepping: bool = False) -> None:
-        self.step_times.end()
+        (self.step_times.end if stepping else self.step_times.cut_short)()
         span, self._step_span = self._step_span, None
         if span is not None:
             span.__exit__(None, None, None)
