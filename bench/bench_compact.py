@@ -79,7 +79,8 @@ def main() -> int:
     quick = "--quick" in sys.argv
     rounds = 3 if quick else 5
     py = measure("Python-call workload", python_window(quick), rounds)
-    tw = measure("torch window", torch_window(quick), rounds)
+    # a torch window writes in a few ms: more rounds, so a loaded machine's spikes fall out
+    tw = measure("torch window", torch_window(quick), 4 * rounds)
     ok = py["b_per_event"] <= 4 and tw["bytes_ratio"] <= 0.1
     ok = ok and py["time_ratio"] <= 0.3 and tw["time_ratio"] <= 0.3
     print("targets met" if ok else "targets NOT all met")

@@ -35,7 +35,7 @@ __all__ = [
 
 MAGIC = b"\x89SSTRACE\r\n\x1a\n"
 """The first bytes of every compact trace (a PNG-style signature: binary, never text)."""
-VERSION = 1
+VERSION = 2
 COMPACT_SUFFIX = ".sstrace"
 """The file name suffix of the compact form."""
 

@@ -17,7 +17,7 @@ from array import array
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, NamedTuple
+from typing import Any
 
 from stepscope.atomic import atomic_output, ensure_parent
 from stepscope.jsonenc import json_bytes, utf8
@@ -35,7 +35,8 @@ from stepscope.trace.compact_format import (
     VERSION,
     varint,
 )
-from stepscope.trace.compact_varint import args_texts, pack_column
+from stepscope.trace.compact_args import split_args
+from stepscope.trace.compact_varint import pack_column
 from stepscope.trace.layouts import TABLE_LAYOUTS
 from stepscope.trace.model import Trace
 from stepscope.trace.remap import TIMES, remapped
@@ -80,47 +81,23 @@ def _header(trace: Trace, base: int, name: str) -> bytes:
     )
 
 
-def _texts(joined: bytes, lengths: array[int], sizes: array[int] | None = None) -> bytes:
-    """A count, each text's length (and ``sizes``) as varints, then the texts one after another."""
-    packed = pack_column(lengths, "q", False)
-    parts = [varint(len(lengths)), varint(len(packed)), packed]
-    if sizes is not None:
-        packed = pack_column(sizes, "q", False)
-        parts += [varint(len(packed)), packed]
-    return b"".join((*parts, joined))
-
-
 def _strings(trace: Trace) -> bytes:
+    """A count, each string's UTF-8 length as varints, then the strings one after another."""
     texts = [utf8(s) for s in trace.strings]
-    return _texts(b"".join(texts), array("q", map(len, texts)))
+    packed = pack_column(array("q", map(len, texts)), "q", False)
+    return b"".join((varint(len(texts)), varint(len(packed)), packed, *texts))
 
 
-def _args(joined: bytes, lengths: array[int], sizes: array[int], extra: bool) -> bytes:
-    """The ARGS section; ``extra``: an empty mapping after the trace's own (see ``_Empty``)."""
-    if extra:
-        joined, lengths, sizes = joined + b"{}", lengths + array("q", [2]), sizes + array("q", [0])
-    return _texts(joined, lengths, sizes)
+def _meta_refs(refs: Any, empty_ref: int) -> array[int]:
+    """A metadata event without args has empty ones (``empty_ref``), as the Chrome file has."""
+    return array("i", (empty_ref if r < 0 else r for r in refs))
 
 
-def _column_refs(table: str, refs: Any, lo: int, hi: int, empty: _Empty) -> Any:
-    """The args refs as the Chrome file keeps them: a span's empty or ``python_ids`` args are
-    none (-1); a metadata event without args has empty ones (``empty.ref``)."""
-    if table == "spans":
-        if empty.refs:
-            return array("i", (-1 if r < 0 or r in empty else r for r in refs[lo:hi]))
-    elif table == "meta":
-        return array("i", (empty.ref if r < 0 else r for r in refs[lo:hi]))
-    return refs[lo:hi]
-
-
-class _Empty(NamedTuple):
-    refs: frozenset[int]
-    """The args refs of empty mappings."""
-    ref: int
-    """The ref of the empty mapping added for metadata events without args."""
-
-
-def _block(trace: Trace, index: int, lo: int, hi: int, shift: int, empty: _Empty) -> bytes:
+def _block(
+    trace: Trace, index: int, lo: int, hi: int, shift: int, sizes: array[int], empty_ref: int
+) -> bytes:
+    """One block's payload; ``sizes``: each mapping's key count (a span's args ref to an empty
+    mapping, like a ``python_ids`` ref, is written as none, as the Chrome writer leaves them out)."""
     table = BLOCK_TABLES[index]
     cols = trace.tables[table]
     parts = [varint(index), varint(hi - lo)]
@@ -132,12 +109,15 @@ def _block(trace: Trace, index: int, lo: int, hi: int, shift: int, empty: _Empty
                 data.byteswap()
             parts.append(data.tobytes())
             continue
+        empty = None
         if name in _TIME_COLUMNS and shift:
             values = remapped(values, TIMES, None, shift)
-        elif name == "args":
-            values = _column_refs(table, cols[name], lo, hi, empty)
+        elif name == "args" and table == "meta":
+            values = _meta_refs(values, empty_ref)
+        elif name == "args" and table == "spans":
+            empty = sizes
         coded, delta = COLUMN_CODING.get(name, (code, False))
-        packed = pack_column(values, coded, delta, -1 if name == "args" else -(2**63))
+        packed = pack_column(values, coded, delta, -1 if name == "args" else -(2**63), empty)
         parts.append(varint(len(packed)))
         parts.append(packed)
     return b"".join(parts)
@@ -160,19 +140,19 @@ def compact_sections(trace: Trace, name: str, level: int = DEFAULT_LEVEL) -> Ite
     base, shift = _rebased(trace)
     meta_refs = trace.meta["args"]
     extra = bool(len(meta_refs)) and min(meta_refs) < 0
-    joined, lengths, sizes = args_texts(trace.args)
-    empties = frozenset(i for i, size in enumerate(sizes) if not size) if 0 in sizes else ()
-    empty = _Empty(frozenset(empties), len(trace.args))
+    # the ARGS payload (:mod:`stepscope.trace.compact_args`), an empty mapping after the trace's
+    # own where metadata events have no args (the Chrome file gives them empty ones)
+    args, sizes = split_args((*trace.args, {}) if extra else trace.args)
 
     def payloads() -> Iterator[tuple[bytes, bytes]]:
         yield HEADER, _header(trace, base, name)
         yield STRINGS, _strings(trace)
-        yield ARGS, _args(joined, lengths, sizes, extra)
+        yield ARGS, args
         for index, table in enumerate(BLOCK_TABLES):
             rows = len(trace.tables[table])
             for lo in range(0, rows, BLOCK_ROWS):
                 hi = min(rows, lo + BLOCK_ROWS)
-                yield BLOCK, _block(trace, index, lo, hi, shift, empty)
+                yield BLOCK, _block(trace, index, lo, hi, shift, sizes, len(trace.args))
 
     count = 0
     for section in _compressed(payloads(), level):
