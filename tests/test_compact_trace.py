@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 import shutil
+import zlib
 from array import array
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from stepscope._ext import native
 from stepscope.cli import main
 from stepscope.trace.chrome_reader import read_chrome_trace
 from stepscope.trace.chrome_writer import write_chrome_trace
+from stepscope.trace.compact_deflate import PROBE_BYTES, Deflater
 from stepscope.trace.compact_format import MAGIC, CompactTraceError
 from stepscope.trace.compact_reader import read_compact_trace
 from stepscope.trace.compact_varint import pack_column, pack_python, unpack_python
@@ -150,6 +152,24 @@ def test_column_min_and_empty_refs_twins_agree_with_the_extension() -> None:
     expected = pack_python(array("i", [0, -1, -1, 2, -1, -1, -1]), "i", True)
     assert pack_python(refs, "i", True, -1, sizes) == expected
     assert pack_column(refs, "i", True, -1, sizes) == expected
+
+
+def test_each_section_inflates_alone_and_unrepeating_columns_are_stored() -> None:
+    deflater = Deflater(1)
+    noise = random.Random(5).randbytes(8 * PROBE_BYTES)
+    repeats = bytes(range(64)) * 128
+    sections = [
+        [(b"head", False), (noise, True), (repeats, True), (b"tail", False)],
+        [],
+        [(repeats, False)],
+    ]
+    streams = [deflater.stream(parts) for parts in sections]
+    for parts, stream in zip(sections, streams, strict=True):
+        inflater = zlib.decompressobj(-15)
+        assert inflater.decompress(stream) == b"".join(data for data, _ in parts)
+        assert inflater.eof and not inflater.unused_data
+    # the noise stored past its probe, the repeats compressed
+    assert len(noise) < len(streams[0]) < len(noise) + len(repeats) // 8
 
 
 def test_trace_handler_writes_the_chosen_format(tmp_path: Path) -> None:

@@ -3,14 +3,15 @@
 A window's args are near-unique only by their integer values ("External id", "Sequence number",
 addresses): each mapping's JSON text is split into a template, the text with each top-level
 integer value cut out, written once however many mappings share it, and the values, one column
-per key name, zigzag delta-coded in row order so an id that grows costs about a byte.
+per key name, zigzag delta-coded in row order, so an id that grows costs about a byte.
 
-Payload (all numbers LEB128 varints): the row count, the template count, the key count; each key
-(its text as written between the quotes) as its length and bytes, in order of first use; each
-template as the mapping's key count, its hole count, per hole the length of the text before it
-(from the previous hole), the length of the text after the last hole, per hole its key's index,
-then the text's pieces one after another; each row's template index; each key's column as its byte length and its values
-as ``pack_varints(values, "q", True)`` writes them (a value per hole of that key, in row order).
+Payload (all numbers LEB128 varints): the row count, the template count, the key count; each
+key (its text as written between the quotes) as its length and bytes, in order of first use;
+each template as the mapping's key count, its hole count, per hole the length of the text
+before it (from the previous hole), the length of the text after the last hole, per hole its
+key's index, then the text's pieces one after another; each row's template index; each key's
+column as its byte length and its values as ``pack_varints(values, "q", True)`` writes them (a
+value per hole of that key, in row order).
 
 Only a top-level value that is a plain JSON integer (no fraction or exponent, not ``-0``) within
 64 bits is cut: strings (escapes and all), literals, numbers with a fraction or exponent, nested
@@ -19,10 +20,11 @@ strings, keys and top-level numbers; brackets matched and at most ``MAX_NESTING`
 value) is stored whole, as a template without holes.  Rebuilding puts back each value's decimal
 text, so every mapping's text comes back byte for byte.
 
-``split_args`` and ``splice_args`` use the C ``split_args`` / ``splice_args``
-(``_csrc/compact_args.c``, ``_csrc/compact_splice.c``) when the extension is built; ``split_args_python`` and
-``splice_args_python`` are their twins and give the same bytes.  A malformed payload is a
-``ValueError``.
+``split_args`` and ``splice_args`` use the C ``split_args`` and ``splice_args``
+(``_csrc/compact_args.c``, ``_csrc/compact_splice.c``) when the extension is built;
+``split_args_python`` and ``splice_args_python`` are their twins and give the same bytes (the C
+writer also guesses each text's template from the ones before and checks it against the text,
+which finds the same template the scan would).  A malformed payload is a ``ValueError``.
 """
 
 from __future__ import annotations
@@ -39,10 +41,10 @@ from stepscope.trace.compact_varint import pack_python, unpack_python
 
 __all__ = [
     "MAX_NESTING",
-    "split_args",
-    "split_args_python",
     "splice_args",
     "splice_args_python",
+    "split_args",
+    "split_args_python",
 ]
 
 MAX_NESTING = 64
@@ -85,24 +87,29 @@ def _nested_end(text: bytes, at: int) -> int:
             return at
 
 
+def _after_blanks(text: bytes, at: int) -> int:
+    found = _WS.match(text, at)
+    return at if found is None else found.end()
+
+
 def _holes(text: bytes) -> list[tuple[int, int, bytes, int]] | None:
     """The top-level plain integers of an object's text as (start, end, key, value), or None
     when the text does not scan cleanly."""
-    n, ws = len(text), _WS.match
-    at = ws(text, 0).end()
+    n, ws = len(text), _after_blanks
+    at = ws(text, 0)
     if text[at : at + 1] != b"{":
         return None
-    at = ws(text, at + 1).end()
+    at = ws(text, at + 1)
     holes: list[tuple[int, int, bytes, int]] = []
     if text[at : at + 1] != b"}":
         while True:
             key = _STRING.match(text, at)
             if key is None:
                 return None
-            at = ws(text, key.end()).end()
+            at = ws(text, key.end())
             if text[at : at + 1] != b":":
                 return None
-            at = ws(text, at + 1).end()
+            at = ws(text, at + 1)
             first = text[at : at + 1]
             if first == b'"':
                 s = _STRING.match(text, at)
@@ -129,16 +136,18 @@ def _holes(text: bytes) -> list[tuple[int, int, bytes, int]] | None:
                     if len(literal) <= 20 and literal != b"-0":
                         value = int(literal)
                         if -(2**63) <= value < 2**63:
-                            holes.append((at, num.end(), text[key.start() + 1 : key.end() - 1], value))
+                            holes.append(
+                                (at, num.end(), text[key.start() + 1 : key.end() - 1], value)
+                            )
                 at = num.end()
-            at = ws(text, at).end()
+            at = ws(text, at)
             sep = text[at : at + 1]
             if sep == b"}":
                 break
             if sep != b",":
                 return None
-            at = ws(text, at + 1).end()
-    at = ws(text, at + 1).end()
+            at = ws(text, at + 1)
+    at = ws(text, at + 1)
     return holes if at == n else None
 
 
@@ -171,8 +180,8 @@ def split_args_python(args: Sequence[Mapping[str, Any]]) -> tuple[bytes, array[i
     parts = [varint(len(rows)), varint(len(templates)), varint(len(keys))]
     for key in keys:
         parts += (varint(len(key)), key)
-    for found, (_, head, of) in templates.items():
-        parts += (head, b"".join(map(varint, of)), found[len(head) :])
+    for found, (_, numbers, of) in templates.items():
+        parts += (numbers, b"".join(map(varint, of)), found[len(numbers) :])
     parts.append(b"".join(map(varint, rows)))
     for values in columns:
         packed = pack_python(array("q", values), "q", True)

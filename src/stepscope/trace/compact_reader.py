@@ -17,6 +17,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from stepscope.trace.compact_args import splice_args
 from stepscope.trace.compact_format import (
     ARGS,
     BLOCK,
@@ -29,7 +30,6 @@ from stepscope.trace.compact_format import (
     VERSION,
     CompactTraceError,
 )
-from stepscope.trace.compact_args import splice_args
 from stepscope.trace.compact_varint import unpack_column
 from stepscope.trace.layouts import TABLE_LAYOUTS
 from stepscope.trace.model import Table, Trace
@@ -98,7 +98,7 @@ def _version(raw: bytes) -> int:
     return version
 
 
-def _sections(raw: bytes) -> list[tuple[bytes, bytes]]:
+def _sections(raw: bytes, version: int) -> list[tuple[bytes, bytes]]:
     cur = _Cursor(raw, "file")
     cur.at = len(MAGIC) + 1
     sections: list[tuple[bytes, bytes]] = []
@@ -124,11 +124,11 @@ def _sections(raw: bytes) -> list[tuple[bytes, bytes]]:
         if zlib.crc32(data) != crc:
             raise _Bad(f"damaged: section at byte {start} fails its checksum")
         try:
-            decomp = zlib.decompressobj()
+            decomp = zlib.decompressobj(-15 if version > 1 else 15)  # v1: zlib-wrapped
             payload = decomp.decompress(data, size + 1)
         except zlib.error as exc:
             raise _Bad(f"damaged: section at byte {start} does not inflate ({exc})") from None
-        if len(payload) != size or not decomp.eof:
+        if len(payload) != size or not decomp.eof or decomp.unused_data:
             raise _Bad(f"damaged: section at byte {start} inflates to another size than announced")
         if kind == END:
             end = _Cursor(payload, "end marker")
@@ -284,7 +284,7 @@ def read_compact_trace(path: str | os.PathLike[str]) -> Trace:
         raise CompactTraceError(f"{p}: is a directory, not a trace file") from None
     try:
         version = _version(raw)
-        return _trace(_sections(raw), version)
+        return _trace(_sections(raw, version), version)
     except _Bad as exc:
         raise CompactTraceError(f"{p}: {exc}") from None
     except (UnicodeDecodeError, ValueError, TypeError) as exc:

@@ -47,7 +47,7 @@ def pack_python(
     prev = 0
     zeros = array("q", bytes(memoryview(empty))) if empty is not None else array("q")
     for v in values:
-        if v < floor or 0 <= v < len(zeros) and not zeros[v]:
+        if v < floor or (0 <= v < len(zeros) and not zeros[v]):
             v = floor
         if delta:
             v, prev = _wrap(v - prev), v
