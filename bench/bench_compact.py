@@ -3,7 +3,8 @@
 Two windows: the Python-call workload of ``bench_tracer.py`` (fib + method calls under the
 function tracer) and a torch window (a small MLP's training steps with torch ops, shapes, memory
 and stacks).  For each: bytes per event of ``.json``, ``.json.gz`` and ``.sstrace``, and the time
-from the window's ``Trace`` to a written file (encode + write), best of rounds, interleaved.
+from the window's ``Trace`` to a written file (encode + write), best of rounds, interleaved (each
+round starts with another writer, so no writer always runs in the caches another one left).
 Targets: compact <= 4 B/event on the Python-call workload, <= 0.1x the Chrome JSON's bytes on the
 torch window, and its write time <= 0.3x the Chrome JSON's.
 """
@@ -51,13 +52,15 @@ def measure(name: str, trace: Trace, rounds: int) -> dict[str, float]:
     events = trace.event_count() + len(trace.samples)
     best = {"json": 1e9, "json.gz": 1e9, "sstrace": 1e9}
     sizes = {}
+    writers = [
+        ("json", write_chrome_trace),
+        ("json.gz", write_chrome_trace),
+        ("sstrace", write_compact_trace),
+    ]
     with tempfile.TemporaryDirectory() as tmp:
-        for _ in range(rounds):
-            for suffix, write in (
-                ("json", write_chrome_trace),
-                ("json.gz", write_chrome_trace),
-                ("sstrace", write_compact_trace),
-            ):
+        for r in range(rounds):
+            # each round starts with the next writer: none always follows the 1 MB gzip write
+            for suffix, write in writers[r % 3 :] + writers[: r % 3]:
                 path = Path(tmp) / f"w.{suffix}"
                 t0 = time.perf_counter()
                 write(trace, path)
@@ -79,7 +82,8 @@ def main() -> int:
     quick = "--quick" in sys.argv
     rounds = 3 if quick else 5
     py = measure("Python-call workload", python_window(quick), rounds)
-    tw = measure("torch window", torch_window(quick), rounds)
+    # a torch window writes in a few ms: more rounds, so a loaded machine's spikes fall out
+    tw = measure("torch window", torch_window(quick), 4 * rounds)
     ok = py["b_per_event"] <= 4 and tw["bytes_ratio"] <= 0.1
     ok = ok and py["time_ratio"] <= 0.3 and tw["time_ratio"] <= 0.3
     print("targets met" if ok else "targets NOT all met")

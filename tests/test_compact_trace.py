@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 import shutil
+import zlib
 from array import array
 from pathlib import Path
 
@@ -13,17 +14,12 @@ import pytest
 import stepscope
 from stepscope._ext import native
 from stepscope.cli import main
-from stepscope.jsonenc import RawJsonObject, json_bytes
 from stepscope.trace.chrome_reader import read_chrome_trace
 from stepscope.trace.chrome_writer import write_chrome_trace
+from stepscope.trace.compact_deflate import PROBE_BYTES, Deflater
 from stepscope.trace.compact_format import MAGIC, CompactTraceError
 from stepscope.trace.compact_reader import read_compact_trace
-from stepscope.trace.compact_varint import (
-    args_texts,
-    args_texts_python,
-    pack_python,
-    unpack_python,
-)
+from stepscope.trace.compact_varint import pack_column, pack_python, unpack_python
 from stepscope.trace.compact_writer import write_compact_trace
 from stepscope.trace.loading import read_trace_file
 from stepscope.trace.model import Trace
@@ -147,24 +143,33 @@ def test_varint_twins_agree_with_the_extension() -> None:
     )
 
 
-def test_args_texts_and_column_min_twins_agree_with_the_extension() -> None:
-    parsed = RawJsonObject(b'{"a":1,"b":[2,3]}', 2)
-    assert parsed["a"] == 1  # parsed: its key count now comes from the dict
-    args = [
-        RawJsonObject(b'{"External id":7,"x":"\xc3\xa9"}', 2),
-        parsed,
-        {},
-        {"n": float("nan"), "s": {1, 2}, "u": "\ud800", 3: None},
-        {"k": [1, 2.5, "v"]},
-    ]
-    twin = args_texts_python(args)
-    assert twin[0] == b"".join(json_bytes(a) for a in args)
-    assert list(twin[2]) == [2, 2, 0, 4, 1]
-    assert args_texts(args) == twin
-    assert args_texts([]) == (b"", array("q"), array("q"))
+def test_column_min_and_empty_refs_twins_agree_with_the_extension() -> None:
     for values in (array("q"), array("q", [5, -(2**63), 2**63 - 1, 0]), array("q", [3])):
         assert column_min_python(values) == column_min(values) == min(values, default=None)
         assert column_min(memoryview(values)) == column_min_python(memoryview(values))
+    # args refs to empty mappings (a key count of 0) are written as none, as -1 is
+    refs, sizes = array("i", [0, 1, -1, 2, 3, -5, 1]), array("q", [2, 0, 1, 0])
+    expected = pack_python(array("i", [0, -1, -1, 2, -1, -1, -1]), "i", True)
+    assert pack_python(refs, "i", True, -1, sizes) == expected
+    assert pack_column(refs, "i", True, -1, sizes) == expected
+
+
+def test_each_section_inflates_alone_and_unrepeating_columns_are_stored() -> None:
+    deflater = Deflater(1)
+    noise = random.Random(5).randbytes(8 * PROBE_BYTES)
+    repeats = bytes(range(64)) * 128
+    sections = [
+        [(b"head", False), (noise, True), (repeats, True), (b"tail", False)],
+        [],
+        [(repeats, False)],
+    ]
+    streams = [deflater.stream(parts) for parts in sections]
+    for parts, stream in zip(sections, streams, strict=True):
+        inflater = zlib.decompressobj(-15)
+        assert inflater.decompress(stream) == b"".join(data for data, _ in parts)
+        assert inflater.eof and not inflater.unused_data
+    # the noise stored past its probe, the repeats compressed
+    assert len(noise) < len(streams[0]) < len(noise) + len(repeats) // 8
 
 
 def test_trace_handler_writes_the_chosen_format(tmp_path: Path) -> None:

@@ -55,8 +55,8 @@ REQUIRED = (
     "remap_column",
     "int_args",
     "pack_varints",
-    "args_texts",
     "column_min",
+    "split_args",
     "nest_spans",
     "RecordFunction",
     "_tracer_start",
@@ -84,8 +84,9 @@ if TYPE_CHECKING:
         int_args = staticmethod(_native.int_args)
         pack_varints = staticmethod(_native.pack_varints)
         unpack_varints = staticmethod(_native.unpack_varints)
-        args_texts = staticmethod(_native.args_texts)
         column_min = staticmethod(_native.column_min)
+        split_args = staticmethod(_native.split_args)
+        splice_args = staticmethod(_native.splice_args)
         nest_spans = staticmethod(_native.nest_spans)
         RecordFunction = _native.RecordFunction
         _annotations_start = staticmethod(_native._annotations_start)

@@ -73,23 +73,35 @@ def remap_column(
     """A column re-based for another builder: mode 0 string ids and 1 pid/tid labels through
     ``table``, 2 times and 3 args refs (-1 stays) plus ``offset``."""
 
-def pack_varints(column: ReadableBuffer, typecode: str, delta: bool, floor: int = ..., /) -> bytes:
+def pack_varints(
+    column: ReadableBuffer,
+    typecode: str,
+    delta: bool,
+    floor: int = ...,
+    empty: ReadableBuffer = ...,
+    /,
+) -> bytes:
     """A column (typecode B, I, i or q) as LEB128 varints, zigzag for signed or delta-coded;
-    values below ``floor`` are written as ``floor``."""
+    values below ``floor``, and those that index a zero of the int64 column ``empty``, are
+    written as ``floor``."""
 
 def unpack_varints(
     data: ReadableBuffer, offset: int, count: int, typecode: str, delta: bool, /
 ) -> tuple[bytes, int]:
     """``count`` varints from ``offset`` back to the column's bytes, and the end offset."""
 
-def args_texts(
-    args: Sequence[object], raw_type: type, fallback: Callable[[object], bytes], /
-) -> tuple[bytes, bytes, bytes]:
-    """Args mappings as their JSON texts joined (a ``raw_type`` object's own ``raw`` text, any
-    other through ``fallback``), with each text's length and each key count as int64 bytes."""
-
 def column_min(column: ReadableBuffer, /) -> int | None:
     """The smallest value of an int64 (typecode q) column, None when it is empty."""
+
+def split_args(
+    args: Sequence[object], raw_type: type, fallback: Callable[[object], bytes], /
+) -> tuple[bytes, bytes]:
+    """The compact form's ARGS payload (version 2: templates and integer columns) of args
+    mappings (a ``raw_type`` object's own ``raw`` text, any other through ``fallback``), and
+    each one's key count as int64 bytes."""
+
+def splice_args(payload: ReadableBuffer, /) -> tuple[list[bytes], bytes]:
+    """Each mapping's text back from an ARGS payload, and the key counts as int64 bytes."""
 
 def int_args(
     rows: Sequence[object], keys: tuple[bytes, ...], /

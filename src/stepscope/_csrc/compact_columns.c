@@ -2,14 +2,13 @@
  *
  * pack_varints turns a column (an array of typecode B, I, i or q) into varints: signed columns and
  * delta-coded ones (each value minus the one before) are zigzag-mapped first, so small negative
- * numbers stay short; values below `floor` (optional) are written as `floor`.  unpack_varints reads `count` of them back from `offset` into the column's
+ * numbers stay short; values below `floor` (optional) are written as `floor`, and so are those that
+ * index a zero of `empty` (optional, an int64 column: the args refs of empty mappings, which the
+ * Chrome file leaves out).  unpack_varints reads `count` of them back from `offset` into the column's
  * bytes and says where it stopped; a truncated stream, a varint of more than 64 bits or a value
  * that does not fit the typecode is a ValueError (the reader names the file).
  *
- * args_texts renders a trace's args mappings for the ARGS section in one pass: each mapping's
- * compact JSON text (a RawJsonObject's own text, anything else through the Python fallback),
- * joined, with each text's length and each mapping's key count as int64 columns.  column_min is
- * the smallest value of an int64 column (None when empty). */
+ * column_min is the smallest value of an int64 column (None when empty). */
 #include "stepscope_native.h"
 
 #include <stdint.h>
@@ -33,13 +32,15 @@ static int64_t load(const char *p, int width, int is_signed) {
 }
 
 static PyObject *pack_varints(PyObject *self, PyObject *args) {
-    Py_buffer col;
+    Py_buffer col, empty = {0};
     int code, delta;
     long long floor = INT64_MIN;
-    if (!PyArg_ParseTuple(args, "y*Cp|L:pack_varints", &col, &code, &delta, &floor)) return NULL;
+    if (!PyArg_ParseTuple(args, "y*Cp|Ly*:pack_varints", &col, &code, &delta, &floor, &empty)) return NULL;
     int is_signed, width = width_of(code, &is_signed);
     PyObject *out = NULL;
-    if (width == 0 || col.len % width != 0) {
+    const int64_t *zeros = empty.buf;
+    int64_t nzeros = empty.buf ? empty.len / 8 : 0;
+    if (width == 0 || col.len % width != 0 || (empty.buf && empty.len % 8 != 0)) {
         PyErr_SetString(PyExc_ValueError, "pack_varints: bad typecode or column length");
         goto done;
     }
@@ -53,7 +54,7 @@ static PyObject *pack_varints(PyObject *self, PyObject *args) {
     for (Py_ssize_t i = 0; i < n; i++) {
         int64_t v = load(src + i * width, width, is_signed);
         uint64_t u;
-        if (v < floor) v = floor;
+        if (v < floor || (v >= 0 && v < nzeros && zeros[v] == 0)) v = floor;
         if (delta) {
             uint64_t d = (uint64_t)v - (uint64_t)prev; /* wraps like the twin's mask */
             prev = v;
@@ -69,6 +70,7 @@ static PyObject *pack_varints(PyObject *self, PyObject *args) {
     _PyBytes_Resize(&out, dst - start);
 done:
     PyBuffer_Release(&col);
+    if (empty.buf) PyBuffer_Release(&empty);
     return out;
 }
 
@@ -132,72 +134,6 @@ done:
     return result;
 }
 
-static PyObject *s_raw, *s_parsed, *s_size; /* interned attribute names */
-
-/* A RawJsonObject's key count as its __len__ gives it: _size until parsed, then the dict's. */
-static Py_ssize_t raw_size(PyObject *obj) {
-    PyObject *parsed = PyObject_GetAttr(obj, s_parsed);
-    if (parsed == NULL) return -1;
-    Py_ssize_t n;
-    if (parsed == Py_None) {
-        PyObject *size = PyObject_GetAttr(obj, s_size);
-        n = size == NULL ? -1 : PyLong_AsSsize_t(size);
-        Py_XDECREF(size);
-    } else {
-        n = PyObject_Size(parsed);
-    }
-    Py_DECREF(parsed);
-    return n;
-}
-
-static PyObject *args_texts(PyObject *self, PyObject *args) {
-    PyObject *seq, *raw_type, *fallback;
-    if (!PyArg_ParseTuple(args, "OOO:args_texts", &seq, &raw_type, &fallback)) return NULL;
-    PyObject *items = PySequence_Fast(seq, "args_texts: args must be a sequence");
-    if (items == NULL) return NULL;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(items);
-    PyObject *texts = PyList_New(n), *lengths = PyBytes_FromStringAndSize(NULL, n * 8);
-    PyObject *sizes = PyBytes_FromStringAndSize(NULL, n * 8), *joined = NULL, *result = NULL;
-    if (texts == NULL || lengths == NULL || sizes == NULL) goto done;
-    int64_t *len_out = (int64_t *)PyBytes_AS_STRING(lengths);
-    int64_t *size_out = (int64_t *)PyBytes_AS_STRING(sizes);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *obj = PySequence_Fast_GET_ITEM(items, i), *text;
-        Py_ssize_t size;
-        if ((PyObject *)Py_TYPE(obj) == raw_type) {
-            text = PyObject_GetAttr(obj, s_raw);
-            size = text == NULL ? -1 : raw_size(obj);
-        } else {
-            text = PyObject_CallOneArg(fallback, obj);
-            size = text == NULL ? -1 : PyObject_Size(obj);
-        }
-        if (text == NULL || size < 0) {
-            Py_XDECREF(text);
-            goto done;
-        }
-        if (!PyBytes_Check(text)) {
-            Py_DECREF(text);
-            PyErr_SetString(PyExc_TypeError, "args_texts: an args text is not bytes");
-            goto done;
-        }
-        len_out[i] = (int64_t)PyBytes_GET_SIZE(text);
-        size_out[i] = (int64_t)size;
-        PyList_SET_ITEM(texts, i, text);
-    }
-    PyObject *empty = PyBytes_FromStringAndSize(NULL, 0);
-    if (empty == NULL) goto done;
-    joined = _PyBytes_Join(empty, texts);
-    Py_DECREF(empty);
-    if (joined != NULL) result = PyTuple_Pack(3, joined, lengths, sizes);
-done:
-    Py_XDECREF(joined);
-    Py_XDECREF(texts);
-    Py_XDECREF(lengths);
-    Py_XDECREF(sizes);
-    Py_DECREF(items);
-    return result;
-}
-
 static PyObject *column_min(PyObject *self, PyObject *arg) {
     Py_buffer col;
     if (PyObject_GetBuffer(arg, &col, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return NULL;
@@ -219,20 +155,13 @@ static PyObject *column_min(PyObject *self, PyObject *arg) {
 }
 
 static PyMethodDef compact_methods[] = {
-    {"args_texts", args_texts, METH_VARARGS,
-     "args_texts(args, raw_type, fallback) -> (joined texts, int64 lengths, int64 key counts)."},
     {"column_min", column_min, METH_O, "column_min(int64 column) -> its smallest value or None."},
     {"pack_varints", pack_varints, METH_VARARGS,
-     "pack_varints(column, typecode, delta, floor=INT64_MIN) -> bytes: a column as (zigzag, delta) varints."},
+     "pack_varints(column, typecode, delta, floor=INT64_MIN, empty=None) -> bytes: a column as (zigzag, "
+     "delta) varints."},
     {"unpack_varints", unpack_varints, METH_VARARGS,
      "unpack_varints(data, offset, count, typecode, delta) -> (column bytes, end offset)."},
     {NULL, NULL, 0, NULL},
 };
 
-int ss_compact_columns_init(PyObject *module) {
-    s_raw = PyUnicode_InternFromString("raw");
-    s_parsed = PyUnicode_InternFromString("_parsed");
-    s_size = PyUnicode_InternFromString("_size");
-    if (s_raw == NULL || s_parsed == NULL || s_size == NULL) return -1;
-    return PyModule_AddFunctions(module, compact_methods);
-}
+int ss_compact_columns_init(PyObject *module) { return PyModule_AddFunctions(module, compact_methods); }

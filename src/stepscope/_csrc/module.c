@@ -7,7 +7,7 @@ static struct PyModuleDef native_module = {
     .m_name = "stepscope._native",
     .m_doc = "C parts of stepscope: the clock, the Chrome trace writer and reader, record_function, "
              "the function tracer, the stack sampler, the step recorder's ring, the allocation "
-             "hook, span nesting and the compact form's columns (stepscope._ext chooses them or "
+             "hook, span nesting and the compact form's columns and args (stepscope._ext chooses them or "
              "their pure-Python twins).",
     .m_size = -1,
 };
@@ -22,7 +22,8 @@ PyMODINIT_FUNC PyInit__native(void) {
         ss_chrome_args_init(module) < 0 ||
         ss_chrome_scanner_init(module) < 0 || ss_step_times_init(module) < 0 ||
         ss_alloc_hook_init(module) < 0 || ss_span_nesting_init(module) < 0 ||
-        ss_compact_columns_init(module) < 0) {
+        ss_compact_columns_init(module) < 0 || ss_compact_args_init(module) < 0 ||
+        ss_compact_splice_init(module) < 0) {
         Py_DECREF(module);
         return NULL;
     }

@@ -24,5 +24,7 @@ int ss_step_times_init(PyObject *module);
 int ss_alloc_hook_init(PyObject *module);
 int ss_span_nesting_init(PyObject *module);
 int ss_compact_columns_init(PyObject *module);
+int ss_compact_args_init(PyObject *module);
+int ss_compact_splice_init(PyObject *module);
 
 #endif

@@ -2,17 +2,20 @@
 
 A file is ``MAGIC``, a format version (one byte), then sections, each ``kind`` (one byte),
 the payload's size before and after compression (varints), the CRC-32 of the compressed bytes
-(4 bytes, little-endian) and the zlib-compressed payload; the last section is ``END`` (its
-payload: the number of sections before it), so a truncated file is told from a whole one.
+(4 bytes, little-endian) and the compressed payload, a raw deflate stream (RFC 1951; version 1:
+a zlib stream); the last section is ``END`` (its payload: the number of sections before it), so
+a truncated file is told from a whole one.
 
 Sections: ``HEADER`` (JSON: base time, name, metadata, device properties, distributed info),
-``STRINGS`` (the string table: a count, then each string's UTF-8 length and bytes), ``ARGS`` (a
-count, then each mapping's key count, length and compact JSON text), and any number of
-``BLOCK`` sections: one table's rows (up to ``BLOCK_ROWS``) as columns of varints
+``STRINGS`` (the string table: a count, then each string's UTF-8 length and bytes), ``ARGS``
+(version 2: the mappings as templates and integer columns, :mod:`stepscope.trace.compact_args`;
+version 1: a count, then each mapping's key count, length and compact JSON text), and any
+number of ``BLOCK`` sections: one table's rows (up to ``BLOCK_ROWS``) as columns of varints
 (:mod:`stepscope.trace.compact_varint`), each column's coding in ``COLUMN_CODING``; time
 columns and ids that grow are delta-coded, floats are 8 raw bytes.  What a Chrome file holds
 is what this form holds: spans' ``python_ids`` args and empty args are left out as the Chrome
-writer leaves them out, so both read back to the same trace.
+writer leaves them out, so both read back to the same trace.  The reader reads versions 1 to
+``VERSION``.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ __all__ = [
 
 MAGIC = b"\x89SSTRACE\r\n\x1a\n"
 """The first bytes of every compact trace (a PNG-style signature: binary, never text)."""
-VERSION = 1
+VERSION = 2
 COMPACT_SUFFIX = ".sstrace"
 """The file name suffix of the compact form."""
 

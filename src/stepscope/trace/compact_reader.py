@@ -17,6 +17,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from stepscope.trace.compact_args import splice_args
 from stepscope.trace.compact_format import (
     ARGS,
     BLOCK,
@@ -83,16 +84,21 @@ def is_compact_trace(path: Path) -> bool:
         return False
 
 
-def _sections(raw: bytes) -> list[tuple[bytes, bytes]]:
+def _version(raw: bytes) -> int:
     if raw[: len(MAGIC)] != MAGIC:
         raise _Bad("not a compact trace (its first bytes are not the compact form's signature)")
     if len(raw) <= len(MAGIC):
         raise _Bad("truncated: the file ends after its signature")
-    if raw[len(MAGIC)] != VERSION:
+    version = raw[len(MAGIC)]
+    if not 1 <= version <= VERSION:
         raise _Bad(
-            f"compact trace format version {raw[len(MAGIC)]}, this stepscope reads version "
+            f"compact trace format version {version}, this stepscope reads versions 1 to "
             f"{VERSION}: upgrade stepscope"
         )
+    return version
+
+
+def _sections(raw: bytes, version: int) -> list[tuple[bytes, bytes]]:
     cur = _Cursor(raw, "file")
     cur.at = len(MAGIC) + 1
     sections: list[tuple[bytes, bytes]] = []
@@ -118,11 +124,11 @@ def _sections(raw: bytes) -> list[tuple[bytes, bytes]]:
         if zlib.crc32(data) != crc:
             raise _Bad(f"damaged: section at byte {start} fails its checksum")
         try:
-            decomp = zlib.decompressobj()
+            decomp = zlib.decompressobj(-15 if version > 1 else 15)  # v1: zlib-wrapped
             payload = decomp.decompress(data, size + 1)
         except zlib.error as exc:
             raise _Bad(f"damaged: section at byte {start} does not inflate ({exc})") from None
-        if len(payload) != size or not decomp.eof:
+        if len(payload) != size or not decomp.eof or decomp.unused_data:
             raise _Bad(f"damaged: section at byte {start} inflates to another size than announced")
         if kind == END:
             end = _Cursor(payload, "end marker")
@@ -147,7 +153,7 @@ def _numbers(cur: _Cursor, count: int) -> array[int]:
 
 
 def _texts(payload: bytes, what: str, sized: bool) -> tuple[list[bytes], array[int]]:
-    """The texts of a strings or args section (and their sizes: ``sized``)."""
+    """The texts of a strings or version-1 args section (and their sizes: ``sized``)."""
     cur = _Cursor(payload, what)
     count = cur.varint()
     lengths = _numbers(cur, count)
@@ -165,8 +171,14 @@ def _strings(payload: bytes) -> tuple[str, ...]:
     return tuple(t.decode("utf-8") for t in _texts(payload, "string table", False)[0])
 
 
-def _args(payload: bytes) -> tuple[Any, ...]:
-    texts, sizes = _texts(payload, "args table", True)
+def _args(payload: bytes, version: int) -> tuple[Any, ...]:
+    if version == 1:
+        texts, sizes = _texts(payload, "args table", True)
+    else:
+        try:
+            texts, sizes = splice_args(payload)
+        except ValueError as exc:
+            raise _Bad(f"damaged: {exc}") from None
     if any(t[:1] != b"{" for t in texts):
         raise _Bad("args table: an entry is not a JSON object")
     return tuple(map(RawArgs, texts, sizes))
@@ -228,7 +240,7 @@ def _check_refs(trace: Trace) -> None:
         raise _Bad("samples: a stack beyond the stacks table")
 
 
-def _trace(sections: list[tuple[bytes, bytes]]) -> Trace:
+def _trace(sections: list[tuple[bytes, bytes]], version: int) -> Trace:
     kinds = [kind for kind, _ in sections[:3]]
     if kinds != [HEADER, STRINGS, ARGS]:
         raise _Bad("damaged: the header, string and args sections are not where they belong")
@@ -238,7 +250,7 @@ def _trace(sections: list[tuple[bytes, bytes]]) -> Trace:
         raise _Bad(f"damaged header: {exc}") from None
     if not isinstance(head, dict) or not isinstance(head.get("base_time_ns"), int):
         raise _Bad("damaged header: no base time")
-    strings, args = _strings(sections[1][1]), _args(sections[2][1])
+    strings, args = _strings(sections[1][1]), _args(sections[2][1], version)
     columns = {t: {name: array(code) for name, code in lay} for t, lay in TABLE_LAYOUTS.items()}
     for kind, payload in sections[3:]:
         if kind != BLOCK:
@@ -271,7 +283,8 @@ def read_compact_trace(path: str | os.PathLike[str]) -> Trace:
     except IsADirectoryError:
         raise CompactTraceError(f"{p}: is a directory, not a trace file") from None
     try:
-        return _trace(_sections(raw))
+        version = _version(raw)
+        return _trace(_sections(raw, version), version)
     except _Bad as exc:
         raise CompactTraceError(f"{p}: {exc}") from None
     except (UnicodeDecodeError, ValueError, TypeError) as exc:

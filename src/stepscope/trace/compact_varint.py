@@ -1,9 +1,8 @@
 """Columns as LEB128 varints for the compact trace form: zigzag for signed or delta-coded ones.
 
-``pack_column``, ``unpack_column`` and ``args_texts`` use the C ``pack_varints`` /
-``unpack_varints`` / ``args_texts`` (``_csrc/compact_columns.c``) when the extension is built;
-``pack_python``, ``unpack_python`` and ``args_texts_python`` are their twins and give the same
-bytes.  A truncated or malformed stream is a ``ValueError``.
+``pack_column`` and ``unpack_column`` use the C ``pack_varints`` / ``unpack_varints``
+(``_csrc/compact_columns.c``) when the extension is built; ``pack_python`` and ``unpack_python``
+are their twins and give the same bytes.  A truncated or malformed stream is a ``ValueError``.
 """
 
 from __future__ import annotations
@@ -12,11 +11,8 @@ from array import array
 from typing import Any
 
 from stepscope._ext import native
-from stepscope.jsonenc import RawJsonObject, json_bytes
 
 __all__ = [
-    "args_texts",
-    "args_texts_python",
     "pack_column",
     "pack_python",
     "unpack_column",
@@ -39,16 +35,19 @@ def _wrap(v: int) -> int:
     return v - (1 << 64) if v >> 63 else v
 
 
-def pack_python(values: Any, typecode: str, delta: bool, floor: int = -(2**63)) -> bytes:
-    """Twin of the C ``pack_varints``: the values (those below ``floor`` as ``floor``) as
-    (zigzag, delta-coded) varints."""
-    if typecode not in _BOUNDS:
+def pack_python(
+    values: Any, typecode: str, delta: bool, floor: int = -(2**63), empty: Any = None
+) -> bytes:
+    """Twin of the C ``pack_varints``: the values (those below ``floor``, and those that index a
+    zero of ``empty``, as ``floor``) as (zigzag, delta-coded) varints."""
+    if typecode not in _BOUNDS or (empty is not None and memoryview(empty).nbytes % 8):
         raise ValueError("pack_varints: bad typecode or column length")
     zigzag = delta or typecode in "iq"
     out = bytearray()
     prev = 0
+    zeros = array("q", bytes(memoryview(empty))) if empty is not None else array("q")
     for v in values:
-        if v < floor:
+        if v < floor or (0 <= v < len(zeros) and not zeros[v]):
             v = floor
         if delta:
             v, prev = _wrap(v - prev), v
@@ -91,13 +90,18 @@ def unpack_python(
     return out.tobytes(), at
 
 
-def pack_column(values: Any, typecode: str, delta: bool, floor: int = -(2**63)) -> bytes:
+def pack_column(
+    values: Any, typecode: str, delta: bool, floor: int = -(2**63), empty: Any = None
+) -> bytes:
     """A column (array or memoryview of ``typecode`` B, I, i or q) as varints, values below
-    ``floor`` written as ``floor``."""
+    ``floor`` written as ``floor``; so are those that index a zero of ``empty`` (an int64
+    column: an args ref to an empty mapping is no args)."""
     mod = native()
     if mod is None:
-        return pack_python(values, typecode, delta, floor)
-    return mod.pack_varints(values, typecode, delta, floor)
+        return pack_python(values, typecode, delta, floor, empty)
+    if empty is None:
+        return mod.pack_varints(values, typecode, delta, floor)
+    return mod.pack_varints(values, typecode, delta, floor, empty)
 
 
 def unpack_column(
@@ -108,20 +112,3 @@ def unpack_column(
     if mod is None:
         return unpack_python(data, offset, count, typecode, delta)
     return mod.unpack_varints(data, offset, count, typecode, delta)
-
-
-def args_texts_python(args: Any) -> tuple[bytes, array[int], array[int]]:
-    """Twin of the C ``args_texts``: the mappings' JSON texts joined, each text's length and each
-    mapping's key count."""
-    texts = [json_bytes(a) for a in args]
-    return b"".join(texts), array("q", map(len, texts)), array("q", map(len, args))
-
-
-def args_texts(args: Any) -> tuple[bytes, array[int], array[int]]:
-    """The args mappings (a sequence) as their compact JSON texts joined, each text's length and
-    each mapping's key count."""
-    mod = native()
-    if mod is None:
-        return args_texts_python(args)
-    joined, lengths, sizes = mod.args_texts(args, RawJsonObject, json_bytes)
-    return joined, array("q", lengths), array("q", sizes)

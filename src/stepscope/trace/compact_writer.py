@@ -1,7 +1,7 @@
 """The compact binary trace form: the writer (layout in :mod:`stepscope.trace.compact_format`).
 
 The trace's tables are written column by column in blocks of ``BLOCK_ROWS`` rows, each column
-as varints (times and growing ids delta-coded), each block zlib-compressed; times are rebased to
+as varints (times and growing ids delta-coded), each block deflated; times are rebased to
 the whole second before the earliest event, as the Chrome writer does, so the file reads back to
 the same ``Trace`` that the Chrome file of the same window reads back to.  The file appears
 under its name only once complete (``atomic_output``).
@@ -17,11 +17,13 @@ from array import array
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, NamedTuple
+from typing import Any
 
 from stepscope.atomic import atomic_output, ensure_parent
 from stepscope.jsonenc import json_bytes, utf8
 from stepscope.trace.chrome_writer import WriteStats
+from stepscope.trace.compact_args import split_args
+from stepscope.trace.compact_deflate import Deflater, Parts
 from stepscope.trace.compact_format import (
     ARGS,
     BLOCK,
@@ -35,7 +37,7 @@ from stepscope.trace.compact_format import (
     VERSION,
     varint,
 )
-from stepscope.trace.compact_varint import args_texts, pack_column
+from stepscope.trace.compact_varint import pack_column
 from stepscope.trace.layouts import TABLE_LAYOUTS
 from stepscope.trace.model import Trace
 from stepscope.trace.remap import TIMES, remapped
@@ -44,24 +46,33 @@ from stepscope.trace.timebase import file_base
 __all__ = ["DEFAULT_LEVEL", "compact_sections", "write_compact_trace"]
 
 DEFAULT_LEVEL = 1
-"""zlib level of each block (1: varint columns compress nearly as well as at 6, 5-20x faster)."""
+"""zlib level of each section (1: varint columns compress nearly as well as at 6, 5-20x
+faster)."""
 PARALLEL_BYTES = 1 << 18
-"""Payloads from this size on are compressed on worker threads while the next are encoded."""
-_WORKERS = max(1, min(4, (os.cpu_count() or 1) - 1))
+"""Payloads from this size on are compressed on worker threads while the next are encoded
+(from the second one on, and where there is more than one core)."""
+_WORKERS = max(0, min(4, (os.cpu_count() or 1) - 1))
 _TIME_COLUMNS = ("start_ns", "ts_ns")
+_FLAGGED = frozenset(("start_ns", "ts_ns", "dur_ns", "value"))
+"""Columns whose values may hardly repeat (a torch window's times): see ``Deflater``."""
 
 
-def _section(kind: bytes, payload: bytes, level: int) -> bytes:
-    packed = zlib.compress(payload, level)
+def _section(kind: bytes, parts: Parts, deflater: Deflater) -> bytes:
+    packed = deflater.stream(parts)
     return b"".join(
         (
             kind,
-            varint(len(payload)),
+            varint(sum(len(data) for data, _ in parts)),
             varint(len(packed)),
             struct.pack("<I", zlib.crc32(packed)),
             packed,
         )
     )
+
+
+def _pooled_section(kind: bytes, parts: Parts, level: int) -> bytes:
+    """A section compressed on a worker thread (its own compressor: a large payload's)."""
+    return _section(kind, parts, Deflater(level))
 
 
 def _header(trace: Trace, base: int, name: str) -> bytes:
@@ -80,67 +91,46 @@ def _header(trace: Trace, base: int, name: str) -> bytes:
     )
 
 
-def _texts(joined: bytes, lengths: array[int], sizes: array[int] | None = None) -> bytes:
-    """A count, each text's length (and ``sizes``) as varints, then the texts one after another."""
-    packed = pack_column(lengths, "q", False)
-    parts = [varint(len(lengths)), varint(len(packed)), packed]
-    if sizes is not None:
-        packed = pack_column(sizes, "q", False)
-        parts += [varint(len(packed)), packed]
-    return b"".join((*parts, joined))
-
-
 def _strings(trace: Trace) -> bytes:
+    """A count, each string's UTF-8 length as varints, then the strings one after another."""
     texts = [utf8(s) for s in trace.strings]
-    return _texts(b"".join(texts), array("q", map(len, texts)))
+    packed = pack_column(array("q", map(len, texts)), "q", False)
+    return b"".join((varint(len(texts)), varint(len(packed)), packed, *texts))
 
 
-def _args(joined: bytes, lengths: array[int], sizes: array[int], extra: bool) -> bytes:
-    """The ARGS section; ``extra``: an empty mapping after the trace's own (see ``_Empty``)."""
-    if extra:
-        joined, lengths, sizes = joined + b"{}", lengths + array("q", [2]), sizes + array("q", [0])
-    return _texts(joined, lengths, sizes)
+def _meta_refs(refs: Any, empty_ref: int) -> array[int]:
+    """A metadata event without args has empty ones (``empty_ref``), as the Chrome file has."""
+    return array("i", (empty_ref if r < 0 else r for r in refs))
 
 
-def _column_refs(table: str, refs: Any, lo: int, hi: int, empty: _Empty) -> Any:
-    """The args refs as the Chrome file keeps them: a span's empty or ``python_ids`` args are
-    none (-1); a metadata event without args has empty ones (``empty.ref``)."""
-    if table == "spans":
-        if empty.refs:
-            return array("i", (-1 if r < 0 or r in empty else r for r in refs[lo:hi]))
-    elif table == "meta":
-        return array("i", (empty.ref if r < 0 else r for r in refs[lo:hi]))
-    return refs[lo:hi]
-
-
-class _Empty(NamedTuple):
-    refs: frozenset[int]
-    """The args refs of empty mappings."""
-    ref: int
-    """The ref of the empty mapping added for metadata events without args."""
-
-
-def _block(trace: Trace, index: int, lo: int, hi: int, shift: int, empty: _Empty) -> bytes:
+def _block(
+    trace: Trace, index: int, lo: int, hi: int, shift: int, sizes: array[int], empty_ref: int
+) -> Parts:
+    """One block's payload; ``sizes``: each mapping's key count (a span's args ref to an
+    empty mapping, like a ``python_ids`` ref, is written as none, as the Chrome writer leaves
+    them out)."""
     table = BLOCK_TABLES[index]
     cols = trace.tables[table]
-    parts = [varint(index), varint(hi - lo)]
+    parts: Parts = [(varint(index) + varint(hi - lo), False)]
     for name, code in TABLE_LAYOUTS[table]:
         values: Any = cols[name][lo:hi]
         if code == "d":
             data = array("d", values)
             if sys.byteorder == "big":
                 data.byteswap()
-            parts.append(data.tobytes())
+            parts.append((data.tobytes(), name in _FLAGGED))
             continue
+        empty = None
         if name in _TIME_COLUMNS and shift:
             values = remapped(values, TIMES, None, shift)
-        elif name == "args":
-            values = _column_refs(table, cols[name], lo, hi, empty)
+        elif name == "args" and table == "meta":
+            values = _meta_refs(values, empty_ref)
+        elif name == "args" and table == "spans":
+            empty = sizes
         coded, delta = COLUMN_CODING.get(name, (code, False))
-        packed = pack_column(values, coded, delta, -1 if name == "args" else -(2**63))
-        parts.append(varint(len(packed)))
-        parts.append(packed)
-    return b"".join(parts)
+        packed = pack_column(values, coded, delta, -1 if name == "args" else -(2**63), empty)
+        parts += ((varint(len(packed)), False), (packed, name in _FLAGGED))
+    return parts
 
 
 def _rebased(trace: Trace) -> tuple[int, int]:
@@ -160,54 +150,72 @@ def compact_sections(trace: Trace, name: str, level: int = DEFAULT_LEVEL) -> Ite
     base, shift = _rebased(trace)
     meta_refs = trace.meta["args"]
     extra = bool(len(meta_refs)) and min(meta_refs) < 0
-    joined, lengths, sizes = args_texts(trace.args)
-    empties = frozenset(i for i, size in enumerate(sizes) if not size) if 0 in sizes else ()
-    empty = _Empty(frozenset(empties), len(trace.args))
+    # the ARGS payload (:mod:`stepscope.trace.compact_args`), an empty mapping after the trace's
+    # own where metadata events have no args (the Chrome file gives them empty ones)
+    args, sizes = split_args((*trace.args, {}) if extra else trace.args)
 
-    def payloads() -> Iterator[tuple[bytes, bytes]]:
-        yield HEADER, _header(trace, base, name)
-        yield STRINGS, _strings(trace)
-        yield ARGS, _args(joined, lengths, sizes, extra)
+    def payloads() -> Iterator[tuple[bytes, Parts]]:
+        yield HEADER, [(_header(trace, base, name), False)]
+        yield STRINGS, [(_strings(trace), False)]
+        yield ARGS, [(args, False)]
         for index, table in enumerate(BLOCK_TABLES):
             rows = len(trace.tables[table])
             for lo in range(0, rows, BLOCK_ROWS):
                 hi = min(rows, lo + BLOCK_ROWS)
-                yield BLOCK, _block(trace, index, lo, hi, shift, empty)
+                yield BLOCK, _block(trace, index, lo, hi, shift, sizes, len(trace.args))
 
+    deflater = Deflater(level)
     count = 0
-    for section in _compressed(payloads(), level):
+    for section in _compressed(payloads(), deflater):
         yield section
         count += 1
-    yield _section(END, varint(count), level)
+    yield _section(END, [(varint(count), False)], deflater)
 
 
-def _compressed(payloads: Iterator[tuple[bytes, bytes]], level: int) -> Iterator[bytes]:
+def _compressed(payloads: Iterator[tuple[bytes, Parts]], deflater: Deflater) -> Iterator[bytes]:
     """Each payload as its section, in order.  Large ones are compressed on a few threads
-    (zlib releases the GIL while it compresses) while the next are encoded; at most
+    (zlib releases the GIL) while the next are encoded, once a second one comes (and where
+    there is more than one core): a pool costs more to start than one payload's compression
+    can overlap, so a window's args or a small trace's blocks are compressed inline.  At most
     ``_WORKERS + 1`` wait for a thread at a time, so memory stays bounded."""
-    pending: deque[tuple[Future[bytes], bool]] = deque()  # (section, on a thread)
+    # each entry: [its section (bytes), a thread's future, or None while held back; on a thread]
+    pending: deque[list[Any]] = deque()
     pool: ThreadPoolExecutor | None = None
+    held: tuple[list[Any], bytes, Parts] | None = None  # the first large payload, until a second
     pooled = 0
     try:
         for kind, payload in payloads:
-            if len(payload) >= PARALLEL_BYTES:
-                if pool is None:
-                    pool = ThreadPoolExecutor(_WORKERS, thread_name_prefix="stepscope-compact")
-                pending.append((pool.submit(_section, kind, payload, level), True))
+            if sum(len(data) for data, _ in payload) < PARALLEL_BYTES or not _WORKERS:
+                pending.append([_section(kind, payload, deflater), False])
+            elif pool is None and held is None:
+                held = ([None, True], kind, payload)
+                pending.append(held[0])
                 pooled += 1
             else:
-                done: Future[bytes] = Future()
-                done.set_result(_section(kind, payload, level))
-                pending.append((done, False))
-            while pending and (pending[0][0].done() or pooled > _WORKERS):
-                head, on_thread = pending.popleft()
-                pooled -= on_thread
-                yield head.result()
-        while pending:
-            yield pending.popleft()[0].result()
+                if pool is None and held is not None:
+                    pool = ThreadPoolExecutor(_WORKERS, thread_name_prefix="stepscope-compact")
+                    held[0][0] = pool.submit(_pooled_section, held[1], held[2], deflater.level)
+                    held = None
+                assert pool is not None
+                pending.append([pool.submit(_pooled_section, kind, payload, deflater.level), True])
+                pooled += 1
+            while pending and pending[0][0] is not None:
+                section = pending[0][0]
+                if not isinstance(section, bytes):
+                    if not section.done() and pooled <= _WORKERS:
+                        break
+                    section = section.result()
+                pooled -= pending.popleft()[1]
+                yield section
+        if held is not None:  # a single large payload: compressed inline
+            held[0][0] = _section(held[1], held[2], deflater)
+        for entry in pending:
+            yield entry[0] if isinstance(entry[0], bytes) else entry[0].result()
+        pending.clear()
     finally:
-        for future, _ in pending:
-            future.cancel()
+        for entry in pending:
+            if isinstance(entry[0], Future):
+                entry[0].cancel()
         if pool is not None:
             pool.shutdown(wait=True)
 
