@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import re
+import signal
 import socket
 import threading
 import warnings
@@ -439,6 +440,49 @@ def test_a_failing_collector_never_breaks_the_loop(caplog: Any) -> None:
     with pytest.raises(RuntimeError, match="broke in start"):
         strict.start()
     strict.stop()
+
+
+class Interrupted(Collector):
+    """A collector during whose ``start`` a signal arrives (``raise_signal``: as when the
+    program's timer fires while stepscope's code runs)."""
+
+    name = "interrupted"
+
+    def start(self, ctx: WindowContext) -> None:
+        signal.raise_signal(signal.SIGALRM)
+        for _ in range(100):  # the handler runs at the next check of the interpreter's
+            pass
+
+
+def test_the_programs_signal_handler_exception_reaches_the_program_not_the_failure_count() -> None:
+    """The program's SIGALRM handler raises its timeout while a collector hook runs: the program
+    gets its exception as without stepscope; it is not taken for the collector's failure.  A
+    collector raising the same exception itself is still counted and swallowed."""
+    from stepscope.failures import failure_counts
+
+    def timeout(signum: int, frame: object) -> None:
+        raise TimeoutError("the program's own timeout")
+
+    previous = signal.signal(signal.SIGALRM, timeout)
+    before = failure_counts().get("collectors", {}).get("collector_error", 0)
+    try:
+        prof = profile(collectors=[Interrupted()])
+        with pytest.raises(TimeoutError, match="the program's own timeout"):
+            prof.start()
+        prof.stop()
+        assert failure_counts().get("collectors", {}).get("collector_error", 0) == before
+
+        class RaisesItself(Collector):
+            name = "raises_itself"
+
+            def start(self, ctx: WindowContext) -> None:
+                raise TimeoutError("the collector's own")
+
+        with profile(collectors=[RaisesItself()]) as prof:
+            prof.step()
+        assert failure_counts()["collectors"]["collector_error"] == before + 1
+    finally:
+        signal.signal(signal.SIGALRM, previous)
 
 
 def test_two_profiles_cannot_record_at_once() -> None:

@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import signal
 import threading
+import traceback
 from collections.abc import Hashable
 
 from stepscope.config import config
@@ -29,6 +31,7 @@ __all__ = [
     "failure_counts",
     "failure_log",
     "is_strict",
+    "raised_by_program_signal_handler",
     "set_strict",
 ]
 
@@ -136,3 +139,24 @@ def _reset_in_child() -> None:
 
 
 after_fork_in_child(_reset_in_child)
+
+
+def raised_by_program_signal_handler(exc: BaseException) -> bool:
+    """Whether ``exc`` came out of a Python signal handler of the program's (one installed now,
+    not stepscope's), run while stepscope's code happened to be running: the program's own
+    exception (a SIGALRM timeout...), to go on as it would without stepscope, never a failure of
+    stepscope's to count and swallow."""
+    handlers = set()
+    for number in signal.valid_signals():
+        try:
+            handler = signal.getsignal(number)
+        except (ValueError, OSError):
+            continue
+        code = getattr(getattr(handler, "__func__", handler), "__code__", None)
+        if code is not None and not str(getattr(handler, "__module__", "")).startswith(
+            "stepscope."
+        ):
+            handlers.add(code)
+    return bool(handlers) and any(
+        frame.f_code in handlers for frame, _ in traceback.walk_tb(exc.__traceback__)
+    )

@@ -43,6 +43,7 @@ from stepscope.profiler.arguments import (
     metadata_key,
     parse_json,
 )
+from stepscope.profiler.collector_guard import run_guarded
 from stepscope.profiler.events import EventList, function_events
 from stepscope.profiler.execution_trace import ExecutionTraceCollector, ExecutionTraceObserver
 from stepscope.profiler.flight_options import FlightRecorder, never_record
@@ -498,26 +499,11 @@ class profile:
         window: window_end.StoppedWindow | None = None,
         suffix: str = "",
     ) -> None:
-        """Run a collector hook (of a stopped ``window`` when given); a failure is logged once
-        and counted (raised only if strict), and switches the collector off for the window."""
+        """Run a collector hook (of a stopped ``window`` when given): see ``run_guarded``."""
         broken, ctx = (self._broken, self._ctx) if window is None else (window.broken, window.ctx)
-        if id(collector) in broken and phase != "close":
-            return
-        try:
-            self.step_times.timed(collector.name + suffix, fn)
-        except Exception as exc:
-            _failures.report(
-                "collector_error",
-                f"collector {collector.name!r} in {phase}",
-                exc,
-                strict=self.strict,
-                then="it is off for this window",
-                once=(id(self), collector.name, phase),
-            )
-            broken.add(id(collector))
-            if ctx is not None:
-                errors = ctx.metadata.setdefault("stepscope_collector_errors", {})
-                errors[f"{collector.name}.{phase}"] = f"{type(exc).__name__}: {exc}"
+        metadata = ctx.metadata if ctx is not None else None
+        run_guarded(self.step_times, collector, phase, fn, broken, metadata, self.strict,
+                    id(self), suffix)  # fmt: skip
 
     def prepare_trace(self) -> None:
         """Create the next window and let collectors get ready (WARMUP)."""
