@@ -174,3 +174,36 @@ def test_failures_never_reach_the_users_event_stream(tmp_path: Path) -> None:
         ("save", "start"),
         ("save", "end"),
     ]
+
+
+@pytest.mark.torch
+def test_the_programs_timeout_inside_an_optimizer_listener_reaches_the_program() -> None:
+    """The program's SIGALRM handler raises while a stepscope optimizer-step listener runs (the
+    step tables' and step triggers' hook): the program gets its exception from
+    ``optimizer.step()``, as without stepscope, and no failure is counted."""
+    import signal
+
+    torch = pytest.importorskip("torch")
+    from stepscope.collectors import optimizer_hook
+
+    def listener(optimizer: object) -> None:
+        signal.raise_signal(signal.SIGALRM)
+        for _ in range(100):  # the handler runs at the interpreter's next check
+            pass
+
+    def timeout(signum: int, frame: object) -> None:
+        raise TimeoutError("the program's own timeout")
+
+    param = torch.nn.Parameter(torch.ones(2))
+    param.grad = torch.ones(2)
+    opt = torch.optim.SGD([param], lr=0.1)
+    before = failure_counts().get("collectors", {}).get("optimizer_hook_error", 0)
+    previous = signal.signal(signal.SIGALRM, timeout)
+    optimizer_hook.add_listener(listener, strict=False)
+    try:
+        with pytest.raises(TimeoutError, match="the program's own timeout"):
+            opt.step()
+    finally:
+        optimizer_hook.remove_listener(listener)
+        signal.signal(signal.SIGALRM, previous)
+    assert failure_counts().get("collectors", {}).get("optimizer_hook_error", 0) == before

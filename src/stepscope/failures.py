@@ -12,6 +12,9 @@ there must not break the program, must not be silent, and must not flood the log
   switch; :func:`is_strict` reads it.  A component built with its own ``strict=`` (a profile,
   a collector) passes that value as ``strict=`` to :meth:`FailureLog.report`; ``None`` follows
   the switch.
+- **The program's own exception goes on**: one raised by the program's Python signal handler
+  while stepscope's code happened to run (a SIGALRM timeout) is no failure of stepscope's: it
+  is re-raised, never counted (:func:`raised_by_program_signal_handler`).
 """
 
 from __future__ import annotations
@@ -72,12 +75,15 @@ class FailureLog:
         once: Hashable | None = None,
         message: str = "",
     ) -> None:
-        """Count a failure of ``kind`` at ``where``; log it the first time; re-raise if strict.
+        """Count a failure of ``kind`` at ``where``; log it the first time; re-raise if strict
+        (or when it is the program's own, from its signal handler: never counted).
 
         ``message`` says what failed in words (default ``"<kind> in <where>"``), ``then`` what
         happens next; ``once`` is what "the first time" is counted by (default ``where``);
         ``strict`` overrides ``config.strict`` for this one report.
         """
+        if raised_by_program_signal_handler(exc):
+            raise exc  # the program's own exception, landed while stepscope's code ran
         key = where if once is None else once
         with self._lock:
             self._counts[kind] = self._counts.get(kind, 0) + 1

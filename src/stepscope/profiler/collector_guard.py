@@ -2,7 +2,7 @@
 
 A failure is counted and logged once (raised only under ``strict``), and switches the collector
 off for the window; the program's own exception — raised by its Python signal handler while the
-hook happened to run — goes on as it would without stepscope.
+hook happened to run — goes on as it would without stepscope (``FailureLog.report`` tells).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from collections.abc import Callable, MutableMapping
 from typing import Any
 
 from stepscope.collectors.base import Collector
-from stepscope.failures import failure_log, raised_by_program_signal_handler
+from stepscope.failures import failure_log
 from stepscope.step_times import StepTimes
 
 __all__ = ["run_guarded"]
@@ -37,8 +37,6 @@ def run_guarded(
     try:
         step_times.timed(collector.name + suffix, fn)
     except Exception as exc:
-        if raised_by_program_signal_handler(exc):
-            raise  # the program's own exception, not the collector's failure
         _failures.report(
             "collector_error",
             f"collector {collector.name!r} in {phase}",
