@@ -43,7 +43,7 @@ from stepscope.profiler.arguments import (
     metadata_key,
     parse_json,
 )
-from stepscope.profiler.collector_guard import run_guarded
+from stepscope.profiler.collector_guard import collector_failed
 from stepscope.profiler.events import EventList, function_events
 from stepscope.profiler.execution_trace import ExecutionTraceCollector, ExecutionTraceObserver
 from stepscope.profiler.flight_options import FlightRecorder, never_record
@@ -499,11 +499,15 @@ class profile:
         window: window_end.StoppedWindow | None = None,
         suffix: str = "",
     ) -> None:
-        """Run a collector hook (of a stopped ``window`` when given): see ``run_guarded``."""
+        """Run a collector hook (of a stopped ``window`` when given); a failure switches the
+        collector off for the window (``collector_failed``)."""
         broken, ctx = (self._broken, self._ctx) if window is None else (window.broken, window.ctx)
-        metadata = ctx.metadata if ctx is not None else None
-        run_guarded(self.step_times, collector, phase, fn, broken, metadata, self.strict,
-                    id(self), suffix)  # fmt: skip
+        if id(collector) in broken and phase != "close":
+            return
+        try:
+            self.step_times.timed(collector.name + suffix, fn)
+        except Exception as exc:
+            collector_failed(collector, phase, exc, broken, ctx, self.strict, id(self))
 
     def prepare_trace(self) -> None:
         """Create the next window and let collectors get ready (WARMUP)."""
