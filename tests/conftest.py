@@ -5,7 +5,8 @@
   (``python``); pass it on as ``implementation=`` or to ``stepscope._ext.resolve``.
 - An autouse fixture puts back the process-wide state after every test: the step counter,
   ``stepscope.config`` (``strict`` included), the torchelastic-style metric handlers and a
-  default metrics pipeline the test brought up.
+  default metrics pipeline the test brought up; a profile the test left running is stopped and
+  the test fails (one leak would otherwise fail every later test that starts a profile).
 - ``pipeline``: a private metrics pipeline; ``udp``: a UDP socket that receives StatsD lines.
 - A test marked ``implementation_independent`` (the twins stage skips it) fails at teardown if it
   reached a choice between the C extension and a twin (``tests/implementation_guard.py``).
@@ -13,6 +14,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import socket
@@ -108,6 +110,7 @@ def _reset_process_state() -> Iterator[None]:
     settings = {f.name: getattr(config, f.name) for f in fields(config) if f.init}
     pipeline_before = default_pipeline._default
     yield
+    leaked = _stop_a_leaked_profile()
     if default_pipeline._default is not pipeline_before:
         made, default_pipeline._default = default_pipeline._default, pipeline_before
         if made is not None:
@@ -118,6 +121,24 @@ def _reset_process_state() -> Iterator[None]:
         if getattr(config, name) != value:
             setattr(config, name, value)
     set_step(None)
+    if leaked:
+        pytest.fail(f"the test left a profile running ({leaked}); it was stopped here")
+
+
+def _stop_a_leaked_profile() -> str:
+    """Stop a profile a test left registered, so that it fails alone instead of every later test
+    that starts one; returns what was left ("" when nothing)."""
+    import sys
+
+    module = sys.modules.get("stepscope.profiler.profile")
+    if module is None:
+        return ""
+    left = [p for p in (module._active, module._paused_behind) if p is not None]
+    for prof in left:
+        with contextlib.suppress(BaseException):
+            prof.stop()
+    module._active = module._paused_behind = None
+    return ", ".join(repr(p) for p in left)
 
 
 @pytest.fixture

@@ -485,6 +485,59 @@ def test_the_programs_signal_handler_exception_reaches_the_program_not_the_failu
         signal.signal(signal.SIGALRM, previous)
 
 
+class InterruptedInClose(Collector):
+    """A collector during whose ``close`` the program's signal handler raises (as torch's SIGCHLD
+    handler does when a DataLoader worker dies while the profile stops)."""
+
+    name = "interrupted_in_close"
+
+    def __init__(self, closed: list[str]) -> None:
+        self.closed = closed
+
+    def close(self) -> None:
+        signal.raise_signal(signal.SIGALRM)
+        for _ in range(100):
+            pass
+        self.closed.append("never")  # the handler raised above
+
+
+class Closes(Collector):
+    """A collector that notes its ``close``."""
+
+    name = "closes"
+
+    def __init__(self, closed: list[str]) -> None:
+        self.closed = closed
+
+    def close(self) -> None:
+        self.closed.append(self.name)
+
+
+def test_a_signal_handler_raising_while_the_profile_stops_still_leaves_it_stopped() -> None:
+    """The program's exception reaches it, every later cleanup step still runs, and the process
+    can start another profile (before: the profile stayed registered and refused every later
+    one in the process)."""
+    from stepscope.profiler.profile import active_profile
+
+    def worker_died(signum: int, frame: object) -> None:
+        raise RuntimeError("DataLoader worker (pid 1) is killed by signal: Killed.")
+
+    previous = signal.signal(signal.SIGALRM, worker_died)
+    closed: list[str] = []
+    try:
+        prof = profile(collectors=[InterruptedInClose(closed), Closes(closed)])
+        with pytest.raises(RuntimeError, match="is killed by signal"), prof:
+            prof.step()
+    finally:
+        signal.signal(signal.SIGALRM, previous)
+    assert closed == ["closes"]  # the collector after the interrupted one was closed too
+    assert active_profile() is None
+    assert stepscope.current_step() is None
+    with profile() as after:
+        after.step()
+    assert after.step_num == 1
+
+
 def test_two_profiles_cannot_record_at_once() -> None:
     with profile(), pytest.raises(RuntimeError, match="already running"):
         profile().start()

@@ -412,26 +412,31 @@ class profile:
         """End profiling: closes the window in progress (see ``flush_on_exit``)."""
         if self._left_in_child:
             return
-        try:
+        # The steps below run last to first, each one even when one before it raised: the
+        # program's own signal handler (torch's SIGCHLD for a dead worker) can raise anywhere,
+        # and a profile left registered would refuse every later one in the process.
+        with contextlib.ExitStack() as cleanup:
+            cleanup.callback(release_sigterm)
+            cleanup.callback(_release, self)
+            cleanup.callback(self._leave_the_step_counter)
+            cleanup.callback(self._ranks.close)
+            for collector in reversed(self.collectors):
+                cleanup.callback(self._guarded, collector, "close", collector.close)
+            cleanup.callback(self._writer.drain, "the profile stopped")
+            if self.flight is not None:
+                cleanup.callback(self.flight.stop)
             if self._step_trigger is not None:
                 self._step_trigger.remove()
             self._close_step_span()
             if (self.current_action._value_, None) in self._edge_keys:
                 self._edge = self.step_times.mark_edge()
             self._transit(self.current_action, None)
-        finally:
-            if self.flight is not None:
-                self.flight.stop()
-            self._writer.drain("the profile stopped")
-            for collector in self.collectors:
-                self._guarded(collector, "close", collector.close)
-            self._ranks.close()
-            if not self._paused:  # a paused profile leaves the running one's step alone
-                steps.set_step(None)
-                advance_kineto_step("stop")
-            _release(self)
-            release_sigterm()
         self._writer.raise_error()
+
+    def _leave_the_step_counter(self) -> None:
+        if not self._paused:  # a paused profile leaves the running one's step alone
+            steps.set_step(None)
+            advance_kineto_step("stop")
 
     windows_skipped = property(
         lambda self: self._writer.skipped, doc="Windows left out: ``max_pending_windows`` waited."
