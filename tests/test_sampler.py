@@ -467,6 +467,37 @@ def test_a_program_that_handles_sigprof_keeps_its_handler_and_gets_the_thread_sa
         signal.signal(signal.SIGPROF, previous)
 
 
+@pytest.mark.skipif(not signal_mode_available(), reason="signal sampling needs Linux and the C ext")
+def test_a_thread_that_ends_with_a_signal_pending_leaves_the_engine_free() -> None:
+    """A sampled thread that ends before it handles the signal sent to it (here: it blocks
+    SIGPROF, so the signal stays pending until the thread is gone) takes the signal with it.
+    The next run still gets the signal engine (before: "signals of a previous run are still in
+    flight" for every later run of the process; CI met it with a test's short-lived thread)."""
+    spun = threading.Event()
+
+    def blocks_and_spins() -> None:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGPROF})
+        workload(0.2)  # busy: the timing thread signals it
+        spun.set()
+
+    thread = threading.Thread(target=blocks_and_spins)
+    thread.start()
+    assert thread.native_id is not None
+    sampler = Sampler(500, thread_ids=[thread.native_id])
+    sampler.start()
+    assert sampler.wait_running(5) and sampler.mode == "signal"
+    thread.join()
+    info = sampler.describe(sampler.stop(0.5))
+    assert spun.is_set() and info["signals"] >= 1  # one sent, and pending at the thread's end
+    assert not sigprof_caught()  # nothing in flight: the default action is back
+    again = Sampler(500, thread_ids=[threading.get_native_id()])
+    again.start()
+    try:
+        assert again.wait_running(5) and again.mode == "signal", again.mode_reason
+    finally:
+        again.stop(5)
+
+
 # -- code objects freed between a signal sample and the drain --------------------------------
 # The handler records raw code object pointers; the drain (every 10 ms) keeps each code object
 # alive from then on.  One freed in between must be drained first (and kept), never read after

@@ -288,12 +288,22 @@ static void *timing_main(void *unused) {
 
 /* -- control (called with the GIL held) ---------------------------------------------------- */
 
+/* Whether every signal sent has been handled.  A thread that ended with our signal pending
+ * (sent while it was on its way out, or while it blocked SIGPROF) never handles it: the signal
+ * went with the thread, so its slot counts as handled; otherwise one such thread would keep
+ * every later run of the process off the signal engine. */
 static int all_handled(void) {
     int n = atomic_load(&E.n_slots);
     for (int i = 0; i < n; i++) {
-        if (atomic_load_explicit(&E.slots[i]->in_flight, memory_order_acquire)) {
+        Slot *s = E.slots[i];
+        if (!atomic_load_explicit(&s->in_flight, memory_order_acquire)) {
+            continue;
+        }
+        if (thread_cpu_ns(atomic_load(&s->tid)) >= 0) {
             return 0;
         }
+        atomic_store(&s->alive, 0);
+        atomic_store_explicit(&s->in_flight, 0, memory_order_release);
     }
     return 1;
 }
