@@ -1,6 +1,6 @@
 """Our ``.pftrace`` decoded with Perfetto's official definitions, against the same window's Chrome
-JSON (read with ``json`` alone): every slice's name, thread, begin and end (ns), nesting,
-counters and flows."""
+JSON (read with ``json`` alone): every slice's name, thread, begin and end (ns), nesting and
+args, counters and flows; a sampled window's flame chart too."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ import pytest
 import stepscope
 from stepscope.cli import main
 from stepscope.trace.chrome_writer import write_chrome_trace
+from stepscope.trace.sampled_spans import SAMPLED_CATEGORY, SAMPLED_TID_BASE
 
 pb = pytest.importorskip(
     "perfetto.protos.perfetto.trace.perfetto_trace_pb2",
@@ -29,15 +30,35 @@ def ns(doc: dict[str, Any], us: Any) -> int:
     return int(doc.get("baseTimeNanoseconds", 0)) + int(Decimal(str(us)) * 1000)
 
 
+def value_of(ann: Any) -> Any:
+    """A debug annotation's value as the JSON value it was written from."""
+    kind = ann.WhichOneof("value")
+    if kind == "legacy_json_value":
+        return json.loads(ann.legacy_json_value)
+    if kind is not None:
+        return getattr(ann, kind)
+    if ann.dict_entries:
+        return {e.name: value_of(e) for e in ann.dict_entries}
+    return [value_of(a) for a in ann.array_values]
+
+
+def annotations(ev: Any, arg_names: dict[int, str]) -> dict[str, Any]:
+    return {arg_names[a.name_iid]: value_of(a) for a in ev.debug_annotations}
+
+
 def decoded(path: Path) -> tuple[list[tuple[Any, ...]], Counter[Any], dict[int, list[Any]]]:
-    """(slices (name, pid, tid, begin, end, parent index), counter points, flow id -> ends)."""
+    """(slices (name, pid, tid, begin, end, parent index, args), counter points, flow id ->
+    ends)."""
     trace = pb.Trace()
     trace.ParseFromString(path.read_bytes())
     names: dict[int, str] = {}
+    arg_names: dict[int, str] = {}
     tracks: dict[int, Any] = {}
     for packet in trace.packet:
         for n in packet.interned_data.event_names:
             names[n.iid] = n.name
+        for n in packet.interned_data.debug_annotation_names:
+            arg_names[n.iid] = n.name
         if packet.HasField("track_descriptor"):
             tracks[packet.track_descriptor.uuid] = packet.track_descriptor
 
@@ -67,7 +88,17 @@ def decoded(path: Path) -> tuple[list[tuple[Any, ...]], Counter[Any], dict[int, 
         stack = open_.setdefault(ev.track_uuid, [])
         if ev.type == pb.TrackEvent.TYPE_SLICE_BEGIN:
             pid, tid = thread_of(ev.track_uuid) or (None, None)
-            slices.append([names[ev.name_iid], pid, tid, ts, None, stack[-1] if stack else None])
+            slices.append(
+                [
+                    names[ev.name_iid],
+                    pid,
+                    tid,
+                    ts,
+                    None,
+                    stack[-1] if stack else None,
+                    annotations(ev, arg_names),
+                ]
+            )
             stack.append(len(slices) - 1)
             for fid in [*ev.flow_ids, *ev.terminating_flow_ids]:
                 flows.setdefault(fid, []).append((pid, tid, ts, "slice", len(slices) - 1))
@@ -108,6 +139,33 @@ def test_window_with_memory_counters_and_flows_matches(tmp_path: Path) -> None:
     assert sum(counters.values()) >= len(trace.counters)
 
 
+def test_sampled_window_keeps_its_flame_chart_and_args(tmp_path: Path) -> None:
+    """Stack samples are written as the Chrome file shows them (a flame chart per sampled
+    thread); annotations' args, with nested values, become debug annotations."""
+
+    def spin(n: int) -> int:
+        return sum(i * i for i in range(n))
+
+    with stepscope.profile(
+        activities=["CPU", "SAMPLING"], torch_ops=False, sampling_rate_hz=1000
+    ) as prof:
+        for step in range(3):
+            with stepscope.record_function(
+                "work", args={"step": step, "sizes": [1, 2.5], "n": None}
+            ):
+                spin(200_000)
+            prof.step()
+    trace = prof.trace()
+    assert len(trace.samples), "the sampler took no sample"
+    local = tmp_path / "sampled.json.gz"
+    write_chrome_trace(trace, local)
+    assert_pftrace_matches(local, tmp_path)
+    slices, _, _ = decoded(tmp_path / f"{local.name}.pftrace")
+    assert "work" in {s[0] for s in slices}
+    assert any(s[0].endswith("spin") for s in slices)  # a sampled frame, on the flame chart
+    assert {"step": 2, "sizes": [1, 2.5], "n": None} in [s[6] for s in slices if s[0] == "work"]
+
+
 def assert_pftrace_matches(local: Path, tmp_path: Path) -> Counter[Any]:
     """Convert ``local`` (a ``.json.gz``) to ``.pftrace`` and check it against the JSON; returns
     the counter points decoded."""
@@ -118,17 +176,24 @@ def assert_pftrace_matches(local: Path, tmp_path: Path) -> Counter[Any]:
     slices, counters, flows = decoded(out)
 
     spans = [e for e in events if e.get("ph") == "X"]
+
+    def thread(e: dict[str, Any]) -> Any:
+        """A sampled flame chart's track is a child of its thread's track in Perfetto."""
+        tid = e["tid"]
+        return tid - SAMPLED_TID_BASE if e.get("cat") == SAMPLED_CATEGORY else tid
+
     want = Counter(
         (
             e.get("name", ""),
             e["pid"],
-            e["tid"],
+            thread(e),
             ns(doc, e["ts"]),
             ns(doc, e["ts"]) + int(Decimal(str(e.get("dur", 0))) * 1000),
+            json.dumps(e.get("args", {}), sort_keys=True),
         )
         for e in spans
     )
-    got = Counter(s[:5] for s in slices)
+    got = Counter((*s[:5], json.dumps(s[6], sort_keys=True)) for s in slices)
     # a track named by a string label compares as text
     want = Counter(
         {
@@ -137,6 +202,7 @@ def assert_pftrace_matches(local: Path, tmp_path: Path) -> Counter[Any]:
         }
     )
     assert got == want
+    assert any(s[6] for s in slices) == any(e.get("args") for e in spans)
     for s in slices:  # nesting: a parent holds its child, on the same thread
         if s[5] is not None:
             parent = slices[s[5]]

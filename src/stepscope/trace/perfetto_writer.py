@@ -8,8 +8,12 @@ and spans of one thread that overlap without nesting (asynchronous GPU work, say
 tracks of the thread ("lanes"), since a track's slices must nest; each counter series is a
 counter track; instants are instant events; a flow endpoint's id rides on the slice of its
 thread that encloses it (``flow_ids``, ``terminating_flow_ids`` at the finish), or on an
-instant event where none does.  Times are absolute ns.  Samples and args are not written.
-Packets are written one by one (``Trace.packet`` is a repeated field), so memory stays bounded.
+instant event where none does.  A span's or instant's args are its debug annotations (names
+interned; nested mappings and lists as dict entries and array values, ``None`` as JSON
+``null``), as the Chrome file holds them.  Stack samples are written as the Chrome file shows
+them in a timeline: their flame chart (``stepscope.trace.sampled_spans``), slices on a child
+track of the sampled thread named ``samples: <thread>``.  Times are absolute ns.  Packets are
+written one by one (``Trace.packet`` is a repeated field).
 """
 
 from __future__ import annotations
@@ -17,14 +21,21 @@ from __future__ import annotations
 import bisect
 import os
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from stepscope.atomic import atomic_output, ensure_parent
 from stepscope.extras import require
 from stepscope.trace.chrome_writer import WriteStats
 from stepscope.trace.compact_format import varint
+from stepscope.trace.layouts import LABEL_BASE
 from stepscope.trace.model import Trace
+from stepscope.trace.sampled_spans import (
+    IDLE_FRAME,
+    IDLE_NAME,
+    SAMPLED_CATEGORY,
+    sampled_flame_chart,
+)
 
 __all__ = ["PERFETTO_SUFFIX", "perfetto_packets", "write_perfetto_trace"]
 
@@ -104,6 +115,18 @@ class _Tracks:
         )
         return uuid
 
+    def sampled(self, pid: int, tid: int, name: str) -> int:
+        """The flame-chart track of a sampled thread (``tid``: its column value), a child of
+        the thread's track."""
+        key = ("s", pid, tid)
+        if key in self.uuids:
+            return self.uuids[key]
+        parent = self.thread(pid, tid)
+        uuid, desc = self._new(key)
+        desc.parent_uuid = parent
+        desc.name = name
+        return uuid
+
     def counter(self, pid: int, name: str) -> int:
         key = ("c", pid, name)
         if key in self.uuids:
@@ -158,17 +181,29 @@ def perfetto_packets(trace: Trace) -> Iterator[bytes]:
     pb = _pb()
     base = trace.base_time_ns
     tracks = _Tracks(pb, trace)
-    names: dict[int, int] = {}
-    cats: dict[int, int] = {}
+    # interned by the trace's string id, or by the text for one that is not the trace's
+    names: dict[int | str, int] = {}
+    cats: dict[int | str, int] = {}
+    arg_names: dict[str, int] = {}
 
-    def name_iid(sid: int) -> int:
+    def name_iid(sid: int | str) -> int:
         return names.setdefault(sid, len(names) + 1)
 
-    def cat_iid(sid: int) -> int:
+    def cat_iid(sid: int | str) -> int:
         return cats.setdefault(sid, len(cats) + 1)
+
+    def annotate(ev: Any, ref: int) -> None:
+        """The args of ``ref`` as ``ev``'s debug annotations (none for none or empty ones)."""
+        if ref < 0:
+            return
+        for key, value in trace.args[ref].items():
+            ann = ev.debug_annotations.add()
+            ann.name_iid = arg_names.setdefault(key, len(arg_names) + 1)
+            _annotation_value(ann, value)
 
     spans = trace.spans
     s_name, s_cat, s_pid, s_tid = spans["name"], spans["cat"], spans["pid"], spans["tid"]
+    s_args = spans["args"]
     starts, durs = spans["start_ns"], spans["dur_ns"]
     by_thread: dict[tuple[int, int], list[int]] = defaultdict(list)
     for row, key in enumerate(zip(s_pid, s_tid, strict=True)):
@@ -214,6 +249,7 @@ def perfetto_packets(trace: Trace) -> Iterator[bytes]:
                     if marks is not None:
                         ev.flow_ids.extend(marks[0])
                         ev.terminating_flow_ids.extend(marks[1])
+                    annotate(ev, s_args[row])
                 else:
                     ev.type = pb.TrackEvent.TYPE_SLICE_END
                 events.append((base + ts, ev))
@@ -228,13 +264,14 @@ def perfetto_packets(trace: Trace) -> Iterator[bytes]:
         events.append((base + ts, ev))
 
     inst = trace.instants
-    for name, cat, pid, tid, ts, scope in zip(
+    for name, cat, pid, tid, ts, scope, ref in zip(
         inst["name"],
         inst["cat"],
         inst["pid"],
         inst["tid"],
         inst["ts_ns"],
         inst["scope"],
+        inst["args"],
         strict=True,
     ):
         track = tracks.thread(pid, tid) if scope == ord("t") else tracks.process(pid)
@@ -242,7 +279,10 @@ def perfetto_packets(trace: Trace) -> Iterator[bytes]:
         ev.name_iid = name_iid(name)
         if cat:
             ev.category_iids.append(cat_iid(cat))
+        annotate(ev, ref)
         events.append((base + ts, ev))
+
+    events += _sampled_events(pb, trace, tracks, name_iid, cat_iid)
 
     counters = trace.counters
     for name, pid, ts, series, value in zip(
@@ -267,9 +307,11 @@ def perfetto_packets(trace: Trace) -> Iterator[bytes]:
     first.sequence_flags = pb.TracePacket.SEQ_INCREMENTAL_STATE_CLEARED
     interned = first.interned_data
     for sid, iid in names.items():
-        interned.event_names.add(iid=iid, name=trace.strings[sid])
+        interned.event_names.add(iid=iid, name=_text(trace, sid))
     for sid, iid in cats.items():
-        interned.event_categories.add(iid=iid, name=trace.strings[sid])
+        interned.event_categories.add(iid=iid, name=_text(trace, sid))
+    for arg_name, iid in arg_names.items():
+        interned.debug_annotation_names.add(iid=iid, name=arg_name)
     yield first.SerializeToString()
     for desc in tracks.descriptors:
         yield pb.TracePacket(track_descriptor=desc).SerializeToString()
@@ -282,6 +324,81 @@ def perfetto_packets(trace: Trace) -> Iterator[bytes]:
         )
         packet.track_event.CopyFrom(ev)
         yield packet.SerializeToString()
+
+
+def _sampled_events(
+    pb: Any,
+    trace: Trace,
+    tracks: _Tracks,
+    name_iid: Callable[[int | str], int],
+    cat_iid: Callable[[int | str], int],
+) -> list[tuple[int, Any]]:
+    """The stack samples' flame chart as slice events on each sampled thread's child track."""
+    spans, sampled = sampled_flame_chart(trace)
+    if not spans:
+        return []
+    uuids: dict[tuple[int, int | str], int] = {}
+    for t in sampled:
+        tid = t.tid if isinstance(t.tid, int) else LABEL_BASE + trace.strings.index(t.tid)
+        uuids[(t.pid, t.track)] = tracks.sampled(t.pid, tid, t.name)
+    category = cat_iid(SAMPLED_CATEGORY)
+    events: list[tuple[int, Any]] = []
+    by_track: dict[int, list[int]] = defaultdict(list)
+    for i, span in enumerate(spans):
+        by_track[uuids[(span.pid, span.track)]].append(i)
+    starts = [s.start_ns for s in spans]
+    durs = [s.dur_ns for s in spans]
+    base = trace.base_time_ns
+    for track, rows in by_track.items():
+        rows.sort(key=lambda r: (starts[r], -durs[r], r))
+        for ts, row, kind in _slice_events(starts, durs, rows):
+            ev = pb.TrackEvent(track_uuid=track)
+            if kind > 0:
+                name = spans[row].name
+                ev.type = pb.TrackEvent.TYPE_SLICE_BEGIN
+                ev.name_iid = name_iid(IDLE_FRAME if name == IDLE_NAME else name)
+                ev.category_iids.append(category)
+            else:
+                ev.type = pb.TrackEvent.TYPE_SLICE_END
+            events.append((base + ts, ev))
+    return events
+
+
+def _text(trace: Trace, sid: int | str) -> str:
+    return trace.strings[sid] if isinstance(sid, int) else sid
+
+
+def _annotation_value(ann: Any, value: Any) -> None:
+    """Set a ``DebugAnnotation``'s value from a JSON-like one."""
+    if isinstance(value, bool):
+        ann.bool_value = value
+    elif isinstance(value, int):
+        if -(2**63) <= value < 2**63:
+            ann.int_value = value
+        elif 0 <= value < 2**64:
+            ann.uint_value = value
+        else:
+            ann.legacy_json_value = str(value)
+    elif isinstance(value, float):
+        ann.double_value = value
+    elif isinstance(value, str):
+        ann.string_value = value
+    elif value is None:
+        ann.legacy_json_value = "null"
+    elif isinstance(value, Mapping):
+        if not value:
+            ann.legacy_json_value = "{}"
+        for key, item in value.items():
+            entry = ann.dict_entries.add()
+            entry.name = str(key)
+            _annotation_value(entry, item)
+    elif isinstance(value, (list, tuple)):
+        if not value:
+            ann.legacy_json_value = "[]"
+        for item in value:
+            _annotation_value(ann.array_values.add(), item)
+    else:
+        ann.string_value = str(value)
 
 
 def _enclosing(rows: tuple[list[int], list[int], list[int]] | None, ts: int) -> int | None:
