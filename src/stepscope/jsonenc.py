@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, ItemsView, Iterator, Mapping
 from typing import Any
 
 from stepscope.text import clean_text
@@ -42,6 +42,10 @@ class RawJsonObject(Mapping[str, Any]):
 
     def __len__(self) -> int:
         return self._size if self._parsed is None else len(self._parsed)
+
+    def items(self) -> ItemsView[str, Any]:
+        """The parsed object's items (the dict's own view: no lookup per key)."""
+        return self._items().items()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.raw.decode('utf-8', 'replace')})"

@@ -21,7 +21,7 @@ from __future__ import annotations
 import bisect
 import os
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from stepscope.atomic import atomic_output, ensure_parent
@@ -30,6 +30,7 @@ from stepscope.trace.chrome_writer import WriteStats
 from stepscope.trace.compact_format import varint
 from stepscope.trace.layouts import LABEL_BASE
 from stepscope.trace.model import Trace
+from stepscope.trace.perfetto_wire import EventEncoder
 from stepscope.trace.sampled_spans import (
     IDLE_FRAME,
     IDLE_NAME,
@@ -179,6 +180,7 @@ def _slice_events(starts: Any, durs: Any, rows: list[int]) -> Iterator[tuple[int
 def perfetto_packets(trace: Trace) -> Iterator[bytes]:
     """The serialized ``TracePacket`` messages of ``trace``, in order."""
     pb = _pb()
+    wire = EventEncoder(pb, _SEQUENCE)
     base = trace.base_time_ns
     tracks = _Tracks(pb, trace)
     # interned by the trace's string id, or by the text for one that is not the trace's
@@ -190,16 +192,14 @@ def perfetto_packets(trace: Trace) -> Iterator[bytes]:
         return names.setdefault(sid, len(names) + 1)
 
     def cat_iid(sid: int | str) -> int:
-        return cats.setdefault(sid, len(cats) + 1)
+        return cats.setdefault(sid, len(cats) + 1) if sid else 0
 
-    def annotate(ev: Any, ref: int) -> None:
-        """The args of ``ref`` as ``ev``'s debug annotations (none for none or empty ones)."""
-        if ref < 0:
-            return
-        for key, value in trace.args[ref].items():
-            ann = ev.debug_annotations.add()
-            ann.name_iid = arg_names.setdefault(key, len(arg_names) + 1)
-            _annotation_value(ann, value)
+    def arg_iid(key: str) -> int:
+        return arg_names.setdefault(key, len(arg_names) + 1)
+
+    def annotations(ref: int) -> bytes:
+        """The args of ``ref`` as debug annotations (none for none or empty ones)."""
+        return wire.annotations(trace.args[ref], arg_iid) if ref >= 0 else b""
 
     spans = trace.spans
     s_name, s_cat, s_pid, s_tid = spans["name"], spans["cat"], spans["pid"], spans["tid"]
@@ -208,7 +208,7 @@ def perfetto_packets(trace: Trace) -> Iterator[bytes]:
     by_thread: dict[tuple[int, int], list[int]] = defaultdict(list)
     for row, key in enumerate(zip(s_pid, s_tid, strict=True)):
         by_thread[key].append(row)
-    events: list[Any] = []  # TrackEvent packets, interning filled as they are made
+    events: list[tuple[int, bytes]] = []  # (time, TrackEvent), interning filled as they are made
     flow_marks: dict[int, tuple[list[int], list[int]]] = {}  # span row -> (flow ids, finishing)
     thread_rows: dict[tuple[int, int], tuple[list[int], list[int], list[int]]] = {}
     lanes_of: dict[tuple[int, int], list[tuple[int, list[int]]]] = {}
@@ -235,33 +235,30 @@ def perfetto_packets(trace: Trace) -> Iterator[bytes]:
         else:
             flow_marks.setdefault(host, ([], []))[1 if finishing else 0].append(fid)
 
+    no_marks: tuple[list[int], list[int]] = ([], [])
     for (pid, tid), lanes in lanes_of.items():
         for lane, rows in lanes:
             track = tracks.lane(pid, tid, lane)
+            end = wire.end(track)
             for ts, row, kind in _slice_events(starts, durs, rows):
-                ev = pb.TrackEvent(track_uuid=track)
                 if kind > 0:
-                    ev.type = pb.TrackEvent.TYPE_SLICE_BEGIN
-                    ev.name_iid = name_iid(s_name[row])
-                    if s_cat[row]:
-                        ev.category_iids.append(cat_iid(s_cat[row]))
-                    marks = flow_marks.get(row)
-                    if marks is not None:
-                        ev.flow_ids.extend(marks[0])
-                        ev.terminating_flow_ids.extend(marks[1])
-                    annotate(ev, s_args[row])
+                    marks = flow_marks.get(row, no_marks)
+                    event = wire.begin(
+                        track,
+                        name_iid(s_name[row]),
+                        cat_iid(s_cat[row]),
+                        marks[0],
+                        marks[1],
+                        annotations(s_args[row]),
+                    )
                 else:
-                    ev.type = pb.TrackEvent.TYPE_SLICE_END
-                events.append((base + ts, ev))
+                    event = end
+                events.append((base + ts, event))
 
     for name, pid, tid, ts, fid, finishing in loose_flows:
-        ev = pb.TrackEvent(
-            track_uuid=tracks.thread(pid, tid),
-            type=pb.TrackEvent.TYPE_INSTANT,
-            name_iid=name_iid(name),
-        )
-        (ev.terminating_flow_ids if finishing else ev.flow_ids).append(fid)
-        events.append((base + ts, ev))
+        flow_ids: tuple[list[int], list[int]] = ([], [fid]) if finishing else ([fid], [])
+        event = wire.instant(tracks.thread(pid, tid), name_iid(name), 0, *flow_ids)
+        events.append((base + ts, event))
 
     inst = trace.instants
     for name, cat, pid, tid, ts, scope, ref in zip(
@@ -275,14 +272,10 @@ def perfetto_packets(trace: Trace) -> Iterator[bytes]:
         strict=True,
     ):
         track = tracks.thread(pid, tid) if scope == ord("t") else tracks.process(pid)
-        ev = pb.TrackEvent(track_uuid=track, type=pb.TrackEvent.TYPE_INSTANT)
-        ev.name_iid = name_iid(name)
-        if cat:
-            ev.category_iids.append(cat_iid(cat))
-        annotate(ev, ref)
-        events.append((base + ts, ev))
+        event = wire.instant(track, name_iid(name), cat_iid(cat), annotations=annotations(ref))
+        events.append((base + ts, event))
 
-    events += _sampled_events(pb, trace, tracks, name_iid, cat_iid)
+    events += _sampled_events(wire, trace, tracks, name_iid, cat_iid)
 
     counters = trace.counters
     for name, pid, ts, series, value in zip(
@@ -296,12 +289,7 @@ def perfetto_packets(trace: Trace) -> Iterator[bytes]:
         label = trace.strings[name]
         if trace.strings[series] != label:
             label = f"{label}.{trace.strings[series]}"
-        ev = pb.TrackEvent(
-            track_uuid=tracks.counter(pid, label),
-            type=pb.TrackEvent.TYPE_COUNTER,
-            double_counter_value=value,
-        )
-        events.append((base + ts, ev))
+        events.append((base + ts, wire.counter(tracks.counter(pid, label), value)))
 
     first = pb.TracePacket(trusted_packet_sequence_id=_SEQUENCE)
     first.sequence_flags = pb.TracePacket.SEQ_INCREMENTAL_STATE_CLEARED
@@ -316,23 +304,18 @@ def perfetto_packets(trace: Trace) -> Iterator[bytes]:
     for desc in tracks.descriptors:
         yield pb.TracePacket(track_descriptor=desc).SerializeToString()
     events.sort(key=lambda item: item[0])
-    for ts, ev in events:
-        packet = pb.TracePacket(
-            timestamp=ts,
-            trusted_packet_sequence_id=_SEQUENCE,
-            sequence_flags=pb.TracePacket.SEQ_NEEDS_INCREMENTAL_STATE,
-        )
-        packet.track_event.CopyFrom(ev)
-        yield packet.SerializeToString()
+    packet = wire.packet
+    for ts, event in events:
+        yield packet(ts, event)
 
 
 def _sampled_events(
-    pb: Any,
+    wire: EventEncoder,
     trace: Trace,
     tracks: _Tracks,
     name_iid: Callable[[int | str], int],
     cat_iid: Callable[[int | str], int],
-) -> list[tuple[int, Any]]:
+) -> list[tuple[int, bytes]]:
     """The stack samples' flame chart as slice events on each sampled thread's child track."""
     spans, sampled = sampled_flame_chart(trace)
     if not spans:
@@ -342,7 +325,7 @@ def _sampled_events(
         tid = t.tid if isinstance(t.tid, int) else LABEL_BASE + trace.strings.index(t.tid)
         uuids[(t.pid, t.track)] = tracks.sampled(t.pid, tid, t.name)
     category = cat_iid(SAMPLED_CATEGORY)
-    events: list[tuple[int, Any]] = []
+    events: list[tuple[int, bytes]] = []
     by_track: dict[int, list[int]] = defaultdict(list)
     for i, span in enumerate(spans):
         by_track[uuids[(span.pid, span.track)]].append(i)
@@ -351,54 +334,20 @@ def _sampled_events(
     base = trace.base_time_ns
     for track, rows in by_track.items():
         rows.sort(key=lambda r: (starts[r], -durs[r], r))
+        end = wire.end(track)
         for ts, row, kind in _slice_events(starts, durs, rows):
-            ev = pb.TrackEvent(track_uuid=track)
             if kind > 0:
                 name = spans[row].name
-                ev.type = pb.TrackEvent.TYPE_SLICE_BEGIN
-                ev.name_iid = name_iid(IDLE_FRAME if name == IDLE_NAME else name)
-                ev.category_iids.append(category)
+                iid = name_iid(IDLE_FRAME if name == IDLE_NAME else name)
+                event = wire.begin(track, iid, category)
             else:
-                ev.type = pb.TrackEvent.TYPE_SLICE_END
-            events.append((base + ts, ev))
+                event = end
+            events.append((base + ts, event))
     return events
 
 
 def _text(trace: Trace, sid: int | str) -> str:
     return trace.strings[sid] if isinstance(sid, int) else sid
-
-
-def _annotation_value(ann: Any, value: Any) -> None:
-    """Set a ``DebugAnnotation``'s value from a JSON-like one."""
-    if isinstance(value, bool):
-        ann.bool_value = value
-    elif isinstance(value, int):
-        if -(2**63) <= value < 2**63:
-            ann.int_value = value
-        elif 0 <= value < 2**64:
-            ann.uint_value = value
-        else:
-            ann.legacy_json_value = str(value)
-    elif isinstance(value, float):
-        ann.double_value = value
-    elif isinstance(value, str):
-        ann.string_value = value
-    elif value is None:
-        ann.legacy_json_value = "null"
-    elif isinstance(value, Mapping):
-        if not value:
-            ann.legacy_json_value = "{}"
-        for key, item in value.items():
-            entry = ann.dict_entries.add()
-            entry.name = str(key)
-            _annotation_value(entry, item)
-    elif isinstance(value, (list, tuple)):
-        if not value:
-            ann.legacy_json_value = "[]"
-        for item in value:
-            _annotation_value(ann.array_values.add(), item)
-    else:
-        ann.string_value = str(value)
 
 
 def _enclosing(rows: tuple[list[int], list[int], list[int]] | None, ts: int) -> int | None:
