@@ -14,6 +14,7 @@ either format, and a torch window's end is mostly torch's own stop and Kineto ex
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 import tempfile
 import time
@@ -24,6 +25,7 @@ import stepscope
 from stepscope.trace.chrome_writer import write_chrome_trace
 from stepscope.trace.compact_writer import write_compact_trace
 from stepscope.trace.model import Trace
+from stepscope.trace.perfetto_writer import write_perfetto_trace
 
 
 def python_window(quick: bool) -> Trace:
@@ -54,17 +56,20 @@ def torch_window(quick: bool) -> Trace:
 
 def measure(name: str, trace: Trace, rounds: int) -> dict[str, float]:
     events = trace.event_count() + len(trace.samples)
-    best = {"json": 1e9, "json.gz": 1e9, "sstrace": 1e9}
-    sizes = {}
-    writers = [
+    writers: list[tuple[str, Any]] = [
         ("json", write_chrome_trace),
         ("json.gz", write_chrome_trace),
         ("sstrace", write_compact_trace),
     ]
+    if importlib.util.find_spec("perfetto") is not None:  # Perfetto's own form, on demand
+        writers.append(("pftrace", write_perfetto_trace))
+    best = {suffix: 1e9 for suffix, _ in writers}
+    sizes = {}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(rounds):
             # each round starts with the next writer: none always follows the 1 MB gzip write
-            for suffix, write in writers[r % 3 :] + writers[: r % 3]:
+            k = r % len(writers)
+            for suffix, write in writers[k:] + writers[:k]:
                 path = Path(tmp) / f"w.{suffix}"
                 t0 = time.perf_counter()
                 write(trace, path)

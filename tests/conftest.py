@@ -133,11 +133,12 @@ def _stop_a_leaked_profile() -> str:
     module = sys.modules.get("stepscope.profiler.profile")
     if module is None:
         return ""
-    left = [p for p in (module._active, module._paused_behind) if p is not None]
+    left = [p for p in (module._active, module._paused_behind) if p]
     for prof in left:
         with contextlib.suppress(BaseException):
             prof.stop()
-    module._active = module._paused_behind = None
+    for name in ("_active", "_paused_behind"):
+        setattr(module, name, None)
     return ", ".join(repr(p) for p in left)
 
 

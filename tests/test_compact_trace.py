@@ -14,13 +14,15 @@ import pytest
 import stepscope
 from stepscope._ext import native
 from stepscope.cli import main
+from stepscope.trace import compact_deflate
 from stepscope.trace.chrome_reader import read_chrome_trace
 from stepscope.trace.chrome_writer import write_chrome_trace
 from stepscope.trace.compact_deflate import PROBE_BYTES, Deflater
-from stepscope.trace.compact_format import MAGIC, CompactTraceError
+from stepscope.trace.compact_format import BLOCK_TABLES, MAGIC, CompactTraceError
 from stepscope.trace.compact_reader import read_compact_trace
 from stepscope.trace.compact_varint import pack_column, pack_python, unpack_python
 from stepscope.trace.compact_writer import write_compact_trace
+from stepscope.trace.layouts import TABLE_LAYOUTS
 from stepscope.trace.loading import read_trace_file
 from stepscope.trace.model import Trace
 from stepscope.trace.timebase import column_min, column_min_python
@@ -170,6 +172,28 @@ def test_each_section_inflates_alone_and_unrepeating_columns_are_stored() -> Non
         assert inflater.eof and not inflater.unused_data
     # the noise stored past its probe, the repeats compressed
     assert len(noise) < len(streams[0]) < len(noise) + len(repeats) // 8
+
+
+@pytest.mark.parametrize("library", ["zlib", "zlib_ng.zlib_ng"])
+def test_either_compressor_writes_streams_zlib_inflates_to_the_same_trace(
+    library: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """zlib-ng (the ``fast`` extra) where installed, else zlib: the same format either way."""
+    module = pytest.importorskip(library)
+    monkeypatch.setattr(compact_deflate, "_compressor", module)
+    test_each_section_inflates_alone_and_unrepeating_columns_are_stored()
+    source = SHARED / "alexnet_gpu.json.gz"
+    if not source.exists():
+        pytest.skip(f"{source} is not here")
+    trace = read_chrome_trace(source)
+    path = tmp_path / "w.sstrace"
+    write_compact_trace(trace, path)
+    back = read_compact_trace(path)
+    assert back.strings == trace.strings and back.args == trace.args
+    for table in BLOCK_TABLES:
+        for column, _ in TABLE_LAYOUTS[table]:
+            got, want = back.tables[table][column], trace.tables[table][column]
+            assert list(got) == list(want), (table, column)
 
 
 def test_trace_handler_writes_the_chosen_format(tmp_path: Path) -> None:

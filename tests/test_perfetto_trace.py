@@ -42,7 +42,7 @@ def value_of(ann: Any) -> Any:
     return [value_of(a) for a in ann.array_values]
 
 
-def annotations(ev: Any, arg_names: dict[int, str]) -> dict[str, Any]:
+def debug_args(ev: Any, arg_names: dict[int, str]) -> dict[str, Any]:
     return {arg_names[a.name_iid]: value_of(a) for a in ev.debug_annotations}
 
 
@@ -96,7 +96,7 @@ def decoded(path: Path) -> tuple[list[tuple[Any, ...]], Counter[Any], dict[int, 
                     ts,
                     None,
                     stack[-1] if stack else None,
-                    annotations(ev, arg_names),
+                    debug_args(ev, arg_names),
                 ]
             )
             stack.append(len(slices) - 1)

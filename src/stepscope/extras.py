@@ -35,6 +35,7 @@ EXTRAS = {
     "transformers": "transformers and accelerate",
     "mlflow": "mlflow-skinny",
     "perfetto": "perfetto and protobuf",
+    "fast": "zlib-ng",
 }
 """Each extra of ``pyproject.toml`` and what it installs."""
 

@@ -2,16 +2,33 @@
 :mod:`stepscope.trace.compact_format`), for the writer.
 
 A section's payload comes in pieces (``Parts``), the columns of times or doubles flagged; a
-``Deflater`` compresses a whole write's sections with one zlib compressor per level, each
-section ending as a stream of its own that ``zlib.decompressobj(-15)`` inflates.
+``Deflater`` compresses a whole write's sections with one compressor per level, each
+section ending as a stream of its own that ``zlib.decompressobj(-15)`` inflates.  The
+compressor is zlib-ng's where it is installed (the ``fast`` extra: the same raw deflate
+streams, from 1.5 to 3 times faster), else zlib's.
 """
 
 from __future__ import annotations
 
+import importlib
 import zlib
+from types import ModuleType
 from typing import Any
 
-__all__ = ["FINAL", "PROBE_BYTES", "Deflater", "Parts"]
+
+def _fastest() -> ModuleType:
+    try:
+        return importlib.import_module("zlib_ng.zlib_ng")
+    except ImportError:  # the standard library's: slower, the same format
+        return zlib
+
+
+_compressor = _fastest()
+
+__all__ = ["COMPRESSOR", "FINAL", "PROBE_BYTES", "Deflater", "Parts"]
+
+COMPRESSOR = "zlib-ng" if _compressor is not zlib else "zlib"
+"""Which library writes the deflate streams."""
 
 PROBE_BYTES = 1 << 10
 """How much of a column of times or doubles is compressed to see whether the rest is worth it."""
@@ -43,8 +60,11 @@ class Deflater:
     def _piece(self, data: bytes, level: int) -> bytes:
         packer = self._packers.get(level)
         if packer is None:
-            packer = self._packers[level] = zlib.compressobj(level, zlib.DEFLATED, -15)
-        return packer.compress(data) + packer.flush(zlib.Z_FULL_FLUSH)
+            packer = self._packers[level] = _compressor.compressobj(
+                level, _compressor.DEFLATED, -15
+            )
+        out: bytes = packer.compress(data) + packer.flush(_compressor.Z_FULL_FLUSH)
+        return out
 
     def stream(self, parts: Parts) -> bytes:
         """The parts as one raw deflate stream."""

@@ -176,8 +176,9 @@ def _compressed(payloads: Iterator[tuple[bytes, Parts]], deflater: Deflater) -> 
     """Each payload as its section, in order.  Large ones are compressed on a few threads
     (zlib releases the GIL) while the next are encoded, once a second one comes (and where
     there is more than one core): a pool costs more to start than one payload's compression
-    can overlap, so a window's args or a small trace's blocks are compressed inline.  At most
-    ``_WORKERS + 1`` wait for a thread at a time, so memory stays bounded."""
+    can overlap, so a window's args or a small trace's blocks are compressed inline.  A large
+    payload that comes while every worker has one is compressed by this thread, beside them;
+    so at most ``_WORKERS`` wait for a thread at a time, and memory stays bounded."""
     # each entry: [its section (bytes), a thread's future, or None while held back; on a thread]
     pending: deque[list[Any]] = deque()
     pool: ThreadPoolExecutor | None = None
@@ -196,9 +197,13 @@ def _compressed(payloads: Iterator[tuple[bytes, Parts]], deflater: Deflater) -> 
                     pool = ThreadPoolExecutor(_WORKERS, thread_name_prefix="stepscope-compact")
                     held[0][0] = pool.submit(_pooled_section, held[1], held[2], deflater.level)
                     held = None
-                assert pool is not None
-                pending.append([pool.submit(_pooled_section, kind, payload, deflater.level), True])
-                pooled += 1
+                if pool is None or pooled >= _WORKERS:  # every worker has one: this thread too
+                    pending.append([_section(kind, payload, deflater), False])
+                else:
+                    pending.append(
+                        [pool.submit(_pooled_section, kind, payload, deflater.level), True]
+                    )
+                    pooled += 1
             while pending and pending[0][0] is not None:
                 section = pending[0][0]
                 if not isinstance(section, bytes):
