@@ -133,7 +133,7 @@ def _stop_a_leaked_profile() -> str:
     module = sys.modules.get("stepscope.profiler.profile")
     if module is None:
         return ""
-    left = [p for p in (module._active, module._paused_behind) if p]
+    left = [p for p in (module._active, module._paused_behind) if p is not None]
     for prof in left:
         with contextlib.suppress(BaseException):
             prof.stop()

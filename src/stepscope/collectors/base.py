@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +34,9 @@ class WindowContext:
     held: dict[int, Any] = field(default_factory=dict)
     """What each collector recorded, handed over at ``stop`` (keyed by ``id(collector)``) for
     a ``collect`` that may run after the next window has started (``collects_off_loop``)."""
+    loop_waits: Callable[[], bool] = field(default=lambda: False)
+    """Whether the training loop is waiting for the window's save now (``profile.stop()``, the
+    program's exit): work off the loop need not keep out of its way then."""
 
 
 class Collector:

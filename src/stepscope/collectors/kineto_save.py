@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import signal
 import time
 from typing import Any
@@ -65,20 +66,35 @@ def _save_in_child(results: Any, path: str) -> bool:
             os._exit(code)
     deadline = time.monotonic() + CHILD_WAIT_S
     status: int | None = None
-    while status is None:
-        try:
-            done, code = os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:  # reaped by the program: the file tells
-            break
-        if done:
-            status = code
-        elif time.monotonic() > deadline:
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-            return False
-        else:
-            time.sleep(_POLL_S)
+    exited = _exit_notice(pid)
+    try:
+        while status is None:
+            try:
+                done, code = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:  # reaped by the program: the file tells
+                break
+            if done:
+                status = code
+            elif time.monotonic() > deadline:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+                    os.waitpid(pid, 0)
+                return False
+            elif exited is not None:  # woken the moment the child exits
+                select.select([exited], [], [], min(1.0, max(0.0, deadline - time.monotonic())))
+            else:
+                time.sleep(_POLL_S)
+    finally:
+        if exited is not None:
+            os.close(exited)
     if status is not None and not (os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0):
         return False
     return os.path.getsize(path) > 0
+
+
+def _exit_notice(pid: int) -> int | None:
+    """A descriptor that becomes readable when child ``pid`` exits (Linux 5.3+), else None."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None

@@ -45,6 +45,7 @@ WATCH_LIMIT_NS = 2_000_000_000
 ENDS_WITH_ITS_STEP = ("Optimizer.step#", "Optimizer.zero_grad#")
 """torch's own blocks that end before the next step can: a later step boundary closes them."""
 _UNFINISHED = b'"finished": false'
+_FINISHED_KEY = b'"finished"'
 
 
 def any_left_open(path: str) -> bool:
@@ -65,7 +66,12 @@ def blocks_left_open(trace: Trace, tid: int) -> list[str]:
         if trace.label(spans["tid"][i]) != tid:
             continue
         args = trace.args_at(spans["args"][i])
-        if args is not None and args.get("finished") is False:
+        if args is None:
+            continue
+        raw = getattr(args, "raw", None)  # args kept as their JSON text: parse only a candidate
+        if raw is not None and _FINISHED_KEY not in raw:
+            continue
+        if args.get("finished") is False:
             names.append(strings[spans["name"][i]])
     return names
 

@@ -460,7 +460,10 @@ class TorchCollector(Collector):
             os.close(fd)
             try:
                 with scratch(tmp):
+                    # off the loop, unless the loop is waiting for this save (its last
+                    # window: the stop): saving here is then faster than a forked child
                     off_loop = threading.get_native_id() != stopped.left_open.tid
+                    off_loop = off_loop and not ctx.loop_waits()
                     save_kineto(prof.kineto_results, tmp, self.use_device, off_loop)
                     unfinished = any_left_open(tmp)
                     if not unfinished:  # the usual answer, given before the file is read

@@ -416,6 +416,7 @@ class profile:
         # program's own signal handler (torch's SIGCHLD for a dead worker) can raise anywhere,
         # and a profile left registered would refuse every later one in the process.
         with contextlib.ExitStack() as cleanup:
+            cleanup.enter_context(self._writer.waited_for())  # the window ending here is waited for
             cleanup.callback(release_sigterm)
             cleanup.callback(_release, self)
             cleanup.callback(self._leave_the_step_counter)
@@ -522,7 +523,9 @@ class profile:
     def _new_window(self) -> WindowContext:
         self._skipping = False
         self._broken.clear()
-        ctx = self._ctx = WindowContext(window=self._window_index)
+        ctx = self._ctx = WindowContext(
+            window=self._window_index, loop_waits=self._writer.waited_on
+        )
         self._trace_id = self._make_trace_id()
         ctx.metadata["trace_id"] = self._trace_id
         if self._ranks.record is not None:

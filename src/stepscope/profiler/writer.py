@@ -24,7 +24,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import FrameType
 
 from stepscope.atomic import remove_scratch
@@ -65,6 +65,7 @@ class WindowWriter:
         self._thread: threading.Thread | None = None
         self._closing = False
         self._errors: list[BaseException] = []
+        self._waiters = 0
 
     @property
     def pending(self) -> int:
@@ -96,13 +97,29 @@ class WindowWriter:
     def wait(self, timeout: float | None) -> list[str]:
         """Wait for the queue to empty; the names of the windows still waiting after it."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        with self._cond:
+        with self.waited_for(), self._cond:
             while self._jobs:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     break
                 self._cond.wait(left)
             return [job.label for job in self._jobs]
+
+    @contextlib.contextmanager
+    def waited_for(self) -> Iterator[None]:
+        """Within it, windows saved count as waited for (``waited_on``): the caller will wait
+        for them before it goes on (``wait``, or a profile's whole ``stop``)."""
+        with self._cond:
+            self._waiters += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._waiters -= 1
+
+    def waited_on(self) -> bool:
+        """Whether a thread waits, or is about to wait, for the windows being saved now."""
+        return self._waiters > 0
 
     def raise_error(self) -> None:
         """Raise (on the loop's thread) the first error a save raised since the last call: a
@@ -174,6 +191,7 @@ class WindowWriter:
         self._jobs = deque()
         self._cond = threading.Condition()
         self._thread = None
+        self._waiters = 0
 
 
 # -- the process: the exit and SIGTERM wait for every writer's windows ------------------------
