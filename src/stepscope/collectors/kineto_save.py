@@ -8,7 +8,9 @@ waits for it without the GIL.  The parent's copy of the result is untouched, so 
 fails, is reaped by someone else with no file, or takes longer than ``CHILD_WAIT_S``, the result
 is saved here after all.  A session that recorded a device saves here (a forked child cannot
 use the device), and so does every session of a distributed job (a fork can upset memory
-registered with a network adapter) or when ``STEPSCOPE_FORK_SAVE=0`` is set.
+registered with a network adapter) or when ``STEPSCOPE_FORK_SAVE=0`` is set.  The caller says
+"on the loop" also for a window the loop is waiting for (its last, saved in ``profile.stop()``):
+nothing runs beside that save, and a child's copy-on-write makes it several times slower.
 """
 
 from __future__ import annotations
