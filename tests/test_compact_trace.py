@@ -201,8 +201,9 @@ def test_trace_handler_writes_the_chosen_format(tmp_path: Path) -> None:
         stepscope.trace_handler(tmp_path, format="xml")
     with stepscope.profile(
         torch_ops=False, on_trace_ready=stepscope.trace_handler(tmp_path, format="compact")
-    ):
+    ) as prof:
         sum(range(1000))
     (written,) = tmp_path.glob("*.pt.trace.sstrace")
     assert written.read_bytes().startswith(MAGIC)
     assert isinstance(read_trace_file(written), Trace)
+    assert prof.trace_files == [str(written)]  # what `stepscope run` names at its end

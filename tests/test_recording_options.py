@@ -112,6 +112,8 @@ BAD = [
     ({"activities": ("CPU", "BOGUS")}, "unknown profiler activity 'BOGUS'"),
     ({"activities": "CPU"}, "--activities must be a list of names, got 'CPU'"),
     ({"out": ""}, "--out must name a directory"),
+    ({"trace_format": "xml"}, "--trace-format: unknown trace format 'xml'; choose one of"),
+    ({"gzip": True, "trace_format": "compact"}, "--gzip is for Chrome JSON traces"),
 ]
 
 
@@ -121,6 +123,30 @@ def test_a_bad_value_is_one_line_naming_the_flag(given: dict[str, Any], says: st
         RecordingOptions(**given)
     assert says in str(caught.value), caught.value
     assert "\n" not in str(caught.value)
+
+
+def test_the_trace_format_is_one_option_for_run_and_the_wire(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--trace-format compact``: ``run`` writes ``.sstrace`` windows and names them at its
+    end; the option travels in an attach request like any other."""
+    options = RecordingOptions(out=str(tmp_path), trace_format="compact")
+    wire = options.to_wire()
+    assert wire["trace_format"] == "compact"
+    assert RecordingOptions.from_wire(wire) == options
+    program = tmp_path / "loop.py"
+    program.write_text(
+        "def step():\n    return sum(range(20_000))\n\nfor _ in range(8):\n    step()\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "out"
+    assert main(["run", "-o", str(out), "--trace-format", "compact", "--step-on", "loop:step",
+                 "--wait", "1", "--warmup", "1", "--active", "2", str(program)]) == 0  # fmt: skip
+    (written,) = out.glob("*.pt.trace.sstrace")
+    assert str(written) in capsys.readouterr().err
+    assert not list(out.glob("*.json"))
+    assert main(["report", str(written), "--json", str(tmp_path / "r.json")]) == 0
+    assert json.loads((tmp_path / "r.json").read_text())
 
 
 def test_a_request_is_checked_as_the_flags_are(tmp_path: Path) -> None:

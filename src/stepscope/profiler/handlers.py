@@ -42,8 +42,11 @@ def default_worker_name() -> str:
 
 
 class TraceSource(Protocol):
-    """What a handler needs of a profile: its trace written to a path (its ``strict`` switch,
-    where it has one, decides whether a failed write is re-raised)."""
+    """What a handler needs of a profile: its trace written to a path, and the list of the
+    files written (its ``strict`` switch, where it has one, decides whether a failed write is
+    re-raised)."""
+
+    trace_files: list[str]
 
     def export_chrome_trace(self, path: str | os.PathLike[str]) -> object: ...
 
@@ -77,7 +80,7 @@ class TraceHandler:
             if self.format == "chrome":
                 prof.export_chrome_trace(path)
             else:
-                write_trace(prof.trace(), path, self.format)
+                prof.trace_files.append(write_trace(prof.trace(), path, self.format).path)
         except OSError as exc:
             # A full disk or a vanished directory must not end a long training run; the
             # profile's own strict= (None: config.strict) decides whether it is re-raised.

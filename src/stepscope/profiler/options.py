@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import typing
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -96,6 +97,21 @@ def _out(flag: str, value: str) -> str:
     return value
 
 
+def _trace_format(flag: str, value: str) -> str:
+    """A format ``trace_handler`` writes, its packages installed (checked before the program
+    runs, not at its first window)."""
+    from stepscope.extras import missing_extra
+    from stepscope.trace.formats import check_format
+
+    try:
+        check_format(value)
+    except ValueError as exc:
+        raise ValueError(f"{flag}: {exc}") from None
+    if value == "perfetto" and importlib.util.find_spec("perfetto") is None:
+        raise ValueError(str(missing_extra(f"{flag} perfetto", "perfetto")))
+    return value
+
+
 def _activity_names(text: str) -> tuple[str, ...] | None:
     """``--activities CPU,sampling`` (``auto``: the surface's default, None)."""
     names = tuple(part.strip() for part in text.split(",") if part.strip())
@@ -166,6 +182,16 @@ class RecordingOptions:
         help="memory per step: the Python heap, torch's tensors, the RSS (profile_memory)",
     )
     gzip: bool = option(False, "--gzip", profile=False, help="write .json.gz traces")
+    trace_format: str = option(
+        "chrome",
+        "--trace-format",
+        profile=False,
+        metavar="FORMAT",
+        check=_trace_format,
+        help="chrome (.json, the default: HTA, TensorBoard and torch read it), compact "
+        "(.sstrace: a tenth of the bytes or less, read by every stepscope command) or "
+        "perfetto (.pftrace, the perfetto extra)",
+    )
     max_calls: int = option(
         DEFAULT_MAX_CALLS,
         "--max-calls",
@@ -214,6 +240,11 @@ class RecordingOptions:
             if spec.check is not None:
                 value = spec.check(spec.flag, value)
             object.__setattr__(self, name, value)  # frozen: set once, here
+        if self.gzip and self.trace_format != "chrome":
+            raise ValueError(
+                f"--gzip is for Chrome JSON traces; --trace-format {self.trace_format} is "
+                "compressed already"
+            )
 
     # -- the command line ----------------------------------------------------------------------
     @classmethod
@@ -268,10 +299,11 @@ class RecordingOptions:
         return kwargs
 
     def handler(self) -> Callable[[Any], str | None]:
-        """The ``on_trace_ready`` that writes each window into ``out`` (gzipped with ``gzip``)."""
+        """The ``on_trace_ready`` that writes each window into ``out``, in ``trace_format``
+        (gzipped with ``gzip``)."""
         from stepscope.profiler.handlers import trace_handler
 
-        return trace_handler(self.out, use_gzip=self.gzip)
+        return trace_handler(self.out, use_gzip=self.gzip, format=self.trace_format)
 
 
 def _specs() -> Iterable[tuple[str, Option]]:

@@ -255,6 +255,8 @@ class WindowTrace:
         self._trace = trace
         self.strict = prof.strict
         """The profile's ``strict`` (whether a failed write is re-raised)."""
+        self.trace_files = prof.trace_files
+        """The profile's list of the files its windows were written to."""
 
     def trace(self) -> Trace:
         """The window's trace."""
@@ -263,5 +265,5 @@ class WindowTrace:
     def export_chrome_trace(self, path: str | os.PathLike[str]) -> WriteStats:
         """Write the window's trace as a Chrome/Perfetto JSON file (gzip if ``.gz``)."""
         stats = write_chrome_trace(self._trace, path)
-        self._prof.trace_files.append(stats.path)
+        self.trace_files.append(stats.path)
         return stats
