@@ -130,9 +130,11 @@ class EventEncoder:
             "double_counter_value",
             "debug_annotations",
         )
-        self._begin = type_key + varint(event.TYPE_SLICE_BEGIN)
+        self._kinds = {
+            "begin": type_key + varint(event.TYPE_SLICE_BEGIN),
+            "instant": type_key + varint(event.TYPE_INSTANT),
+        }
         self._end = type_key + varint(event.TYPE_SLICE_END)
-        self._instant = type_key + varint(event.TYPE_INSTANT)
         self._counter_type = type_key + varint(event.TYPE_COUNTER)
         (
             self._a_name_iid,
@@ -175,34 +177,6 @@ class EventEncoder:
             found = self._tracks[uuid] = self._track + varint(uuid)
         return found
 
-    def begin(
-        self,
-        track: int,
-        name_iid: int,
-        category_iid: int,
-        flows: Iterable[int] = (),
-        terminating: Iterable[int] = (),
-        annotations: bytes = b"",
-    ) -> bytes:
-        """A slice begin (``category_iid`` 0: none)."""
-        return self._named(
-            self._begin, track, name_iid, category_iid, flows, terminating, annotations
-        )
-
-    def instant(
-        self,
-        track: int,
-        name_iid: int,
-        category_iid: int,
-        flows: Iterable[int] = (),
-        terminating: Iterable[int] = (),
-        annotations: bytes = b"",
-    ) -> bytes:
-        """An instant event (``category_iid`` 0: none)."""
-        return self._named(
-            self._instant, track, name_iid, category_iid, flows, terminating, annotations
-        )
-
     def end(self, track: int) -> bytes:
         """A slice end."""
         return self._end + self._track_of(track)
@@ -211,20 +185,22 @@ class EventEncoder:
         """A counter point."""
         return self._counter_type + self._track_of(track) + self._counter + _DOUBLE.pack(value)
 
-    def _named(
+    def event(
         self,
-        kind: bytes,
+        kind: str,
         track: int,
         name_iid: int,
         category_iid: int,
-        flows: Iterable[int],
-        terminating: Iterable[int],
-        annotations: bytes,
+        flows: Iterable[int] = (),
+        terminating: Iterable[int] = (),
+        annotations: bytes = b"",
     ) -> bytes:
+        """A slice begin (``kind`` ``"begin"``) or an instant event (``"instant"``) with its
+        name, category (0: none), flow ids and debug annotations."""
         name = self._names.get(name_iid)
         if name is None:
             name = self._names[name_iid] = self._name + varint(name_iid)
-        parts = [kind, self._track_of(track), name]
+        parts = [self._kinds[kind], self._track_of(track), name]
         if category_iid:
             category = self._categories.get(category_iid)
             if category is None:

@@ -243,7 +243,8 @@ def perfetto_packets(trace: Trace) -> Iterator[bytes]:
             for ts, row, kind in _slice_events(starts, durs, rows):
                 if kind > 0:
                     marks = flow_marks.get(row, no_marks)
-                    event = wire.begin(
+                    event = wire.event(
+                        "begin",
                         track,
                         name_iid(s_name[row]),
                         cat_iid(s_cat[row]),
@@ -257,7 +258,7 @@ def perfetto_packets(trace: Trace) -> Iterator[bytes]:
 
     for name, pid, tid, ts, fid, finishing in loose_flows:
         flow_ids: tuple[list[int], list[int]] = ([], [fid]) if finishing else ([fid], [])
-        event = wire.instant(tracks.thread(pid, tid), name_iid(name), 0, *flow_ids)
+        event = wire.event("instant", tracks.thread(pid, tid), name_iid(name), 0, *flow_ids)
         events.append((base + ts, event))
 
     inst = trace.instants
@@ -272,7 +273,9 @@ def perfetto_packets(trace: Trace) -> Iterator[bytes]:
         strict=True,
     ):
         track = tracks.thread(pid, tid) if scope == ord("t") else tracks.process(pid)
-        event = wire.instant(track, name_iid(name), cat_iid(cat), annotations=annotations(ref))
+        event = wire.event(
+            "instant", track, name_iid(name), cat_iid(cat), annotations=annotations(ref)
+        )
         events.append((base + ts, event))
 
     events += _sampled_events(wire, trace, tracks, name_iid, cat_iid)
@@ -339,7 +342,7 @@ def _sampled_events(
             if kind > 0:
                 name = spans[row].name
                 iid = name_iid(IDLE_FRAME if name == IDLE_NAME else name)
-                event = wire.begin(track, iid, category)
+                event = wire.event("begin", track, iid, category)
             else:
                 event = end
             events.append((base + ts, event))
