@@ -226,3 +226,16 @@ def assert_pftrace_matches(local: Path, tmp_path: Path) -> Counter[Any]:
                 for p, t, at, kind, i in ends
             ), e
     return counters
+
+
+def test_times_before_the_epoch_are_one_line_and_no_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Perfetto's timestamps are unsigned: a trace with an event before 0 is refused."""
+    source = tmp_path / "early.json"
+    source.write_text('{"traceEvents":[{"ph":"X","name":"a","pid":1,"tid":1,"ts":-5,"dur":3}]}')
+    out = tmp_path / "early.pftrace"
+    assert main(["convert", str(source), "--to", "perfetto", "-o", str(out)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "Perfetto's timestamps are unsigned" in err
+    assert not out.exists() and list(tmp_path.iterdir()) == [source]

@@ -81,6 +81,11 @@ class _Times:
     def __call__(self, value: int) -> bytes:
         high = value >> _HIGH_BITS
         if high <= 0:
+            if value < 0:
+                raise ValueError(
+                    f"an event at {value} ns before the epoch: Perfetto's timestamps are "
+                    "unsigned, so this trace cannot be written as .pftrace"
+                )
             return varint(value)
         tail = self._tails.get(high)
         if tail is None:
