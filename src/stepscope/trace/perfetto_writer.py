@@ -236,25 +236,23 @@ def perfetto_packets(trace: Trace) -> Iterator[bytes]:
             flow_marks.setdefault(host, ([], []))[1 if finishing else 0].append(fid)
 
     no_marks: tuple[list[int], list[int]] = ([], [])
+
+    def span_begin(track: int, row: int) -> bytes:
+        marks = flow_marks.get(row, no_marks)
+        return wire.event(
+            "begin",
+            track,
+            name_iid(s_name[row]),
+            cat_iid(s_cat[row]),
+            marks[0],
+            marks[1],
+            annotations(s_args[row]),
+        )
+
     for (pid, tid), lanes in lanes_of.items():
         for lane, rows in lanes:
             track = tracks.lane(pid, tid, lane)
-            end = wire.end(track)
-            for ts, row, kind in _slice_events(starts, durs, rows):
-                if kind > 0:
-                    marks = flow_marks.get(row, no_marks)
-                    event = wire.event(
-                        "begin",
-                        track,
-                        name_iid(s_name[row]),
-                        cat_iid(s_cat[row]),
-                        marks[0],
-                        marks[1],
-                        annotations(s_args[row]),
-                    )
-                else:
-                    event = end
-                events.append((base + ts, event))
+            events += _track_events(wire, track, base, starts, durs, rows, span_begin)
 
     for name, pid, tid, ts, fid, finishing in loose_flows:
         flow_ids: tuple[list[int], list[int]] = ([], [fid]) if finishing else ([fid], [])
@@ -334,19 +332,33 @@ def _sampled_events(
         by_track[uuids[(span.pid, span.track)]].append(i)
     starts = [s.start_ns for s in spans]
     durs = [s.dur_ns for s in spans]
-    base = trace.base_time_ns
+
+    def frame_begin(track: int, row: int) -> bytes:
+        name = spans[row].name
+        return wire.event(
+            "begin", track, name_iid(IDLE_FRAME if name == IDLE_NAME else name), category
+        )
+
     for track, rows in by_track.items():
         rows.sort(key=lambda r: (starts[r], -durs[r], r))
-        end = wire.end(track)
-        for ts, row, kind in _slice_events(starts, durs, rows):
-            if kind > 0:
-                name = spans[row].name
-                iid = name_iid(IDLE_FRAME if name == IDLE_NAME else name)
-                event = wire.event("begin", track, iid, category)
-            else:
-                event = end
-            events.append((base + ts, event))
+        events += _track_events(wire, track, trace.base_time_ns, starts, durs, rows, frame_begin)
     return events
+
+
+def _track_events(
+    wire: EventEncoder,
+    track: int,
+    base: int,
+    starts: Any,
+    durs: Any,
+    rows: list[int],
+    begin: Callable[[int, int], bytes],
+) -> Iterator[tuple[int, bytes]]:
+    """One track's nesting rows as (time, TrackEvent): ``begin(track, row)``'s event at each
+    begin, a slice end at each end."""
+    end = wire.end(track)
+    for ts, row, kind in _slice_events(starts, durs, rows):
+        yield base + ts, begin(track, row) if kind > 0 else end
 
 
 def _text(trace: Trace, sid: int | str) -> str:
