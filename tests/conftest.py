@@ -18,6 +18,7 @@ import contextlib
 import importlib.util
 import os
 import socket
+import sys
 from collections.abc import Iterator
 from dataclasses import fields
 from pathlib import Path
@@ -128,8 +129,6 @@ def _reset_process_state() -> Iterator[None]:
 def _stop_a_leaked_profile() -> str:
     """Stop a profile a test left registered, so that it fails alone instead of every later test
     that starts one; returns what was left ("" when nothing)."""
-    import sys
-
     module = sys.modules.get("stepscope.profiler.profile")
     if module is None:
         return ""
