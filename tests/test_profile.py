@@ -538,6 +538,49 @@ def test_a_signal_handler_raising_while_the_profile_stops_still_leaves_it_stoppe
     assert after.step_num == 1
 
 
+class ChildExitsInClose(Collector):
+    """A collector during whose ``close`` a child's exit is signalled (SIGCHLD)."""
+
+    name = "child_exits_in_close"
+
+    def __init__(self, closed: list[str]) -> None:
+        self.closed = closed
+
+    def close(self) -> None:
+        signal.raise_signal(signal.SIGCHLD)
+        for _ in range(100):
+            pass
+        self.closed.append(self.name)
+
+
+def test_the_programs_sigchld_handler_runs_after_the_stop_and_its_exception_reaches_it(
+    tmp_path: Path,
+) -> None:
+    """torch's DataLoader handler raises on a SIGCHLD once a worker died: a child exiting while
+    the profile stops has it run after the stop, which finishes whole (every close, the file)."""
+    calls: list[int] = []
+
+    def worker_died(signum: int, frame: object) -> None:
+        calls.append(signum)
+        raise RuntimeError("DataLoader worker (pid 1) is killed by signal: Killed.")
+
+    previous = signal.signal(signal.SIGCHLD, worker_died)
+    closed: list[str] = []
+    try:
+        prof = profile(
+            collectors=[ChildExitsInClose(closed), Closes(closed)],
+            on_trace_ready=stepscope.trace_handler(tmp_path),
+        )
+        with pytest.raises(RuntimeError, match="is killed by signal"), prof:
+            prof.step()
+        assert signal.getsignal(signal.SIGCHLD) is worker_died  # the program's, back
+    finally:
+        signal.signal(signal.SIGCHLD, previous)
+    assert calls == [signal.SIGCHLD]
+    assert closed == ["child_exits_in_close", "closes"]
+    assert len(list(tmp_path.glob("*.json"))) == 1
+
+
 def test_two_profiles_cannot_record_at_once() -> None:
     with profile(), pytest.raises(RuntimeError, match="already running"):
         profile().start()

@@ -44,6 +44,7 @@ from stepscope.profiler.arguments import (
     parse_json,
 )
 from stepscope.profiler.collector_guard import collector_failed
+from stepscope.profiler.deferred_sigchld import program_sigchld_deferred
 from stepscope.profiler.events import EventList, function_events
 from stepscope.profiler.execution_trace import ExecutionTraceCollector, ExecutionTraceObserver
 from stepscope.profiler.flight_options import FlightRecorder, never_record
@@ -416,6 +417,7 @@ class profile:
         # program's own signal handler (torch's SIGCHLD for a dead worker) can raise anywhere,
         # and a profile left registered would refuse every later one in the process.
         with contextlib.ExitStack() as cleanup:
+            cleanup.enter_context(program_sigchld_deferred())  # torch's raises: after the stop
             cleanup.enter_context(self._writer.waited_for())  # the window ending here is waited for
             cleanup.callback(release_sigterm)
             cleanup.callback(_release, self)
